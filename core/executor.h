@@ -1,0 +1,159 @@
+/* executor: the seam between the engine and a device (dav1d's DSP context,
+ * calm's forward pointer). core/model.c writes the LLaMA forward once
+ * against this table; cpu/ implements it with OpenBLAS and plain C, gpu/ with
+ * CUDA kernels and cuBLAS. The CPU table is the reference: every op of every
+ * other executor is tested against it (tests/ops).
+ *
+ * Memory. Every pointer an op takes is a *device* pointer from ex->op->alloc
+ * (plain host memory on the CPU), except arguments documented as host. Three
+ * element types are the executor's choice and are announced in the struct:
+ *   act   — activations            (cpu: f32, cuda: bf16)
+ *   wt    — weight matrices and the embedding table (cpu: f32, cuda: bf16)
+ *   kv    — the KV cache           (cpu: f32, cuda: bf16 or f16)
+ * Norm weights and RoPE inverse frequencies are always f32 (kind EXEC_F32).
+ * Reductions (dot products, norms, softmax) accumulate in f32 everywhere.
+ *
+ * Layouts (row-major, C order):
+ *   activations x          [T][H]                  T = step tokens
+ *   qkv                    [T][(nh + 2*nkv) * hd]  q heads, then k heads, then v heads
+ *   attention out          [T][nh * hd]
+ *   gate_up                [T][2 * I]              gate columns 0..I-1, up columns I..2I-1
+ *   weight w of a matmul   [N][K]                  (PyTorch nn.Linear: y = x @ w.T)
+ *   embedding table        [V][H]
+ *   KV cache, per layer and for K and for V one plane:
+ *                          [num_blocks][block_size][nkv][hd]
+ *   the whole cache is     [n_layers][2][num_blocks][block_size][nkv][hd]
+ *   (plane p = 2*layer + (0 for K, 1 for V)); one block id addresses the
+ *   same slot range in every plane.
+ *
+ * Determinism. For a given token row, the result of every op must not depend
+ * on the other rows of the batch, on T, or on the thread count: a sequence's
+ * logits are bit-identical alone or in a batch of 64 (DESIGN.md "Outputs are
+ * a pure function of the inputs").
+ *
+ * Errors. Ops return 0 or a negative pg_status and leave a message that
+ * op->last_error() returns. Ops may run asynchronously (CUDA); results are
+ * only guaranteed visible after an op that returns data to the host
+ * (logits, sync).
+ */
+#ifndef PG_EXECUTOR_H
+#define PG_EXECUTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "pg_error.h"
+#include "step_batch.h"
+
+typedef struct executor executor;
+
+typedef enum exec_buf_kind {
+    EXEC_ACT = 0,  /* activations: ex->act_bytes per element */
+    EXEC_WT,       /* weight matrix / embedding: ex->wt_bytes per element */
+    EXEC_KV,       /* KV cache: ex->kv_bytes per element */
+    EXEC_F32,      /* f32 vectors (norm weights, rope inv_freq) */
+    EXEC_I32,      /* int32 scratch */
+} exec_buf_kind;
+
+typedef struct executor_ops {
+    /* ---- lifetime and memory -------------------------------------------- */
+    void (*destroy)(executor *ex);                 /* accepts NULL */
+    const char *(*last_error)(executor *ex);
+    /* Device memory in bytes: free now, and total. The CPU reports
+     * MemAvailable and MemTotal. */
+    int (*mem_info)(executor *ex, size_t *free_bytes, size_t *total_bytes);
+    /* n_elems elements of `kind`; NULL on failure (last_error says why).
+     * Memory is 64-byte aligned; contents undefined. */
+    void *(*alloc)(executor *ex, exec_buf_kind kind, size_t n_elems);
+    void (*free)(executor *ex, void *p);           /* accepts NULL */
+    /* Host -> device copy of n_elems elements starting at element offset
+     * dst_elem_off of dst (a buffer of `kind`), converting from src_dtype
+     * (F32, F16, BF16; host memory, may be unaligned) to kind's type. */
+    int (*upload)(executor *ex, void *dst, exec_buf_kind kind, size_t dst_elem_off,
+                  const void *src, st_dtype src_dtype, size_t n_elems);
+    /* Device -> host copy of n_elems elements of `kind`, converted to f32. */
+    int (*download_f32)(executor *ex, float *dst_host, const void *src, exec_buf_kind kind,
+                        size_t n_elems);
+    /* Waits for all queued work. */
+    int (*sync)(executor *ex);
+
+    /* ---- per step --------------------------------------------------------- */
+    /* Makes the step's metadata available to the ops (the GPU copies it to the
+     * device). Every op below that takes `b` must get the batch most recently
+     * passed here. The host arrays may be reused by the caller afterwards. */
+    int (*begin_step)(executor *ex, const step_batch *b);
+
+    /* ---- ops (all T = b->num_tokens rows unless said otherwise) ---------- */
+    /* x[t] = table[b->token_ids[t]]                 x [T][H] act, table [V][H] wt */
+    int (*embed)(executor *ex, void *x, const void *table, int32_t H, int32_t V,
+                 const step_batch *b);
+    /* RMSNorm, HF LlamaRMSNorm: out = x / sqrt(mean(x^2) + eps) * w.
+     * With residual != NULL first residual += x, then out = rmsnorm(residual) * w
+     * (the residual stream is updated in place). Without, out = rmsnorm(x) * w.
+     * out, x, residual [rows][dim] act; w [dim] f32. */
+    int (*rmsnorm)(executor *ex, void *out, void *residual, const void *x, const float *w,
+                   int32_t rows, int32_t dim, float eps);
+    /* y = x @ w^T          y [M][N] act, x [M][K] act, w [N][K] wt.
+     * Row m of y must not depend on M or on the other rows. */
+    int (*matmul)(executor *ex, void *y, const void *x, const void *w,
+                  int32_t M, int32_t N, int32_t K);
+    /* RoPE in place on the q and k heads of qkv (rotate_half convention:
+     * pairs (i, i + hd/2)); angle = b->positions[t] * inv_freq[i],
+     * inv_freq [hd/2] f32 (scaling already folded in by the caller). */
+    int (*rope)(executor *ex, void *qkv, const float *inv_freq,
+                int32_t nh, int32_t nkv, int32_t hd, const step_batch *b);
+    /* Writes each token's k and v heads (from qkv) into slot b->slots[t] of
+     * the planes k_cache and v_cache ([num_blocks][block_size][nkv][hd] kv). */
+    int (*kv_write)(executor *ex, void *k_cache, void *v_cache, const void *qkv,
+                    int32_t nh, int32_t nkv, int32_t hd, const step_batch *b);
+    /* Causal GQA attention of every query token over its own sequence's
+     * paged context: token t of sequence s at position p attends to
+     * positions 0..p, found through row s of b->block_tables; query head h
+     * reads kv head h / (nh / nkv). out[t][h*hd..] = softmax(q.k * scale) @ v.
+     * out [T][nh*hd] act; qkv as above; caches as in kv_write. */
+    int (*attention)(executor *ex, void *out, const void *qkv,
+                     const void *k_cache, const void *v_cache,
+                     int32_t nh, int32_t nkv, int32_t hd, float scale,
+                     const step_batch *b);
+    /* out[t][i] = silu(gate_up[t][i]) * gate_up[t][I + i]
+     * out [T][I] act, gate_up [T][2I] act; silu(x) = x / (1 + exp(-x)). */
+    int (*silu_mul)(executor *ex, void *out, const void *gate_up, int32_t T, int32_t I);
+    /* dst[r] = src[b->logits_rows[r]] for r < b->num_logits; [.][dim] act. */
+    int (*gather_rows)(executor *ex, void *dst, const void *src, int32_t dim,
+                       const step_batch *b);
+    /* logits_host[r][v] = x[r] . w[v] in f32 for r < L, then copied to the
+     * host (synchronizes). x [L][H] act, w [V][H] wt, logits_host [L][V]. */
+    int (*logits)(executor *ex, float *logits_host, const void *x, const void *w,
+                  int32_t L, int32_t V, int32_t H);
+    /* Copies whole blocks in every plane: for each pair k, block
+     * src_dst_host[2k] -> block src_dst_host[2k+1] (host array). kv is the
+     * whole cache; plane_elems = num_blocks * block_size * nkv * hd elements,
+     * block_elems = block_size * nkv * hd. Used for copy-on-write. */
+    int (*copy_blocks)(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
+                       size_t block_elems, const int32_t *src_dst_host, int32_t n_pairs);
+} executor_ops;
+
+/* Backends embed this as the first member of their own struct. */
+struct executor {
+    const executor_ops *op;
+    const char *name;         /* "cpu", "cuda" */
+    size_t act_bytes;         /* bytes per element of EXEC_ACT */
+    size_t wt_bytes;          /* ... EXEC_WT */
+    size_t kv_bytes;          /* ... EXEC_KV */
+};
+
+/* Bytes per element of a buffer kind on ex. */
+static inline size_t exec_kind_bytes(const executor *ex, exec_buf_kind kind)
+{
+    switch (kind) {
+    case EXEC_ACT: return ex->act_bytes;
+    case EXEC_WT: return ex->wt_bytes;
+    case EXEC_KV: return ex->kv_bytes;
+    case EXEC_F32: return 4;
+    case EXEC_I32: return 4;
+    }
+    return 0;
+}
+
+#endif /* PG_EXECUTOR_H */

@@ -1,0 +1,41 @@
+/* sampling_params: how one request is decoded and when it stops (vLLM's
+ * SamplingParams semantics and names). Plain data. The engine deep-copies
+ * it at engine_add_request, so the caller keeps ownership of its arrays. */
+#ifndef PG_SAMPLING_PARAMS_H
+#define PG_SAMPLING_PARAMS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pg_error.h"
+
+typedef struct sampling_params {
+    int32_t n;                    /* >= 1 parallel samples (share the prompt's blocks) */
+    int32_t max_tokens;           /* >= 1; -1 = until the context (max_model_len) is full */
+    int32_t min_tokens;           /* eos / stop tokens / stop strings blocked before this many */
+    float temperature;            /* 0 = greedy (ties -> lowest id) */
+    float top_p;                  /* (0, 1] */
+    int32_t top_k;                /* -1 or 0 = off, else >= 1 */
+    float min_p;                  /* [0, 1] */
+    float presence_penalty;       /* [-2, 2] */
+    float frequency_penalty;      /* [-2, 2] */
+    float repetition_penalty;     /* > 0, 1 = off (applies to prompt and output tokens) */
+    uint64_t seed;                /* the request's RNG seed (the CLI fills it from --seed and
+                                     the request index when a line gives none) */
+    bool ignore_eos;
+    const int32_t *stop_token_ids; size_t n_stop_token_ids;
+    const char *const *stop;      size_t n_stop;   /* stop strings (UTF-8, NUL-terminated) */
+    bool include_stop_str_in_output;
+    bool skip_special_tokens;     /* for the output text (default true) */
+    int32_t logprobs;             /* -1 = none; k >= 0: the sampled token's logprob plus the top k */
+} sampling_params;
+
+/* vLLM's defaults: n 1, max_tokens 16, temperature 1, top_p 1, top_k -1,
+ * min_p 0, penalties off, skip_special_tokens true, logprobs -1. */
+sampling_params sampling_params_default(void);
+
+/* Checks ranges; the message names the field ("top_p must be in (0, 1], got 0"). */
+int sampling_params_validate(const sampling_params *p, pg_error *err);
+
+#endif /* PG_SAMPLING_PARAMS_H */

@@ -1,0 +1,63 @@
+/* config: a Hugging Face LLaMA config.json (+ generation_config.json merged
+ * on top) as plain data. Knows nothing about inference. */
+#ifndef PG_CONFIG_H
+#define PG_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pg_error.h"
+
+#define LLAMA_MAX_EOS 8
+
+typedef enum llama_rope_scaling_type {
+    LLAMA_ROPE_NONE = 0,
+    LLAMA_ROPE_LINEAR,   /* positions divided by factor */
+    LLAMA_ROPE_LLAMA3,   /* Llama 3.1 frequency-dependent scaling */
+} llama_rope_scaling_type;
+
+typedef struct llama_rope_scaling {
+    llama_rope_scaling_type type;
+    float factor;                           /* linear and llama3 */
+    float low_freq_factor, high_freq_factor; /* llama3 */
+    int32_t original_max_position_embeddings; /* llama3 */
+} llama_rope_scaling;
+
+typedef struct llama_config {
+    char architecture[64];        /* "LlamaForCausalLM" or "MistralForCausalLM" */
+    int32_t hidden_size;          /* H */
+    int32_t intermediate_size;    /* I */
+    int32_t num_hidden_layers;    /* L */
+    int32_t num_attention_heads;  /* nh */
+    int32_t num_key_value_heads;  /* nkv (default nh); nh % nkv == 0 */
+    int32_t head_dim;             /* hd (default H / nh) */
+    int32_t vocab_size;           /* V */
+    float rms_norm_eps;
+    float rope_theta;
+    llama_rope_scaling rope_scaling;
+    int32_t max_position_embeddings;
+    bool tie_word_embeddings;
+    int32_t bos_token_id;         /* -1 if absent */
+    int32_t eos_token_ids[LLAMA_MAX_EOS]; /* config's, then generation_config's, deduplicated */
+    int32_t n_eos_token_ids;
+    /* generation_config.json sampling defaults; has_* false when absent */
+    bool has_temperature, has_top_p, has_top_k, has_do_sample;
+    float temperature, top_p;
+    int32_t top_k;
+    bool do_sample;
+} llama_config;
+
+/* Parses config.json text (pure; fuzz target). `label` names the file in
+ * messages. Checks ranges (sizes > 0, nh % nkv == 0, head_dim even, ...)
+ * and refuses unsupported architectures, attention_bias/mlp_bias true and
+ * sliding windows with a message naming what is supported. */
+int llama_config_parse(llama_config *out, const char *json, size_t len,
+                       const char *label, pg_error *err);
+/* Merges generation_config.json text on top of cfg (eos list, sampling). */
+int llama_config_merge_generation(llama_config *cfg, const char *json, size_t len,
+                                  const char *label, pg_error *err);
+/* Reads DIR/config.json and, when present, DIR/generation_config.json. */
+int llama_config_load(llama_config *out, const char *model_dir, pg_error *err);
+
+#endif /* PG_CONFIG_H */

@@ -1,0 +1,63 @@
+/* tokenizer: a Hugging Face tokenizer.json (BPE), as the Llama families use
+ * it — the SentencePiece flavour (Prepend/Replace "▁" normalizer or Metaspace,
+ * byte_fallback) and the byte-level flavour (ByteLevel + Split regex run with
+ * PCRE2) — with added/special tokens, the TemplateProcessing post-processor,
+ * the matching decoder, and an incremental decoder for generation.
+ * Behaviour is Hugging Face's (goldens: ../shared/goldens/tokenize-*.jsonl).
+ */
+#ifndef PG_TOKENIZER_H
+#define PG_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pg_error.h"
+
+typedef struct tokenizer tokenizer; /* opaque, immutable after load: shareable across threads */
+
+/* Loads DIR/tokenizer.json (+ DIR/tokenizer_config.json when present, for
+ * add_bos_token/add_eos_token). */
+int tok_load(tokenizer **out, const char *dir, pg_error *err);
+/* Same from memory (pure; fuzz target). config_json may be NULL. */
+int tok_load_from_memory(tokenizer **out, const char *json, size_t len,
+                         const char *config_json, size_t config_len,
+                         const char *label, pg_error *err);
+void tok_free(tokenizer *t); /* accepts NULL */
+
+int32_t tok_vocab_size(const tokenizer *t);   /* model vocab + added tokens */
+int32_t tok_bos_id(const tokenizer *t);       /* -1 if none */
+int32_t tok_eos_id(const tokenizer *t);       /* -1 if none */
+bool tok_is_special(const tokenizer *t, int32_t id);
+/* The vocabulary string of id (borrowed, valid until tok_free), NULL if out of range. */
+const char *tok_piece(const tokenizer *t, int32_t id);
+
+/* Encodes len bytes of UTF-8 text (invalid UTF-8 is an error). With
+ * add_special the post-processor's tokens (BOS) are added. On success *ids is
+ * malloc'd (caller frees) with *n_ids entries. */
+int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special,
+               int32_t **ids, size_t *n_ids, pg_error *err);
+
+/* Decodes ids to UTF-8 (invalid byte sequences become U+FFFD, as HF does).
+ * *text is malloc'd and NUL-terminated; *len excludes the NUL. */
+int tok_decode(const tokenizer *t, const int32_t *ids, size_t n_ids, bool skip_special,
+               char **text, size_t *len, pg_error *err);
+
+/* Incremental decoder for generation. It is seeded with the prompt's ids and
+ * then fed generated ids one at a time; the concatenation of everything it
+ * emits equals decode(prompt + generated) minus decode(prompt) (so a leading
+ * space the decoder would strip at the start of a text is kept), and it never
+ * emits part of a UTF-8 sequence: bytes of an unfinished character are held
+ * back until a later token completes them, or until tok_stream_finish. */
+typedef struct tok_stream tok_stream;
+int tok_stream_create(tok_stream **out, const tokenizer *t, bool skip_special,
+                      const int32_t *prompt_ids, size_t n_prompt, pg_error *err);
+/* Feeds one id. *new_text (borrowed, valid until the next call) receives the
+ * newly final bytes, *new_len may be 0. */
+int tok_stream_push(tok_stream *s, int32_t id, const char **new_text, size_t *new_len,
+                    pg_error *err);
+/* Flushes what is held back (an unfinished sequence becomes U+FFFD). */
+int tok_stream_finish(tok_stream *s, const char **new_text, size_t *new_len, pg_error *err);
+void tok_stream_free(tok_stream *s); /* accepts NULL */
+
+#endif /* PG_TOKENIZER_H */
