@@ -1,0 +1,61 @@
+/* sampler: logits -> next token for one sequence, on the host, with vLLM's
+ * semantics. Pure functions plus a per-sequence RNG whose stream depends
+ * only on (request seed, sequence index, number of tokens drawn so far), so
+ * a sequence samples the same tokens whatever the batch and however often
+ * it was preempted.
+ *
+ * Order of processing (vLLM v1): penalties (repetition over prompt+output,
+ * presence/frequency over output), min_tokens masking of eos/stop ids,
+ * then greedy argmax if temperature == 0 (ties -> lowest id); otherwise
+ * divide by temperature, top-k, top-p, min-p, softmax, draw. Logprobs are
+ * computed from the raw logits (before penalties and temperature), as
+ * vLLM's default "raw_logprobs" mode does.
+ */
+#ifndef PG_SAMPLER_H
+#define PG_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sampling_params.h"
+
+/* Philox-free, counter-based: the state is just the key and the counter. */
+typedef struct sampler_rng {
+    uint64_t key;      /* derived from (seed, sequence index) */
+    uint64_t counter;  /* tokens drawn so far */
+} sampler_rng;
+
+sampler_rng sampler_rng_init(uint64_t seed, int32_t seq_index);
+/* Uniform double in [0, 1) for draw number rng->counter; advances the counter. */
+double sampler_rng_uniform(sampler_rng *rng);
+
+/* What the sampler needs to know about the sequence so far. */
+typedef struct sampler_seq_view {
+    const int32_t *prompt_ids;  int32_t n_prompt;
+    const int32_t *output_ids;  int32_t n_output;
+    /* ids that must not be sampled yet (eos + stop_token_ids while
+     * n_output < min_tokens); the engine fills it */
+    const int32_t *banned_ids;  int32_t n_banned;
+} sampler_seq_view;
+
+typedef struct sampler_result {
+    int32_t token_id;
+    float logprob;              /* of token_id under the raw distribution (when logprobs >= 0) */
+    int32_t n_top;              /* = params->logprobs when >= 0 */
+    int32_t *top_ids;           /* [n_top], caller-provided storage */
+    float *top_logprobs;        /* [n_top], caller-provided storage, descending */
+} sampler_result;
+
+/* Workspace reused across calls (sized for the vocabulary). */
+typedef struct sampler_workspace sampler_workspace;
+sampler_workspace *sampler_workspace_create(int32_t vocab_size);
+void sampler_workspace_destroy(sampler_workspace *w); /* accepts NULL */
+
+/* Samples from logits[vocab] (modified in place). result->top_ids and
+ * top_logprobs must have room for params->logprobs entries when >= 0. */
+int sampler_sample(sampler_workspace *w, const sampling_params *params, float *logits,
+                   int32_t vocab, const sampler_seq_view *seq, sampler_rng *rng,
+                   sampler_result *result);
+
+#endif /* PG_SAMPLER_H */
