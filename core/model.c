@@ -1,0 +1,534 @@
+/* model: the LLaMA forward over a ragged step_batch (see model.h).
+ *
+ * Names: H hidden_size, I intermediate_size, nh / nkv query / kv heads, hd
+ * head_dim, V vocab_size, NL layers, T step tokens, S step sequences, L rows
+ * that need logits. Q = nh*hd, KVD = nkv*hd, QKV = Q + 2*KVD.
+ *
+ * The math follows llama2.c run.c's forward() (which made the goldens) and
+ * Hugging Face's LlamaDecoderLayer, with the residual adds fused into the
+ * following rmsnorm (executor rmsnorm with a residual argument):
+ *
+ *   x = embed(tokens)                                      residual stream
+ *   for each layer l:
+ *     h = rmsnorm(x) * w_in                                (l > 0: x += mlp_out first)
+ *     q,k,v = h @ w_qkv^T ; rope(q, k) ; cache[l] <- k, v
+ *     a = attention(q, cache[l]) @ w_o^T
+ *     h = rmsnorm(x += a) * w_post
+ *     m = (silu(h @ w_gate^T) * (h @ w_up^T)) @ w_down^T    = mlp_out
+ *   rows = the L sampling rows of (x + mlp_out), final rmsnorm, @ lm_head^T
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rope_table.h"
+
+typedef struct model_layer {
+    float *attn_norm;   /* [H] f32  input_layernorm.weight */
+    void *w_qkv;        /* [QKV][H] wt  rows: q_proj (Q), k_proj (KVD), v_proj (KVD) */
+    void *w_o;          /* [H][Q] wt    o_proj */
+    float *mlp_norm;    /* [H] f32  post_attention_layernorm.weight */
+    void *w_gate_up;    /* [2I][H] wt   rows: gate_proj (I), up_proj (I) */
+    void *w_down;       /* [H][I] wt    down_proj */
+} model_layer;
+
+struct model {
+    executor *ex;                 /* borrowed */
+    const llama_config *cfg;      /* borrowed */
+    model_params p;
+    int32_t H, I, NL, nh, nkv, hd, V, Q, KVD, QKV;
+
+    /* weights (device) */
+    void *embed;                  /* [V][H] wt  model.embed_tokens.weight */
+    void *lm_head;                /* [V][H] wt  lm_head.weight, or == embed when tied */
+    float *final_norm;            /* [H] f32    model.norm.weight */
+    model_layer *layers;          /* [NL] (host array of device pointers) */
+    float *inv_freq;              /* [hd/2] f32 RoPE inverse frequencies, scaling folded in */
+
+    /* KV cache (device): [NL][2][num_blocks][block_size][nkv][hd] kv;
+     * plane 2l is layer l's K, plane 2l+1 its V. */
+    void *kv;
+    size_t plane_elems;           /* num_blocks * block_size * nkv * hd */
+    size_t block_elems;           /* block_size * nkv * hd */
+
+    /* workspace (device), Tmax = max_num_batched_tokens, Smax = max_num_seqs */
+    void *x;                      /* [Tmax][H] act    residual stream */
+    void *normed;                 /* [Tmax][H] act    rmsnorm output */
+    void *proj;                   /* [Tmax][H] act    o_proj / down_proj output */
+    void *qkv;                    /* [Tmax][QKV] act */
+    void *attn;                   /* [Tmax][Q] act    attention output */
+    void *gate_up;                /* [Tmax][2I] act */
+    void *mlp;                    /* [Tmax][I] act    silu(gate) * up */
+    void *rows_x;                 /* [Smax][H] act    gathered residual rows */
+    void *rows_mlp;               /* [Smax][H] act    gathered last mlp_out rows */
+    void *rows_out;               /* [Smax][H] act    final-normed rows */
+};
+
+/* ---- sizes ---------------------------------------------------------------- */
+
+size_t model_kv_bytes_per_block(const llama_config *cfg, const executor *ex, int32_t block_size)
+{
+    return (size_t)cfg->num_hidden_layers * 2u * (size_t)block_size *
+           (size_t)cfg->num_key_value_heads * (size_t)cfg->head_dim * ex->kv_bytes;
+}
+
+size_t model_weight_bytes(const llama_config *cfg, const executor *ex)
+{
+    size_t H = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size;
+    size_t Q = (size_t)cfg->num_attention_heads * (size_t)cfg->head_dim;
+    size_t KVD = (size_t)cfg->num_key_value_heads * (size_t)cfg->head_dim;
+    size_t V = (size_t)cfg->vocab_size;
+    size_t per_layer_wt = (Q + 2 * KVD) * H + H * Q + 2 * I * H + H * I;
+    size_t wt = V * H * (cfg->tie_word_embeddings ? 1u : 2u) +
+                (size_t)cfg->num_hidden_layers * per_layer_wt;
+    size_t f32 = (size_t)cfg->num_hidden_layers * 2u * H + H + (size_t)cfg->head_dim / 2u;
+    return wt * ex->wt_bytes + f32 * 4u;
+}
+
+/* ---- load ----------------------------------------------------------------- */
+
+static const char *kind_name(exec_buf_kind k)
+{
+    switch (k) {
+    case EXEC_ACT: return "act";
+    case EXEC_WT: return "weight";
+    case EXEC_KV: return "kv";
+    case EXEC_F32: return "f32";
+    case EXEC_I32: return "i32";
+    }
+    return "?";
+}
+
+/* Allocates n elements of kind for `what`; on failure the message gives the
+ * sizes and what the device reports as free. */
+static void *model_alloc(model *m, exec_buf_kind kind, size_t n, const char *what, int *rc,
+                         pg_error *err)
+{
+    executor *ex = m->ex;
+    size_t eb = exec_kind_bytes(ex, kind);
+    if (n == 0 || n > SIZE_MAX / eb) {
+        *rc = pg_error_set(err, PG_ENOMEM, "model: %s: %zu %s elements overflow size_t",
+                           what, n, kind_name(kind));
+        return NULL;
+    }
+    void *p = ex->op->alloc(ex, kind, n);
+    if (!p) {
+        size_t free_b = 0, total_b = 0;
+        int have = ex->op->mem_info(ex, &free_b, &total_b) == 0;
+        char mem[160] = "";
+        if (have)
+            snprintf(mem, sizeof mem, " (%s device: %zu bytes free of %zu)", ex->name,
+                     free_b, total_b);
+        *rc = pg_error_set(err, PG_ENOMEM,
+                           "model: out of memory allocating %s: %zu %s elements x %zu bytes = "
+                           "%zu bytes%s: %s",
+                           what, n, kind_name(kind), eb, n * eb, mem, ex->op->last_error(ex));
+    }
+    return p;
+}
+
+/* Checks tensor `name` is [d0] or [d0][d1] of a float dtype and uploads it
+ * to dst (a buffer of kind) at element offset dst_off. */
+static int load_tensor(model *m, const st_file *w, const char *name, int ndim, int64_t d0,
+                       int64_t d1, void *dst, exec_buf_kind kind, size_t dst_off, pg_error *err)
+{
+    int64_t shape[2] = {d0, d1};
+    const st_tensor *t = NULL;
+    int rc = st_get(w, name, 1, ST_F32, ndim, shape, &t, err);
+    if (rc)
+        return pg_error_wrap(err, rc, "model");
+    size_t n = (size_t)d0 * (ndim == 2 ? (size_t)d1 : 1u);
+    rc = m->ex->op->upload(m->ex, dst, kind, dst_off, t->data, t->dtype, n);
+    if (rc)
+        return pg_error_set(err, rc, "model: uploading tensor '%s' (%zu elements): %s", name, n,
+                            m->ex->op->last_error(m->ex));
+    return PG_OK;
+}
+
+static int check_config(const llama_config *c, const model_params *p, pg_error *err)
+{
+    if (c->hidden_size <= 0 || c->intermediate_size <= 0 || c->num_hidden_layers <= 0 ||
+        c->num_attention_heads <= 0 || c->num_key_value_heads <= 0 || c->head_dim <= 0 ||
+        c->vocab_size <= 0 || c->head_dim % 2 != 0 ||
+        c->num_attention_heads % c->num_key_value_heads != 0)
+        return pg_error_set(err, PG_EINVAL,
+                            "model: invalid config: hidden_size %d, intermediate_size %d, "
+                            "layers %d, heads %d, kv heads %d, head_dim %d, vocab %d",
+                            (int)c->hidden_size, (int)c->intermediate_size,
+                            (int)c->num_hidden_layers, (int)c->num_attention_heads,
+                            (int)c->num_key_value_heads, (int)c->head_dim, (int)c->vocab_size);
+    if (p->num_kv_blocks <= 0 || p->block_size <= 0 || p->max_num_batched_tokens <= 0 ||
+        p->max_num_seqs <= 0)
+        return pg_error_set(err, PG_EINVAL,
+                            "model: invalid params: num_kv_blocks %d, block_size %d, "
+                            "max_num_batched_tokens %d, max_num_seqs %d (all must be > 0)",
+                            (int)p->num_kv_blocks, (int)p->block_size,
+                            (int)p->max_num_batched_tokens, (int)p->max_num_seqs);
+    return PG_OK;
+}
+
+static int load_weights(model *m, const st_file *w, pg_error *err)
+{
+    int rc = PG_OK;
+    const int64_t H = m->H, I = m->I, Q = m->Q, KVD = m->KVD, V = m->V;
+    char name[160], what[200];
+
+    m->embed = model_alloc(m, EXEC_WT, (size_t)V * (size_t)H, "model.embed_tokens.weight",
+                           &rc, err);
+    if (!m->embed)
+        return rc;
+    if ((rc = load_tensor(m, w, "model.embed_tokens.weight", 2, V, H, m->embed, EXEC_WT, 0, err)))
+        return rc;
+    if (m->cfg->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else {
+        m->lm_head = model_alloc(m, EXEC_WT, (size_t)V * (size_t)H, "lm_head.weight", &rc, err);
+        if (!m->lm_head)
+            return rc;
+        if ((rc = load_tensor(m, w, "lm_head.weight", 2, V, H, m->lm_head, EXEC_WT, 0, err)))
+            return rc;
+    }
+    m->final_norm = model_alloc(m, EXEC_F32, (size_t)H, "model.norm.weight", &rc, err);
+    if (!m->final_norm)
+        return rc;
+    if ((rc = load_tensor(m, w, "model.norm.weight", 1, H, 0, m->final_norm, EXEC_F32, 0, err)))
+        return rc;
+
+    for (int32_t l = 0; l < m->NL; l++) {
+        model_layer *ly = &m->layers[l];
+#define LAYER_NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d." suffix, (int)l), name)
+#define LAYER_WHAT(suffix) (snprintf(what, sizeof what, "model.layers.%d." suffix, (int)l), what)
+        ly->attn_norm = model_alloc(m, EXEC_F32, (size_t)H, LAYER_WHAT("input_layernorm.weight"),
+                                    &rc, err);
+        if (!ly->attn_norm)
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("input_layernorm.weight"), 1, H, 0, ly->attn_norm,
+                              EXEC_F32, 0, err)))
+            return rc;
+
+        /* fused QKV [Q + 2 KVD][H]: q rows, then k rows, then v rows */
+        ly->w_qkv = model_alloc(m, EXEC_WT, (size_t)(Q + 2 * KVD) * (size_t)H,
+                                LAYER_WHAT("self_attn.qkv (fused)"), &rc, err);
+        if (!ly->w_qkv)
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("self_attn.q_proj.weight"), 2, Q, H, ly->w_qkv,
+                              EXEC_WT, 0, err)))
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("self_attn.k_proj.weight"), 2, KVD, H, ly->w_qkv,
+                              EXEC_WT, (size_t)Q * (size_t)H, err)))
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("self_attn.v_proj.weight"), 2, KVD, H, ly->w_qkv,
+                              EXEC_WT, (size_t)(Q + KVD) * (size_t)H, err)))
+            return rc;
+
+        ly->w_o = model_alloc(m, EXEC_WT, (size_t)H * (size_t)Q,
+                              LAYER_WHAT("self_attn.o_proj.weight"), &rc, err);
+        if (!ly->w_o)
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("self_attn.o_proj.weight"), 2, H, Q, ly->w_o,
+                              EXEC_WT, 0, err)))
+            return rc;
+
+        ly->mlp_norm = model_alloc(m, EXEC_F32, (size_t)H,
+                                   LAYER_WHAT("post_attention_layernorm.weight"), &rc, err);
+        if (!ly->mlp_norm)
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("post_attention_layernorm.weight"), 1, H, 0,
+                              ly->mlp_norm, EXEC_F32, 0, err)))
+            return rc;
+
+        /* fused gate|up [2I][H]: gate rows, then up rows */
+        ly->w_gate_up = model_alloc(m, EXEC_WT, (size_t)(2 * I) * (size_t)H,
+                                    LAYER_WHAT("mlp.gate_up (fused)"), &rc, err);
+        if (!ly->w_gate_up)
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("mlp.gate_proj.weight"), 2, I, H, ly->w_gate_up,
+                              EXEC_WT, 0, err)))
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("mlp.up_proj.weight"), 2, I, H, ly->w_gate_up,
+                              EXEC_WT, (size_t)I * (size_t)H, err)))
+            return rc;
+
+        ly->w_down = model_alloc(m, EXEC_WT, (size_t)H * (size_t)I,
+                                 LAYER_WHAT("mlp.down_proj.weight"), &rc, err);
+        if (!ly->w_down)
+            return rc;
+        if ((rc = load_tensor(m, w, LAYER_NAME("mlp.down_proj.weight"), 2, H, I, ly->w_down,
+                              EXEC_WT, 0, err)))
+            return rc;
+#undef LAYER_NAME
+#undef LAYER_WHAT
+    }
+    return PG_OK;
+}
+
+static int alloc_state(model *m, pg_error *err)
+{
+    int rc = PG_OK;
+    const model_params *p = &m->p;
+    size_t T = (size_t)p->max_num_batched_tokens, S = (size_t)p->max_num_seqs;
+    size_t H = (size_t)m->H, I = (size_t)m->I;
+
+    /* RoPE table */
+    float host_freq[512];
+    int32_t half = m->hd / 2;
+    float *freq = half <= 512 ? host_freq : malloc((size_t)half * sizeof *freq);
+    if (!freq)
+        return pg_error_set(err, PG_ENOMEM, "model: out of host memory for the rope table");
+    rc = rope_inv_freq(freq, m->hd, m->cfg->rope_theta, &m->cfg->rope_scaling, err);
+    if (!rc) {
+        m->inv_freq = model_alloc(m, EXEC_F32, (size_t)half, "rope inv_freq", &rc, err);
+        if (m->inv_freq) {
+            rc = m->ex->op->upload(m->ex, m->inv_freq, EXEC_F32, 0, freq, ST_F32, (size_t)half);
+            if (rc)
+                pg_error_set(err, rc, "model: uploading rope inv_freq: %s",
+                             m->ex->op->last_error(m->ex));
+        }
+    } else {
+        pg_error_wrap(err, rc, "model");
+    }
+    if (freq != host_freq)
+        free(freq);
+    if (rc)
+        return rc;
+
+    /* KV cache: one buffer of 2*NL planes */
+    m->block_elems = (size_t)p->block_size * (size_t)m->nkv * (size_t)m->hd;
+    m->plane_elems = (size_t)p->num_kv_blocks * m->block_elems;
+    size_t n_planes = 2u * (size_t)m->NL;
+    if (m->plane_elems / (size_t)p->num_kv_blocks != m->block_elems ||
+        m->plane_elems > SIZE_MAX / n_planes)
+        return pg_error_set(err, PG_ENOMEM, "model: kv cache of %d blocks overflows size_t",
+                            (int)p->num_kv_blocks);
+    char what[160];
+    snprintf(what, sizeof what, "the kv cache (%d blocks of %d tokens, %zu bytes per block)",
+             (int)p->num_kv_blocks, (int)p->block_size,
+             model_kv_bytes_per_block(m->cfg, m->ex, p->block_size));
+    m->kv = model_alloc(m, EXEC_KV, n_planes * m->plane_elems, what, &rc, err);
+    if (!m->kv)
+        return rc;
+
+    /* workspace */
+    struct {
+        void **dst;
+        size_t n;
+        const char *what;
+    } ws[] = {
+        {&m->x, T * H, "workspace x [T][H]"},
+        {&m->normed, T * H, "workspace normed [T][H]"},
+        {&m->proj, T * H, "workspace proj [T][H]"},
+        {&m->qkv, T * (size_t)m->QKV, "workspace qkv [T][QKV]"},
+        {&m->attn, T * (size_t)m->Q, "workspace attn [T][nh*hd]"},
+        {&m->gate_up, T * 2u * I, "workspace gate_up [T][2I]"},
+        {&m->mlp, T * I, "workspace mlp [T][I]"},
+        {&m->rows_x, S * H, "workspace rows_x [S][H]"},
+        {&m->rows_mlp, S * H, "workspace rows_mlp [S][H]"},
+        {&m->rows_out, S * H, "workspace rows_out [S][H]"},
+    };
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+        *ws[i].dst = model_alloc(m, EXEC_ACT, ws[i].n, ws[i].what, &rc, err);
+        if (!*ws[i].dst)
+            return rc;
+    }
+    return PG_OK;
+}
+
+int model_create(model **out, executor *ex, const llama_config *cfg, const st_file *weights,
+                 const model_params *p, pg_error *err)
+{
+    *out = NULL;
+    int rc = check_config(cfg, p, err);
+    if (rc)
+        return rc;
+    model *m = calloc(1, sizeof *m);
+    if (!m)
+        return pg_error_set(err, PG_ENOMEM, "model: out of host memory");
+    m->ex = ex;
+    m->cfg = cfg;
+    m->p = *p;
+    m->H = cfg->hidden_size;
+    m->I = cfg->intermediate_size;
+    m->NL = cfg->num_hidden_layers;
+    m->nh = cfg->num_attention_heads;
+    m->nkv = cfg->num_key_value_heads;
+    m->hd = cfg->head_dim;
+    m->V = cfg->vocab_size;
+    m->Q = m->nh * m->hd;
+    m->KVD = m->nkv * m->hd;
+    m->QKV = m->Q + 2 * m->KVD;
+    m->layers = calloc((size_t)m->NL, sizeof *m->layers);
+    if (!m->layers) {
+        free(m);
+        return pg_error_set(err, PG_ENOMEM, "model: out of host memory");
+    }
+    if ((rc = load_weights(m, weights, err)) || (rc = alloc_state(m, err))) {
+        model_destroy(m);
+        return rc;
+    }
+    *out = m;
+    return PG_OK;
+}
+
+void model_destroy(model *m)
+{
+    if (!m)
+        return;
+    executor *ex = m->ex;
+    void *ws[] = {m->rows_out, m->rows_mlp, m->rows_x, m->mlp, m->gate_up, m->attn,
+                  m->qkv, m->proj, m->normed, m->x, m->kv, m->inv_freq};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        ex->op->free(ex, ws[i]);
+    if (m->layers) {
+        for (int32_t l = m->NL - 1; l >= 0; l--) {
+            model_layer *ly = &m->layers[l];
+            ex->op->free(ex, ly->w_down);
+            ex->op->free(ex, ly->w_gate_up);
+            ex->op->free(ex, ly->mlp_norm);
+            ex->op->free(ex, ly->w_o);
+            ex->op->free(ex, ly->w_qkv);
+            ex->op->free(ex, ly->attn_norm);
+        }
+    }
+    ex->op->free(ex, m->final_norm);
+    if (m->lm_head != m->embed)
+        ex->op->free(ex, m->lm_head);
+    ex->op->free(ex, m->embed);
+    free(m->layers);
+    free(m);
+}
+
+/* ---- forward -------------------------------------------------------------- */
+
+static int check_batch(const model *m, const step_batch *b, pg_error *err)
+{
+    if (b->num_tokens < 1 || b->num_tokens > m->p.max_num_batched_tokens)
+        return pg_error_set(err, PG_EINVAL,
+                            "model forward: num_tokens %d outside [1, %d] (max_num_batched_tokens)",
+                            (int)b->num_tokens, (int)m->p.max_num_batched_tokens);
+    if (b->num_seqs < 1 || b->num_seqs > m->p.max_num_seqs)
+        return pg_error_set(err, PG_EINVAL,
+                            "model forward: num_seqs %d outside [1, %d] (max_num_seqs)",
+                            (int)b->num_seqs, (int)m->p.max_num_seqs);
+    if (b->num_logits < 0 || b->num_logits > b->num_seqs)
+        return pg_error_set(err, PG_EINVAL,
+                            "model forward: num_logits %d outside [0, num_seqs %d]",
+                            (int)b->num_logits, (int)b->num_seqs);
+    if (b->block_size != m->p.block_size)
+        return pg_error_set(err, PG_EINVAL,
+                            "model forward: batch block_size %d, the kv cache has %d",
+                            (int)b->block_size, (int)m->p.block_size);
+    return PG_OK;
+}
+
+/* Wraps a failed op's status with the executor's message. */
+static int op_failed(model *m, int rc, const char *op, int32_t layer, pg_error *err)
+{
+    if (rc > 0)
+        rc = PG_EDEVICE;
+    if (layer >= 0)
+        return pg_error_set(err, rc, "model forward: layer %d %s: %s", (int)layer, op,
+                            m->ex->op->last_error(m->ex));
+    return pg_error_set(err, rc, "model forward: %s: %s", op, m->ex->op->last_error(m->ex));
+}
+
+#define OP(call, name, layer)                                \
+    do {                                                     \
+        int op_rc_ = (call);                                 \
+        if (op_rc_)                                          \
+            return op_failed(m, op_rc_, (name), (layer), err); \
+    } while (0)
+
+int model_forward(model *m, const step_batch *b, float *logits, pg_error *err)
+{
+    int rc = check_batch(m, b, err);
+    if (rc)
+        return rc;
+    executor *ex = m->ex;
+    const executor_ops *op = ex->op;
+    const int32_t T = b->num_tokens, H = m->H, I = m->I;
+    const int32_t nh = m->nh, nkv = m->nkv, hd = m->hd;
+    const float eps = m->cfg->rms_norm_eps;
+    /* llama2.c: score /= sqrtf(head_size); HF: scaling = head_dim ** -0.5 */
+    const float scale = 1.0f / sqrtf((float)hd);
+    const size_t kv_eb = ex->kv_bytes;
+
+    OP(op->begin_step(ex, b), "begin_step", -1);
+    OP(op->embed(ex, m->x, m->embed, H, m->V, b), "embed", -1);
+    for (int32_t l = 0; l < m->NL; l++) {
+        const model_layer *ly = &m->layers[l];
+        /* layer 0: normed = rmsnorm(x); later: x += mlp_out (in proj), normed = rmsnorm(x) */
+        OP(op->rmsnorm(ex, m->normed, l == 0 ? NULL : m->x, l == 0 ? m->x : m->proj,
+                       ly->attn_norm, T, H, eps),
+           "input rmsnorm", l);
+        OP(op->matmul(ex, m->qkv, m->normed, ly->w_qkv, T, m->QKV, H), "qkv matmul", l);
+        OP(op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b), "rope", l);
+        char *k_plane = (char *)m->kv + (size_t)(2 * l) * m->plane_elems * kv_eb;
+        char *v_plane = k_plane + m->plane_elems * kv_eb;
+        OP(op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b), "kv_write", l);
+        OP(op->attention(ex, m->attn, m->qkv, k_plane, v_plane, nh, nkv, hd, scale, b),
+           "attention", l);
+        OP(op->matmul(ex, m->proj, m->attn, ly->w_o, T, H, m->Q), "o matmul", l);
+        /* x += attn_o; normed = rmsnorm(x) */
+        OP(op->rmsnorm(ex, m->normed, m->x, m->proj, ly->mlp_norm, T, H, eps), "post rmsnorm", l);
+        OP(op->matmul(ex, m->gate_up, m->normed, ly->w_gate_up, T, 2 * I, H), "gate_up matmul", l);
+        OP(op->silu_mul(ex, m->mlp, m->gate_up, T, I), "silu_mul", l);
+        OP(op->matmul(ex, m->proj, m->mlp, ly->w_down, T, H, I), "down matmul", l);
+    }
+    const int32_t L = b->num_logits;
+    if (L == 0)
+        return PG_OK; /* a step that only fills the cache (chunked prefill) */
+    /* Only the sampling rows: gather x and the last mlp_out, then
+     * rows_x += rows_mlp; rows_out = rmsnorm(rows_x) * w_final (the same
+     * per-row arithmetic as adding over all T rows first). */
+    OP(op->gather_rows(ex, m->rows_x, m->x, H, b), "gather residual rows", -1);
+    OP(op->gather_rows(ex, m->rows_mlp, m->proj, H, b), "gather mlp rows", -1);
+    OP(op->rmsnorm(ex, m->rows_out, m->rows_x, m->rows_mlp, m->final_norm, L, H, eps),
+       "final rmsnorm", -1);
+    OP(op->logits(ex, logits, m->rows_out, m->lm_head, L, m->V, H), "logits", -1);
+    return PG_OK;
+}
+
+#undef OP
+
+int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err)
+{
+    if (n_pairs <= 0)
+        return PG_OK;
+    for (int32_t k = 0; k < 2 * n_pairs; k++)
+        if (src_dst[k] < 0 || src_dst[k] >= m->p.num_kv_blocks)
+            return pg_error_set(err, PG_EINVAL,
+                                "model copy_blocks: pair %d: block id %d outside [0, %d)",
+                                (int)(k / 2), (int)src_dst[k], (int)m->p.num_kv_blocks);
+    int rc = m->ex->op->copy_blocks(m->ex, m->kv, 2 * m->NL, m->plane_elems, m->block_elems,
+                                    src_dst, n_pairs);
+    if (rc)
+        return op_failed(m, rc, "copy_blocks", -1, err);
+    return PG_OK;
+}
+
+/* ---- engine adapter ------------------------------------------------------- */
+
+static int backend_forward(void *ctx, const step_batch *b, float *logits, pg_error *err)
+{
+    return model_forward(ctx, b, logits, err);
+}
+
+static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs,
+                               pg_error *err)
+{
+    return model_copy_blocks(ctx, src_dst, n_pairs, err);
+}
+
+engine_backend model_backend(model *m)
+{
+    engine_backend be = {
+        .ctx = m,
+        .vocab_size = m->V,
+        .forward = backend_forward,
+        .copy_blocks = backend_copy_blocks,
+    };
+    return be;
+}
