@@ -6,10 +6,13 @@
  *
  * Order of processing (vLLM v1): penalties (repetition over prompt+output,
  * presence/frequency over output), min_tokens masking of eos/stop ids,
- * then greedy argmax if temperature == 0 (ties -> lowest id); otherwise
- * divide by temperature, top-k, top-p, min-p, softmax, draw. Logprobs are
- * computed from the raw logits (before penalties and temperature), as
- * vLLM's default "raw_logprobs" mode does.
+ * then greedy argmax if temperature < 1e-5 (ties -> lowest id, no RNG
+ * draw); otherwise divide by temperature, min-p (vLLM v1 runs it before
+ * top-k/top-p), top-k (boundary ties kept), top-p over the survivors,
+ * softmax, one uniform draw, inverse CDF over the survivors in ascending id
+ * order. Logprobs are computed from the raw logits (before penalties and
+ * temperature), as vLLM's default "raw_logprobs" mode does. Details and
+ * provenance: sampler.c.
  */
 #ifndef PG_SAMPLER_H
 #define PG_SAMPLER_H
@@ -51,9 +54,18 @@ typedef struct sampler_result {
 typedef struct sampler_workspace sampler_workspace;
 sampler_workspace *sampler_workspace_create(int32_t vocab_size);
 void sampler_workspace_destroy(sampler_workspace *w); /* accepts NULL */
+/* The message of the last failed sampler_sample() on w (borrowed; valid
+ * until the next call on w). */
+const char *sampler_workspace_error(const sampler_workspace *w);
 
-/* Samples from logits[vocab] (modified in place). result->top_ids and
- * top_logprobs must have room for params->logprobs entries when >= 0. */
+/* Samples from logits[vocab] (modified in place; vocab <= the workspace's
+ * size). result->top_ids and top_logprobs must have room for
+ * params->logprobs entries when >= 0; result->n_top = min(logprobs, vocab),
+ * 0 when logprobs = -1. Draws exactly one uniform from rng per call unless
+ * greedy. Returns PG_EINVAL (message: sampler_workspace_error) for an id
+ * out of [0, vocab) in seq, missing storage, or when every logit is -inf,
+ * nan or banned. seq may be NULL (no history). Params are assumed valid
+ * (sampling_params_validate). */
 int sampler_sample(sampler_workspace *w, const sampling_params *params, float *logits,
                    int32_t vocab, const sampler_seq_view *seq, sampler_rng *rng,
                    sampler_result *result);

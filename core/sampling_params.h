@@ -10,11 +10,16 @@
 
 #include "pg_error.h"
 
+/* Caps that validate() enforces: n (parallel samples per request) and
+ * logprobs (vLLM's default max_logprobs = 20). */
+#define SAMPLING_PARAMS_MAX_N 64
+#define SAMPLING_PARAMS_MAX_LOGPROBS 20
+
 typedef struct sampling_params {
-    int32_t n;                    /* >= 1 parallel samples (share the prompt's blocks) */
+    int32_t n;                    /* [1, SAMPLING_PARAMS_MAX_N] parallel samples (share the prompt's blocks) */
     int32_t max_tokens;           /* >= 1; -1 = until the context (max_model_len) is full */
     int32_t min_tokens;           /* eos / stop tokens / stop strings blocked before this many */
-    float temperature;            /* 0 = greedy (ties -> lowest id) */
+    float temperature;            /* >= 0; < 1e-5 (vLLM's _SAMPLING_EPS) = greedy (ties -> lowest id) */
     float top_p;                  /* (0, 1] */
     int32_t top_k;                /* -1 or 0 = off, else >= 1 */
     float min_p;                  /* [0, 1] */
@@ -28,7 +33,7 @@ typedef struct sampling_params {
     const char *const *stop;      size_t n_stop;   /* stop strings (UTF-8, NUL-terminated) */
     bool include_stop_str_in_output;
     bool skip_special_tokens;     /* for the output text (default true) */
-    int32_t logprobs;             /* -1 = none; k >= 0: the sampled token's logprob plus the top k */
+    int32_t logprobs;             /* -1 = none; k in [0, 20]: the sampled token's logprob plus the top k */
 } sampling_params;
 
 /* vLLM's defaults: n 1, max_tokens 16, temperature 1, top_p 1, top_k -1,
