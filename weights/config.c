@@ -1,0 +1,337 @@
+/* config: Hugging Face LLaMA config.json / generation_config.json -> plain
+ * data (see config.h). Key names and defaults follow transformers'
+ * LlamaConfig (models/llama/configuration_llama.py); keys we do not use are
+ * ignored, since real configs carry many. A JSON null counts as absent. */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "file_io.h"
+#include "json.h"
+
+#define CONFIG_MAX_BYTES (4u * 1024u * 1024u)
+
+/* Value of key in the root object, or -1 when absent or null. */
+static int get_key(const json_doc *d, const char *key)
+{
+    int v = json_obj_get(d, 0, key);
+    return json_is_null(d, v) ? -1 : v;
+}
+
+/* Optional integer in [lo, hi]: *out unchanged when absent. */
+static int opt_int(const json_doc *d, int obj, const char *key, int64_t lo, int64_t hi, int32_t *out,
+                   const char *label, pg_error *err)
+{
+    int v = json_obj_get(d, obj, key);
+    if (v < 0 || json_is_null(d, v))
+        return PG_OK;
+    int64_t x;
+    int rc = json_get_int(d, v, lo, hi, &x, err);
+    if (rc)
+        return pg_error_wrap(err, PG_EFORMAT, "%s: %s", label, key);
+    *out = (int32_t)x;
+    return PG_OK;
+}
+
+static int req_int(const json_doc *d, const char *key, int64_t lo, int64_t hi, int32_t *out,
+                   const char *label, pg_error *err)
+{
+    if (get_key(d, key) < 0)
+        return pg_error_set(err, PG_EFORMAT, "%s: missing %s (expected an integer in [%lld, %lld])", label, key,
+                            (long long)lo, (long long)hi);
+    return opt_int(d, 0, key, lo, hi, out, label, err);
+}
+
+/* Optional number in [lo, hi] (lo_open: lo itself excluded). */
+static int opt_float(const json_doc *d, int obj, const char *key, double lo, int lo_open, double hi, float *out,
+                     bool *present, const char *label, pg_error *err)
+{
+    int v = json_obj_get(d, obj, key);
+    if (v < 0 || json_is_null(d, v))
+        return PG_OK;
+    double x;
+    int rc = json_get_double(d, v, &x, err);
+    if (rc)
+        return pg_error_wrap(err, PG_EFORMAT, "%s: %s", label, key);
+    if (x < lo || (lo_open && x == lo) || x > hi)
+        return pg_error_set(err, PG_EFORMAT, "%s: %s: expected a number in %c%g, %g], got %g", label, key,
+                            lo_open ? '(' : '[', lo, hi, x);
+    *out = (float)x;
+    if (present)
+        *present = true;
+    return PG_OK;
+}
+
+static int opt_bool(const json_doc *d, int obj, const char *key, bool *out, bool *present, const char *label,
+                    pg_error *err)
+{
+    int v = json_obj_get(d, obj, key);
+    if (v < 0 || json_is_null(d, v))
+        return PG_OK;
+    if (json_get_bool(d, v, out, err))
+        return pg_error_wrap(err, PG_EFORMAT, "%s: %s", label, key);
+    if (present)
+        *present = true;
+    return PG_OK;
+}
+
+/* Appends the eos id(s) at key (an int or a list of ints) to cfg, skipping
+ * ids already there. */
+static int add_eos(llama_config *cfg, const json_doc *d, const char *label, pg_error *err)
+{
+    int v = get_key(d, "eos_token_id");
+    if (v < 0)
+        return PG_OK;
+    int n = 1, j = v;
+    if (json_is_array(d, v)) {
+        n = json_size(d, v);
+        j = v + 1;
+    }
+    for (int k = 0; k < n; k++, j = json_skip(d, j)) {
+        int64_t id;
+        if (j >= d->ntok || json_get_int(d, j, 0, (int64_t)cfg->vocab_size - 1, &id, err))
+            return pg_error_wrap(err, PG_EFORMAT, "%s: eos_token_id", label);
+        bool dup = false;
+        for (int m = 0; m < cfg->n_eos_token_ids; m++)
+            dup = dup || cfg->eos_token_ids[m] == (int32_t)id;
+        if (dup)
+            continue;
+        if (cfg->n_eos_token_ids == LLAMA_MAX_EOS)
+            return pg_error_set(err, PG_EFORMAT, "%s: eos_token_id: expected at most %d distinct ids", label,
+                                LLAMA_MAX_EOS);
+        cfg->eos_token_ids[cfg->n_eos_token_ids++] = (int32_t)id;
+    }
+    return PG_OK;
+}
+
+static int parse_rope_scaling(llama_config *c, const json_doc *d, const char *label, pg_error *err)
+{
+    int rs = get_key(d, "rope_scaling");
+    c->rope_scaling.type = LLAMA_ROPE_NONE;
+    if (rs < 0)
+        return PG_OK;
+    if (!json_is_object(d, rs))
+        return pg_error_set(err, PG_EFORMAT, "%s: rope_scaling: expected null or an object", label);
+    /* transformers >= 4.45 spells it rope_type; older configs say type */
+    int tv = json_obj_get(d, rs, "rope_type");
+    if (tv < 0)
+        tv = json_obj_get(d, rs, "type");
+    if (!json_is_string(d, tv))
+        return pg_error_set(err, PG_EFORMAT, "%s: rope_scaling: expected a string rope_type (or type)", label);
+    char type[32];
+    if (json_get_string_buf(d, tv, type, sizeof type, NULL, NULL))
+        snprintf(type, sizeof type, "(too long)");
+    llama_rope_scaling *r = &c->rope_scaling;
+    if (strcmp(type, "default") == 0)
+        return PG_OK;
+    if (strcmp(type, "linear") != 0 && strcmp(type, "llama3") != 0)
+        return pg_error_set(err, PG_EUNSUPPORTED,
+                            "%s: rope_scaling type '%s' is not supported (supported: null, linear, llama3)", label, type);
+    r->factor = 0.0f;
+    int rc = opt_float(d, rs, "factor", 0.0, 1, 1e6, &r->factor, NULL, label, err);
+    if (rc)
+        return rc;
+    if (r->factor <= 0.0f)
+        return pg_error_set(err, PG_EFORMAT, "%s: rope_scaling: missing factor (expected a number > 0)", label);
+    if (strcmp(type, "linear") == 0) {
+        r->type = LLAMA_ROPE_LINEAR;
+        return PG_OK;
+    }
+    /* llama3: transformers' _compute_llama3_parameters */
+    r->type = LLAMA_ROPE_LLAMA3;
+    r->low_freq_factor = r->high_freq_factor = 0.0f;
+    r->original_max_position_embeddings = 0;
+    if ((rc = opt_float(d, rs, "low_freq_factor", 0.0, 1, 1e6, &r->low_freq_factor, NULL, label, err)) ||
+        (rc = opt_float(d, rs, "high_freq_factor", 0.0, 1, 1e6, &r->high_freq_factor, NULL, label, err)) ||
+        (rc = opt_int(d, rs, "original_max_position_embeddings", 1, 1 << 24, &r->original_max_position_embeddings,
+                      label, err)))
+        return rc;
+    if (r->low_freq_factor <= 0.0f || r->high_freq_factor <= 0.0f || r->original_max_position_embeddings <= 0)
+        return pg_error_set(err, PG_EFORMAT,
+                            "%s: rope_scaling llama3: expected factor, low_freq_factor, high_freq_factor and original_max_position_embeddings",
+                            label);
+    if (!(r->high_freq_factor > r->low_freq_factor))
+        return pg_error_set(err, PG_EFORMAT,
+                            "%s: rope_scaling llama3: expected high_freq_factor > low_freq_factor, got %g <= %g", label,
+                            (double)r->high_freq_factor, (double)r->low_freq_factor);
+    return PG_OK;
+}
+
+static int parse_architecture(llama_config *c, const json_doc *d, const char *label, pg_error *err)
+{
+    static const char *const supported = "supported: LlamaForCausalLM, MistralForCausalLM without sliding_window";
+    int a = get_key(d, "architectures");
+    if (a < 0) {
+        /* no architectures: fall back on model_type, as transformers' AutoModel does */
+        int mt = get_key(d, "model_type");
+        if (json_str_eq(d, mt, "llama"))
+            snprintf(c->architecture, sizeof c->architecture, "LlamaForCausalLM");
+        else if (json_str_eq(d, mt, "mistral"))
+            snprintf(c->architecture, sizeof c->architecture, "MistralForCausalLM");
+        else
+            return pg_error_set(err, PG_EUNSUPPORTED, "%s: no architectures and no llama/mistral model_type (%s)",
+                                label, supported);
+    } else {
+        int first = json_is_array(d, a) && json_size(d, a) >= 1 ? a + 1 : -1;
+        if (!json_is_string(d, first))
+            return pg_error_set(err, PG_EFORMAT, "%s: architectures: expected a list of strings", label);
+        if (json_size(d, a) != 1 ||
+            json_get_string_buf(d, first, c->architecture, sizeof c->architecture, NULL, NULL) ||
+            (strcmp(c->architecture, "LlamaForCausalLM") != 0 && strcmp(c->architecture, "MistralForCausalLM") != 0)) {
+            char raw[64];
+            size_t n;
+            const char *s = json_raw(d, a, &n);
+            snprintf(raw, sizeof raw, "%.*s", (int)(n > 60 ? 60 : n), s);
+            return pg_error_set(err, PG_EUNSUPPORTED, "%s: architectures %s not supported (%s)", label, raw,
+                                supported);
+        }
+    }
+    if (get_key(d, "sliding_window") >= 0)
+        return pg_error_set(err, PG_EUNSUPPORTED, "%s: sliding_window is set: sliding-window attention is not supported (%s)",
+                            label, supported);
+    return PG_OK;
+}
+
+static int parse_doc(llama_config *c, const json_doc *d, const char *label, pg_error *err)
+{
+    int rc;
+    if (!json_is_object(d, 0))
+        return pg_error_set(err, PG_EFORMAT, "%s: expected a json object", label);
+    if ((rc = parse_architecture(c, d, label, err)))
+        return rc;
+    if ((rc = req_int(d, "hidden_size", 1, 1 << 20, &c->hidden_size, label, err)) ||
+        (rc = req_int(d, "intermediate_size", 1, 1 << 22, &c->intermediate_size, label, err)) ||
+        (rc = req_int(d, "num_hidden_layers", 1, 4096, &c->num_hidden_layers, label, err)) ||
+        (rc = req_int(d, "num_attention_heads", 1, 4096, &c->num_attention_heads, label, err)) ||
+        (rc = req_int(d, "vocab_size", 1, 1 << 24, &c->vocab_size, label, err)))
+        return rc;
+    int nh = c->num_attention_heads;
+    c->num_key_value_heads = nh;
+    if ((rc = opt_int(d, 0, "num_key_value_heads", 1, nh, &c->num_key_value_heads, label, err)))
+        return rc;
+    if (nh % c->num_key_value_heads != 0)
+        return pg_error_set(err, PG_EFORMAT, "%s: num_key_value_heads: expected a divisor of num_attention_heads %d, got %d",
+                            label, nh, c->num_key_value_heads);
+    c->head_dim = 0;
+    if ((rc = opt_int(d, 0, "head_dim", 2, 4096, &c->head_dim, label, err)))
+        return rc;
+    if (c->head_dim == 0) {
+        if (c->hidden_size % nh != 0)
+            return pg_error_set(err, PG_EFORMAT, "%s: no head_dim and hidden_size %d is not a multiple of num_attention_heads %d",
+                                label, c->hidden_size, nh);
+        c->head_dim = c->hidden_size / nh;
+    }
+    if (c->head_dim % 2 != 0)
+        return pg_error_set(err, PG_EFORMAT, "%s: head_dim: expected an even number (rope rotates pairs), got %d", label,
+                            c->head_dim);
+    c->max_position_embeddings = 2048; /* LlamaConfig default */
+    c->rms_norm_eps = 1e-6f;           /* LlamaConfig default */
+    c->rope_theta = 10000.0f;          /* LlamaConfig default */
+    if ((rc = opt_int(d, 0, "max_position_embeddings", 1, 1 << 24, &c->max_position_embeddings, label, err)) ||
+        (rc = opt_float(d, 0, "rms_norm_eps", 0.0, 1, 1.0, &c->rms_norm_eps, NULL, label, err)) ||
+        (rc = opt_float(d, 0, "rope_theta", 0.0, 1, 1e12, &c->rope_theta, NULL, label, err)) ||
+        (rc = opt_bool(d, 0, "tie_word_embeddings", &c->tie_word_embeddings, NULL, label, err)))
+        return rc;
+    if ((rc = parse_rope_scaling(c, d, label, err)))
+        return rc;
+
+    static const char *const biases[] = {"attention_bias", "mlp_bias"};
+    for (int k = 0; k < 2; k++) {
+        bool b = false;
+        if ((rc = opt_bool(d, 0, biases[k], &b, NULL, label, err)))
+            return rc;
+        if (b)
+            return pg_error_set(err, PG_EUNSUPPORTED, "%s: %s is true: biases are not supported (LLaMA projections have none)",
+                                label, biases[k]);
+    }
+    int act = get_key(d, "hidden_act");
+    if (act >= 0 && !json_str_eq(d, act, "silu"))
+        return pg_error_set(err, PG_EUNSUPPORTED, "%s: hidden_act: expected \"silu\", got %s", label,
+                            json_is_string(d, act) ? "another activation" : "a non-string");
+
+    c->bos_token_id = -1;
+    if ((rc = opt_int(d, 0, "bos_token_id", 0, c->vocab_size - 1, &c->bos_token_id, label, err)))
+        return rc;
+    return add_eos(c, d, label, err);
+}
+
+int llama_config_parse(llama_config *out, const char *json, size_t len, const char *label, pg_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->bos_token_id = -1;
+    json_doc d;
+    int rc = json_parse(&d, json, len, label, err);
+    if (rc)
+        return rc;
+    llama_config c;
+    memset(&c, 0, sizeof c);
+    rc = parse_doc(&c, &d, label, err);
+    json_doc_free(&d);
+    if (rc == PG_OK)
+        *out = c;
+    return rc;
+}
+
+int llama_config_merge_generation(llama_config *cfg, const char *json, size_t len, const char *label, pg_error *err)
+{
+    json_doc d;
+    int rc = json_parse(&d, json, len, label, err);
+    if (rc)
+        return rc;
+    llama_config c = *cfg; /* all or nothing: cfg changes only on success */
+    if (!json_is_object(&d, 0)) {
+        rc = pg_error_set(err, PG_EFORMAT, "%s: expected a json object", label);
+        goto out;
+    }
+    int32_t bos = -1;
+    if ((rc = opt_int(&d, 0, "bos_token_id", 0, c.vocab_size - 1, &bos, label, err)) ||
+        (rc = add_eos(&c, &d, label, err)) ||
+        (rc = opt_float(&d, 0, "temperature", 0.0, 0, 1e6, &c.temperature, &c.has_temperature, label, err)) ||
+        (rc = opt_float(&d, 0, "top_p", 0.0, 1, 1.0, &c.top_p, &c.has_top_p, label, err)) ||
+        (rc = opt_bool(&d, 0, "do_sample", &c.do_sample, &c.has_do_sample, label, err)))
+        goto out;
+    if (c.bos_token_id < 0)
+        c.bos_token_id = bos;
+    int32_t top_k = -1;
+    if ((rc = opt_int(&d, 0, "top_k", 0, INT32_MAX, &top_k, label, err)))
+        goto out;
+    if (top_k >= 0) {
+        c.top_k = top_k;
+        c.has_top_k = true;
+    }
+    *cfg = c;
+out:
+    json_doc_free(&d);
+    return rc;
+}
+
+int llama_config_load(llama_config *out, const char *model_dir, pg_error *err)
+{
+    char path[4096];
+    char *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    int rc = pg_read_file(path, CONFIG_MAX_BYTES, &text, &len, err);
+    if (rc)
+        return rc;
+    llama_config c;
+    rc = llama_config_parse(&c, text, len, path, err);
+    pg_file_free(text);
+    if (rc)
+        return rc;
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    if (pg_file_exists(path)) {
+        rc = pg_read_file(path, CONFIG_MAX_BYTES, &text, &len, err);
+        if (rc)
+            return rc;
+        rc = llama_config_merge_generation(&c, text, len, path, err);
+        pg_file_free(text);
+        if (rc)
+            return rc;
+    }
+    *out = c;
+    return PG_OK;
+}
