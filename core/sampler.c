@@ -36,6 +36,9 @@
 #include "pg_error.h"
 
 #define SAMPLER_SAMPLING_EPS 1e-5f /* vLLM's _SAMPLING_EPS */
+/* top-k up to this uses a k-heap (O(V + k log k log V)), above it a
+ * quickselect (O(V) but a copy and several passes) */
+#define SAMPLER_HEAP_MAX_K 1024
 
 /* ---- RNG ------------------------------------------------------------- */
 
@@ -212,6 +215,45 @@ static float sampler_kth_largest(float *a, int32_t n, int32_t k)
     return a[lo];
 }
 
+/* The k-th largest (k in [1, n_alive]) of the finite logits[0..vocab), for
+ * small k: a min-heap of the k largest seen so far in heap[k]; most tokens
+ * lose one comparison against the heap's root. */
+static float sampler_kth_largest_heap(const float *logits, int32_t vocab, float *heap, int32_t k)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < vocab; i++) {
+        float v = logits[i];
+        if (!(v > -INFINITY))
+            continue;
+        if (n < k) { /* sift up */
+            int32_t c = n++;
+            while (c > 0 && heap[(c - 1) / 2] > v) {
+                heap[c] = heap[(c - 1) / 2];
+                c = (c - 1) / 2;
+            }
+            heap[c] = v;
+        } else if (v > heap[0]) { /* replace the root, sift down */
+            int32_t c = 0;
+            for (;;) {
+                int32_t l = 2 * c + 1, r = l + 1, s = c;
+                float sv = v;
+                if (l < k && heap[l] < sv) {
+                    s = l;
+                    sv = heap[l];
+                }
+                if (r < k && heap[r] < sv)
+                    s = r;
+                if (s == c)
+                    break;
+                heap[c] = heap[s];
+                c = s;
+            }
+            heap[c] = v;
+        }
+    }
+    return heap[0];
+}
+
 /* descending by logit, ties by ascending id: a total, deterministic order */
 static int sampler_cand_cmp(const void *pa, const void *pb)
 {
@@ -229,9 +271,9 @@ static void sampler_logprobs(const float *raw, int32_t vocab, sampler_result *re
     for (int32_t i = 0; i < vocab; i++)
         if ((double)raw[i] > m)
             m = (double)raw[i];
-    double sum = 0.0;
+    double sum = 0.0; /* expf (rel. error ~1 ulp) summed in double: lse good to ~1e-7 */
     for (int32_t i = 0; i < vocab; i++)
-        sum += exp((double)raw[i] - m);
+        sum += (double)expf((float)((double)raw[i] - m));
     double lse = m + log(sum);
     res->logprob = (float)((double)raw[res->token_id] - lse);
 
@@ -294,13 +336,13 @@ static int32_t sampler_random(sampler_workspace *w, const sampling_params *p, fl
     if (n_alive == 0)
         return -1;
 
-    /* min-p: p_i >= min_p * p_max  <=>  exp(x_i - m) >= min_p */
+    /* min-p: p_i >= min_p * p_max  <=>  exp(x_i - m) >= min_p  <=>
+     * x_i >= m + log(min_p) (in logit space: no exp per token) */
     if (p->min_p > 0.0f) {
+        const float thr = m + logf(p->min_p);
         n_alive = 0;
         for (int32_t i = 0; i < vocab; i++) {
-            if (!(logits[i] > -INFINITY))
-                continue;
-            if (expf(logits[i] - m) >= p->min_p)
+            if (logits[i] >= thr)
                 n_alive++;
             else
                 logits[i] = -INFINITY;
@@ -309,11 +351,16 @@ static int32_t sampler_random(sampler_workspace *w, const sampling_params *p, fl
 
     /* top-k: keep logits >= the k-th largest (boundary ties kept) */
     if (p->top_k > 0 && p->top_k < n_alive) {
-        int32_t n = 0;
-        for (int32_t i = 0; i < vocab; i++)
-            if (logits[i] > -INFINITY)
-                w->sel[n++] = logits[i];
-        float kth = sampler_kth_largest(w->sel, n, p->top_k);
+        float kth;
+        if (p->top_k <= SAMPLER_HEAP_MAX_K) {
+            kth = sampler_kth_largest_heap(logits, vocab, w->sel, p->top_k);
+        } else {
+            int32_t n = 0;
+            for (int32_t i = 0; i < vocab; i++)
+                if (logits[i] > -INFINITY)
+                    w->sel[n++] = logits[i];
+            kth = sampler_kth_largest(w->sel, n, p->top_k);
+        }
         n_alive = 0;
         for (int32_t i = 0; i < vocab; i++) {
             if (logits[i] >= kth)
@@ -323,48 +370,63 @@ static int32_t sampler_random(sampler_workspace *w, const sampling_params *p, fl
         }
     }
 
-    /* top-p over the renormalized survivors */
+    /* softmax weights e_i = exp(x_i - m) of the survivors, in w->sel */
+    float *e = w->sel;
+    double total = 0.0;
+    for (int32_t i = 0; i < vocab; i++) {
+        e[i] = logits[i] > -INFINITY ? expf(logits[i] - m) : 0.0f;
+        total += (double)e[i];
+    }
+
+    /* top-p over the renormalized survivors. Only tokens with
+     * e_i >= c = (1 - top_p) * total / (2 * vocab) need sorting: the rest sum
+     * to < (1 - top_p) * total / 2, so the descending prefix reaching
+     * top_p * total lies inside the sorted ones, and every token outside
+     * sorts after every token inside (e is monotone in the logit). The
+     * prefix is the one a full sort would give. */
     if (p->top_p < 1.0f && n_alive > 1) {
+        const double c = (1.0 - (double)p->top_p) * total / (2.0 * (double)vocab);
         int32_t n = 0;
         for (int32_t i = 0; i < vocab; i++)
-            if (logits[i] > -INFINITY) {
+            if (e[i] > 0.0f && (double)e[i] >= c) {
                 w->cand[n].x = logits[i];
                 w->cand[n].id = i;
                 n++;
             }
         qsort(w->cand, (size_t)n, sizeof *w->cand, sampler_cand_cmp);
-        double total = 0.0;
-        for (int32_t j = 0; j < n; j++)
-            total += (double)expf(w->cand[j].x - m);
-        double need = (double)p->top_p * total, cum = 0.0;
+        const double need = (double)p->top_p * total;
+        double cum = 0.0;
         int32_t keep = 0;
         while (keep < n) {
-            cum += (double)expf(w->cand[keep].x - m);
+            cum += (double)e[w->cand[keep].id];
             keep++;
             if (cum >= need)
                 break;
         }
+        /* drop cand[keep, n) and everything that was not a candidate */
         for (int32_t j = keep; j < n; j++)
-            logits[w->cand[j].id] = -INFINITY;
+            e[w->cand[j].id] = 0.0f;
+        total = 0.0;
+        for (int32_t i = 0; i < vocab; i++) {
+            if (!(e[i] > 0.0f && (double)e[i] >= c))
+                e[i] = 0.0f;
+            if (e[i] == 0.0f)
+                logits[i] = -INFINITY;
+            total += (double)e[i];
+        }
     }
 
-    /* softmax + inverse CDF in ascending id order */
-    double total = 0.0;
-    int32_t last = -1;
-    for (int32_t i = 0; i < vocab; i++)
-        if (logits[i] > -INFINITY) {
-            float e = expf(logits[i] - m);
-            total += (double)e;
-            if (e > 0.0f)
-                last = i;
-        }
+    /* inverse CDF in ascending id order */
     double target = sampler_rng_uniform(rng) * total, cum = 0.0;
-    for (int32_t i = 0; i < vocab; i++)
-        if (logits[i] > -INFINITY) {
-            cum += (double)expf(logits[i] - m);
+    int32_t last = -1;
+    for (int32_t i = 0; i < vocab; i++) {
+        if (e[i] > 0.0f) {
+            cum += (double)e[i];
+            last = i;
             if (cum > target)
                 return i;
         }
+    }
     return last; /* rounding: u * total landed at the very end */
 }
 

@@ -3,6 +3,7 @@
  * top-p, logprobs) and its deterministic per-sequence RNG. Distributions are
  * checked empirically with a fixed seed, so every run is identical. */
 #include <math.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -404,6 +405,99 @@ static void test_top_k(void **state)
     assert_true(fabs(ratio - want) < 0.05 * want);
 }
 
+/* qsort comparator: descending value, then ascending id */
+typedef struct ref_cand {
+    float x;
+    int32_t id;
+} ref_cand;
+static int ref_cmp(const void *pa, const void *pb)
+{
+    const ref_cand *a = pa, *b = pb;
+    if (a->x != b->x)
+        return a->x > b->x ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* The kept set is visible in the logits the sampler leaves behind (> -inf
+ * = kept). Compares it with a full-sort reference for top-k (heap and
+ * quickselect paths, heavy ties) and top-p, on a 5000-token vocabulary. */
+static void test_filters_exact_sets(void **state)
+{
+    (void)state;
+    enum { V = 5000 };
+    float *base = malloc(V * sizeof *base), *l = malloc(V * sizeof *l);
+    ref_cand *ref = malloc(V * sizeof *ref);
+    assert_non_null(base);
+    assert_non_null(l);
+    assert_non_null(ref);
+    sampler_workspace *w = sampler_workspace_create(V);
+    assert_non_null(w);
+    pg_test_rng tr = {77};
+    for (int quantized = 0; quantized < 2; quantized++) {
+        for (int i = 0; i < V; i++) {
+            float x = pg_test_rng_uniform(&tr, -6.0f, 6.0f);
+            base[i] = quantized ? floorf(x * 4.0f) / 4.0f : x; /* 48 distinct values: many ties */
+            ref[i].x = base[i];
+            ref[i].id = i;
+        }
+        qsort(ref, V, sizeof *ref, ref_cmp);
+
+        const int32_t ks[] = {1, 7, 50, 1024, 1025, 3000, V - 1};
+        for (size_t t = 0; t < sizeof ks / sizeof ks[0]; t++) {
+            sampling_params p = sampling_params_default();
+            p.top_k = ks[t];
+            float kth = ref[ks[t] - 1].x;
+            memcpy(l, base, V * sizeof *l);
+            sampler_rng rng = sampler_rng_init(1, 0);
+            sampler_result r = {0};
+            assert_int_equal(sampler_sample(w, &p, l, V, NULL, &rng, &r), PG_OK);
+            int kept = 0;
+            for (int i = 0; i < V; i++) {
+                bool want = base[i] >= kth, got = l[i] > -INFINITY;
+                if (want != got)
+                    fail_msg("top_k %d (quantized %d): id %d logit %g kth %g: kept %d, want %d",
+                             (int)ks[t], quantized, i, (double)base[i], (double)kth, got, want);
+                kept += got;
+            }
+            assert_true(kept >= ks[t]);
+            assert_true(quantized || kept == ks[t]);
+            assert_true(base[r.token_id] >= kth);
+        }
+
+        const float ps[] = {0.05f, 0.3f, 0.9f, 0.99f};
+        for (size_t t = 0; t < sizeof ps / sizeof ps[0]; t++) {
+            double m = (double)ref[0].x, total = 0.0, cum = 0.0;
+            for (int j = 0; j < V; j++)
+                total += exp((double)ref[j].x - m);
+            int keep = 0;
+            while (keep < V) {
+                cum += exp((double)ref[keep].x - m);
+                keep++;
+                if (cum >= (double)ps[t] * total)
+                    break;
+            }
+            sampling_params p = sampling_params_default();
+            p.top_p = ps[t];
+            memcpy(l, base, V * sizeof *l);
+            sampler_rng rng = sampler_rng_init(2, 0);
+            sampler_result r = {0};
+            assert_int_equal(sampler_sample(w, &p, l, V, NULL, &rng, &r), PG_OK);
+            int got = 0;
+            for (int i = 0; i < V; i++)
+                got += l[i] > -INFINITY;
+            if (got != keep)
+                fail_msg("top_p %g (quantized %d): kept %d tokens, want %d", (double)ps[t], quantized,
+                         got, keep);
+            for (int j = 0; j < keep; j++)
+                assert_true(l[ref[j].id] > -INFINITY);
+        }
+    }
+    sampler_workspace_destroy(w);
+    free(ref);
+    free(l);
+    free(base);
+}
+
 static void test_top_p(void **state)
 {
     (void)state;
@@ -725,6 +819,7 @@ int main(void)
         cmocka_unit_test(test_banned_never_sampled),
         cmocka_unit_test(test_temperature_distribution),
         cmocka_unit_test(test_top_k),
+        cmocka_unit_test(test_filters_exact_sets),
         cmocka_unit_test(test_top_p),
         cmocka_unit_test(test_min_p),
         cmocka_unit_test(test_penalties_exact),
