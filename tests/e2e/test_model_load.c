@@ -1,0 +1,643 @@
+/* model: load-time checks (names, shapes, dtypes, out of memory) and the
+ * forward over a ragged paged batch against a plain double-precision
+ * reference forward (Hugging Face LlamaForCausalLM semantics, rotate_half
+ * RoPE), on a tiny random checkpoint written by the test itself.
+ *
+ * The random model mixes dtypes (F32, F16, BF16), is untied (lm_head.weight)
+ * and uses GQA; the batch mixes a prefill, a chunked prefill and decodes, on
+ * scattered block tables, and a copy-on-write copy of a partial block. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cpu_executor.h"
+#include "model.h"
+#include "safetensors.h"
+#include "test_support.h"
+
+/* ---- the tiny config ------------------------------------------------------ */
+
+enum { TH = 16, TI = 24, TNL = 2, TNH = 4, TNKV = 2, THD = 4, TV = 32 };
+#define TQ (TNH * THD)
+#define TKVD (TNKV * THD)
+
+static llama_config tiny_config(bool tie)
+{
+    llama_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.architecture, sizeof c.architecture, "LlamaForCausalLM");
+    c.hidden_size = TH;
+    c.intermediate_size = TI;
+    c.num_hidden_layers = TNL;
+    c.num_attention_heads = TNH;
+    c.num_key_value_heads = TNKV;
+    c.head_dim = THD;
+    c.vocab_size = TV;
+    c.rms_norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    c.max_position_embeddings = 64;
+    c.tie_word_embeddings = tie;
+    c.bos_token_id = 1;
+    c.eos_token_ids[0] = 2;
+    c.n_eos_token_ids = 1;
+    return c;
+}
+
+/* ---- a minimal safetensors writer ---------------------------------------- */
+
+typedef struct wt_tensor {
+    char name[96];
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[2];
+    float *values;     /* [numel] the exact values the file holds (after rounding) */
+} wt_tensor;
+
+typedef struct wt_set {
+    wt_tensor t[64];
+    int n;
+} wt_set;
+
+static size_t numel(const wt_tensor *t)
+{
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= (size_t)t->shape[i];
+    return n;
+}
+
+/* Adds a random tensor; values are rounded to dtype so that the file is exact. */
+static void wt_add(wt_set *s, pg_test_rng *rng, const char *name, st_dtype dt, int ndim,
+                   int64_t d0, int64_t d1, float lo, float hi)
+{
+    wt_tensor *t = &s->t[s->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dt;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    size_t n = numel(t);
+    t->values = malloc(n * sizeof(float));
+    assert_non_null(t->values);
+    for (size_t i = 0; i < n; i++) {
+        float v = pg_test_rng_uniform(rng, lo, hi);
+        if (dt == ST_F16)
+            v = pg_f16_to_f32(pg_f32_to_f16(v));
+        else if (dt == ST_BF16)
+            v = pg_bf16_to_f32(pg_f32_to_bf16(v));
+        t->values[i] = v;
+    }
+}
+
+static wt_tensor *wt_find(wt_set *s, const char *name)
+{
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->t[i].name, name) == 0)
+            return &s->t[i];
+    return NULL;
+}
+
+static void wt_remove(wt_set *s, const char *name)
+{
+    wt_tensor *t = wt_find(s, name);
+    assert_non_null(t);
+    free(t->values);
+    *t = s->t[--s->n];
+}
+
+static void wt_free(wt_set *s)
+{
+    for (int i = 0; i < s->n; i++)
+        free(s->t[i].values);
+    s->n = 0;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* Writes dir/model.safetensors. */
+static void wt_write(const wt_set *s, const char *dir)
+{
+    char header[16384];
+    size_t hl = 0, off = 0;
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "{");
+    for (int i = 0; i < s->n; i++) {
+        const wt_tensor *t = &s->t[i];
+        size_t nb = numel(t) * st_dtype_size(t->dtype);
+        hl += (size_t)snprintf(header + hl, sizeof header - hl,
+                               "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", t->name,
+                               st_dtype_name(t->dtype));
+        for (int d = 0; d < t->ndim; d++)
+            hl += (size_t)snprintf(header + hl, sizeof header - hl, "%s%lld", d ? "," : "",
+                                   (long long)t->shape[d]);
+        hl += (size_t)snprintf(header + hl, sizeof header - hl, "],\"data_offsets\":[%zu,%zu]}",
+                               off, off + nb);
+        off += nb;
+        assert_true(hl < sizeof header - 64);
+    }
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
+    while (hl % 8)
+        header[hl++] = ' ';
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    unsigned char len8[8];
+    put_le(len8, hl, 8);
+    assert_int_equal(fwrite(len8, 1, 8, f), 8);
+    assert_int_equal(fwrite(header, 1, hl, f), hl);
+    for (int i = 0; i < s->n; i++) {
+        const wt_tensor *t = &s->t[i];
+        size_t n = numel(t), es = st_dtype_size(t->dtype);
+        unsigned char *buf = malloc(n * es + 1);
+        assert_non_null(buf);
+        for (size_t k = 0; k < n; k++) {
+            float v = t->values[k];
+            if (t->dtype == ST_F32) {
+                uint32_t u;
+                memcpy(&u, &v, 4);
+                put_le(buf + 4 * k, u, 4);
+            } else if (t->dtype == ST_F16) {
+                put_le(buf + 2 * k, pg_f32_to_f16(v), 2);
+            } else if (t->dtype == ST_BF16) {
+                put_le(buf + 2 * k, pg_f32_to_bf16(v), 2);
+            } else { /* I32: stored as integers (only used to test refusal) */
+                put_le(buf + 4 * k, (uint32_t)(int32_t)v, 4);
+            }
+        }
+        assert_int_equal(fwrite(buf, 1, n * es, f), n * es);
+        free(buf);
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The full tiny checkpoint (untied unless tie). */
+static void tiny_weights(wt_set *s, bool tie, uint64_t seed)
+{
+    pg_test_rng rng = {seed};
+    char name[96];
+    s->n = 0;
+    wt_add(s, &rng, "model.embed_tokens.weight", ST_F32, 2, TV, TH, -1.0f, 1.0f);
+    for (int l = 0; l < TNL; l++) {
+        const float a = 0.5f; /* ~ uniform(-a, a), keeps activations O(1) */
+#define ADD(suffix, dt, nd, d0, d1, lo, hi) \
+    (snprintf(name, sizeof name, "model.layers.%d." suffix, l), \
+     wt_add(s, &rng, name, dt, nd, d0, d1, lo, hi))
+        ADD("input_layernorm.weight", ST_F32, 1, TH, 0, 0.5f, 1.5f);
+        ADD("self_attn.q_proj.weight", ST_F16, 2, TQ, TH, -a, a);
+        ADD("self_attn.k_proj.weight", ST_BF16, 2, TKVD, TH, -a, a);
+        ADD("self_attn.v_proj.weight", ST_F32, 2, TKVD, TH, -a, a);
+        ADD("self_attn.o_proj.weight", ST_F32, 2, TH, TQ, -a, a);
+        ADD("post_attention_layernorm.weight", ST_BF16, 1, TH, 0, 0.5f, 1.5f);
+        ADD("mlp.gate_proj.weight", ST_F32, 2, TI, TH, -a, a);
+        ADD("mlp.up_proj.weight", ST_F16, 2, TI, TH, -a, a);
+        ADD("mlp.down_proj.weight", ST_F32, 2, TH, TI, -a, a);
+#undef ADD
+    }
+    wt_add(s, &rng, "model.norm.weight", ST_F32, 1, TH, 0, 0.5f, 1.5f);
+    if (!tie)
+        wt_add(s, &rng, "lm_head.weight", ST_BF16, 2, TV, TH, -1.0f, 1.0f);
+}
+
+/* ---- reference forward (double, contiguous, one sequence) ---------------- */
+
+/* Values of tensor model.layers.{l}.{suffix}, or of `suffix` itself when l < 0. */
+static const float *W(wt_set *s, int l, const char *suffix)
+{
+    char name[96];
+    if (l < 0)
+        snprintf(name, sizeof name, "%s", suffix);
+    else
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);
+    wt_tensor *t = wt_find(s, name);
+    assert_non_null(t);
+    return t->values;
+}
+
+static void ref_rmsnorm(double *out, const double *x, const float *w, int n, double eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * r * (double)w[i];
+}
+
+static void ref_matvec(double *y, const double *x, const float *w, int N, int K)
+{
+    for (int n = 0; n < N; n++) {
+        double acc = 0;
+        for (int k = 0; k < K; k++)
+            acc += x[k] * (double)w[(size_t)n * (size_t)K + (size_t)k];
+        y[n] = acc;
+    }
+}
+
+static void ref_rope(double *head, int pos)
+{
+    int half = THD / 2;
+    for (int i = 0; i < half; i++) {
+        double inv = pow(10000.0, -(2.0 * i) / THD);
+        double c = cos(pos * inv), sn = sin(pos * inv);
+        double a = head[i], b = head[i + half];
+        head[i] = a * c - b * sn;        /* x * cos + rotate_half(x) * sin */
+        head[i + half] = b * c + a * sn;
+    }
+}
+
+/* logits [n][TV] for every position of tokens[0..n). */
+static void ref_forward(wt_set *s, bool tie, const int32_t *tokens, int n, double *logits)
+{
+    enum { MAXN = 32 };
+    assert_true(n <= MAXN);
+    static double x[MAXN][TH], k[TNL][MAXN][TKVD], v[TNL][MAXN][TKVD];
+    const float *emb = W(s, -1, "model.embed_tokens.weight");
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < TH; i++)
+            x[t][i] = emb[tokens[t] * TH + i];
+    for (int l = 0; l < TNL; l++) {
+        for (int t = 0; t < n; t++) {
+            double h[TH], q[TQ], o[TQ], a[TH], g[TI], u[TI], m[TI], d[TH];
+            ref_rmsnorm(h, x[t], W(s, l, "input_layernorm.weight"), TH, 1e-5);
+            ref_matvec(q, h, W(s, l, "self_attn.q_proj.weight"), TQ, TH);
+            ref_matvec(k[l][t], h, W(s, l, "self_attn.k_proj.weight"), TKVD, TH);
+            ref_matvec(v[l][t], h, W(s, l, "self_attn.v_proj.weight"), TKVD, TH);
+            for (int hh = 0; hh < TNH; hh++)
+                ref_rope(q + hh * THD, t);
+            for (int hh = 0; hh < TNKV; hh++)
+                ref_rope(k[l][t] + hh * THD, t);
+            for (int hh = 0; hh < TNH; hh++) {
+                int kvh = hh / (TNH / TNKV);
+                double sc[MAXN], mx = -1e300, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    double dot = 0;
+                    for (int i = 0; i < THD; i++)
+                        dot += q[hh * THD + i] * k[l][j][kvh * THD + i];
+                    sc[j] = dot / sqrt((double)THD);
+                    if (sc[j] > mx)
+                        mx = sc[j];
+                }
+                for (int j = 0; j <= t; j++)
+                    sum += (sc[j] = exp(sc[j] - mx));
+                for (int i = 0; i < THD; i++) {
+                    double acc = 0;
+                    for (int j = 0; j <= t; j++)
+                        acc += sc[j] / sum * v[l][j][kvh * THD + i];
+                    o[hh * THD + i] = acc;
+                }
+            }
+            ref_matvec(a, o, W(s, l, "self_attn.o_proj.weight"), TH, TQ);
+            for (int i = 0; i < TH; i++)
+                x[t][i] += a[i];
+            ref_rmsnorm(h, x[t], W(s, l, "post_attention_layernorm.weight"), TH,
+                        1e-5);
+            ref_matvec(g, h, W(s, l, "mlp.gate_proj.weight"), TI, TH);
+            ref_matvec(u, h, W(s, l, "mlp.up_proj.weight"), TI, TH);
+            for (int i = 0; i < TI; i++)
+                m[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            ref_matvec(d, m, W(s, l, "mlp.down_proj.weight"), TH, TI);
+            for (int i = 0; i < TH; i++)
+                x[t][i] += d[i];
+        }
+    }
+    const float *head = tie ? emb : W(s, -1, "lm_head.weight");
+    for (int t = 0; t < n; t++) {
+        double h[TH];
+        ref_rmsnorm(h, x[t], W(s, -1, "model.norm.weight"), TH, 1e-5);
+        ref_matvec(logits + (size_t)t * TV, h, head, TV, TH);
+    }
+}
+
+/* ---- fixtures ------------------------------------------------------------- */
+
+typedef struct fixture {
+    char dir[256];
+    executor *ex;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    snprintf(f->dir, sizeof f->dir, "/tmp/pg_test_model_load_XXXXXX");
+    if (!mkdtemp(f->dir))
+        return -1;
+    pg_error err;
+    cpu_executor_params cp = {.threads = 2};
+    if (cpu_executor_create(&f->ex, &cp, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    char path[300];
+    snprintf(path, sizeof path, "%s/model.safetensors", f->dir);
+    unlink(path);
+    rmdir(f->dir);
+    f->ex->op->destroy(f->ex);
+    free(f);
+    return 0;
+}
+
+static const model_params tiny_params = {
+    .num_kv_blocks = 12, .block_size = 2, .max_num_batched_tokens = 16, .max_num_seqs = 4};
+
+/* Writes s, opens it and tries model_create; returns the status, err filled. */
+static int try_load(fixture *f, wt_set *s, const llama_config *cfg, model **m, st_file **st,
+                    pg_error *err)
+{
+    wt_write(s, f->dir);
+    char path[300];
+    snprintf(path, sizeof path, "%s/model.safetensors", f->dir);
+    int rc = st_open(st, path, err);
+    assert_int_equal(rc, 0);
+    return model_create(m, f->ex, cfg, *st, &tiny_params, err);
+}
+
+static void expect_load_error(fixture *f, wt_set *s, const llama_config *cfg, const char *want1,
+                              const char *want2)
+{
+    model *m = NULL;
+    st_file *st = NULL;
+    pg_error err;
+    err.msg[0] = 0;
+    int rc = try_load(f, s, cfg, &m, &st, &err);
+    printf("    load error: %s\n", err.msg);
+    assert_int_not_equal(rc, 0);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, want1));
+    if (want2)
+        assert_non_null(strstr(err.msg, want2));
+    st_close(st);
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+static void test_wrong_shape_named(void **state)
+{
+    fixture *f = *state;
+    llama_config cfg = tiny_config(false);
+    wt_set s;
+    tiny_weights(&s, false, 1);
+    /* k_proj of layer 1 given as [Q][H] = [16,16] instead of [KVD][H] = [8,16] */
+    wt_remove(&s, "model.layers.1.self_attn.k_proj.weight");
+    pg_test_rng rng = {9};
+    wt_add(&s, &rng, "model.layers.1.self_attn.k_proj.weight", ST_F32, 2, TQ, TH, -1, 1);
+    expect_load_error(f, &s, &cfg, "model.layers.1.self_attn.k_proj.weight", "expected [8,16]");
+    expect_load_error(f, &s, &cfg, "got [16,16]", NULL);
+    wt_free(&s);
+
+    /* a 1-d norm weight of the wrong length */
+    tiny_weights(&s, false, 1);
+    wt_remove(&s, "model.norm.weight");
+    wt_add(&s, &rng, "model.norm.weight", ST_F32, 1, TH + 1, 0, 0, 1);
+    expect_load_error(f, &s, &cfg, "model.norm.weight", "expected [16]");
+    wt_free(&s);
+}
+
+static void test_missing_tensor_named(void **state)
+{
+    fixture *f = *state;
+    llama_config cfg = tiny_config(false);
+    wt_set s;
+    tiny_weights(&s, false, 2);
+    wt_remove(&s, "model.layers.0.mlp.up_proj.weight");
+    expect_load_error(f, &s, &cfg, "model.layers.0.mlp.up_proj.weight", "not found");
+    wt_free(&s);
+
+    /* untied config but no lm_head.weight */
+    tiny_weights(&s, true, 2);
+    expect_load_error(f, &s, &cfg, "lm_head.weight", "not found");
+    wt_free(&s);
+}
+
+static void test_wrong_dtype_named(void **state)
+{
+    fixture *f = *state;
+    llama_config cfg = tiny_config(true);
+    wt_set s;
+    tiny_weights(&s, true, 3);
+    wt_remove(&s, "model.embed_tokens.weight");
+    pg_test_rng rng = {5};
+    wt_add(&s, &rng, "model.embed_tokens.weight", ST_I32, 2, TV, TH, 0, 3);
+    expect_load_error(f, &s, &cfg, "model.embed_tokens.weight", "I32");
+    wt_free(&s);
+}
+
+static void test_out_of_memory_says_numbers(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    (void)state;
+    skip(); /* ASan aborts on absurd allocation sizes instead of returning NULL */
+#else
+    fixture *f = *state;
+    llama_config cfg = tiny_config(true);
+    wt_set s;
+    tiny_weights(&s, true, 4);
+    wt_write(&s, f->dir);
+    char path[300];
+    snprintf(path, sizeof path, "%s/model.safetensors", f->dir);
+    st_file *st = NULL;
+    pg_error err;
+    assert_int_equal(st_open(&st, path, &err), 0);
+    /* 2^31-1 blocks of 256 tokens: ~ 16 TiB of cache */
+    model_params p = tiny_params;
+    p.num_kv_blocks = INT32_MAX;
+    p.block_size = 256;
+    model *m = NULL;
+    int rc = model_create(&m, f->ex, &cfg, st, &p, &err);
+    printf("    oom error: %s\n", err.msg);
+    assert_int_equal(rc, PG_ENOMEM);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "kv cache"));
+    assert_non_null(strstr(err.msg, "2147483647 blocks"));
+    st_close(st);
+    wt_free(&s);
+#endif
+}
+
+static void test_sizes(void **state)
+{
+    fixture *f = *state;
+    llama_config cfg = tiny_config(false);
+    /* f32 executor: 2 layers * (K+V) * block_size * nkv * hd * 4 bytes */
+    assert_int_equal(model_kv_bytes_per_block(&cfg, f->ex, 16), 2u * 2u * 16u * TNKV * THD * 4u);
+    size_t per_layer = (size_t)(TQ + 2 * TKVD) * TH + (size_t)TH * TQ + 3u * TI * TH;
+    size_t wt = 2u * TV * TH + TNL * per_layer;
+    size_t f32 = 2u * TNL * TH + TH + THD / 2;
+    assert_int_equal(model_weight_bytes(&cfg, f->ex), (wt + f32) * 4u);
+    cfg.tie_word_embeddings = true;
+    assert_int_equal(model_weight_bytes(&cfg, f->ex), (wt - (size_t)TV * TH + f32) * 4u);
+}
+
+static double max_abs(const double *x, int n)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++)
+        if (fabs(x[i]) > m)
+            m = fabs(x[i]);
+    return m;
+}
+
+static void expect_close(const float *got, const double *want, const char *what)
+{
+    double scale = max_abs(want, TV), worst = 0;
+    for (int i = 0; i < TV; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (d > worst)
+            worst = d;
+    }
+    printf("    %s: max |diff| %.3g (max |logit| %.3g)\n", what, worst, scale);
+    assert_true(worst <= 1e-4 * scale);
+}
+
+/* Three steps on scattered blocks (block_size 2):
+ *   step 1: A prefill 5 tokens (samples) + B first chunk 3 of 7 (no logits)
+ *   step 2: A decode 1 token (samples) + B rest 4 tokens (samples)
+ *   copy A's partial last block, then
+ *   step 3: A decodes on its table and A' (same context, the copy) on another:
+ *           identical logits, both equal to the reference. */
+static void test_forward_matches_reference(void **state)
+{
+    fixture *f = *state;
+    for (int tie = 0; tie <= 1; tie++) {
+        llama_config cfg = tiny_config(tie);
+        wt_set s;
+        tiny_weights(&s, tie, 42 + (uint64_t)tie);
+        model *m = NULL;
+        st_file *st = NULL;
+        pg_error err;
+        int rc = try_load(f, &s, &cfg, &m, &st, &err);
+        if (rc)
+            fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(rc, 0);
+        st_close(st); /* weights are only borrowed during model_create */
+
+        const int32_t A[7] = {1, 7, 3, 30, 12, 5, 9};
+        const int32_t B[7] = {1, 22, 4, 4, 17, 31, 0};
+        double refA[7][TV], refB[7][TV];
+        ref_forward(&s, tie, A, 7, &refA[0][0]);
+        ref_forward(&s, tie, B, 7, &refB[0][0]);
+
+        /* block tables: A [5,2,7,8], B [1,6,3,0], A' [5,2,4,9] */
+        enum { STRIDE = 4 };
+        int32_t bt[3 * STRIDE] = {5, 2, 7, 8, 1, 6, 3, 0, 5, 2, 4, 9};
+#define SLOT(row, pos) (bt[(row) * STRIDE + (pos) / 2] * 2 + (pos) % 2)
+        float logits[4 * TV];
+
+        /* step 1 */
+        int32_t t1[8], p1[8], sl1[8];
+        for (int i = 0; i < 5; i++) {
+            t1[i] = A[i];
+            p1[i] = i;
+            sl1[i] = SLOT(0, i);
+        }
+        for (int i = 0; i < 3; i++) {
+            t1[5 + i] = B[i];
+            p1[5 + i] = i;
+            sl1[5 + i] = SLOT(1, i);
+        }
+        int32_t qs1[3] = {0, 5, 8}, lens1[2] = {5, 3}, rows1[1] = {4};
+        step_batch b1 = {.num_tokens = 8, .num_seqs = 2, .block_size = 2, .token_ids = t1,
+                         .positions = p1, .slots = sl1, .query_start = qs1, .seq_lens = lens1,
+                         .block_tables = bt, .block_table_stride = STRIDE, .max_seq_len = 5,
+                         .max_query_len = 5, .num_logits = 1, .logits_rows = rows1};
+        assert_int_equal(model_forward(m, &b1, logits, &err), 0);
+        expect_close(logits, refA[4], "A after prefill");
+
+        /* step 2 */
+        int32_t t2[5] = {A[5], B[3], B[4], B[5], B[6]};
+        int32_t p2[5] = {5, 3, 4, 5, 6};
+        int32_t sl2[5] = {SLOT(0, 5), SLOT(1, 3), SLOT(1, 4), SLOT(1, 5), SLOT(1, 6)};
+        int32_t qs2[3] = {0, 1, 5}, lens2[2] = {6, 7}, rows2[2] = {0, 4};
+        step_batch b2 = b1;
+        b2.num_tokens = 5;
+        b2.token_ids = t2;
+        b2.positions = p2;
+        b2.slots = sl2;
+        b2.query_start = qs2;
+        b2.seq_lens = lens2;
+        b2.max_seq_len = 7;
+        b2.max_query_len = 4;
+        b2.num_logits = 2;
+        b2.logits_rows = rows2;
+        assert_int_equal(model_forward(m, &b2, logits, &err), 0);
+        expect_close(logits, refA[5], "A decode");
+        expect_close(logits + TV, refB[6], "B chunked prefill");
+
+        /* copy-on-write: A's block 7 (positions 4, 5) -> 4; out-of-range refused */
+        int32_t pair[2] = {7, 4};
+        assert_int_equal(model_copy_blocks(m, pair, 1, &err), 0);
+        int32_t bad[2] = {7, 12};
+        assert_int_equal(model_copy_blocks(m, bad, 1, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, "12"));
+
+        /* step 3: rows A (table row 0) and A' (table row 2) */
+        int32_t bt3[2 * STRIDE] = {5, 2, 7, 8, 5, 2, 4, 9};
+        int32_t t3[2] = {A[6], A[6]}, p3[2] = {6, 6};
+        int32_t sl3[2] = {8 * 2 + 0, 9 * 2 + 0};
+        int32_t qs3[3] = {0, 1, 2}, lens3[2] = {7, 7}, rows3[2] = {0, 1};
+        step_batch b3 = b1;
+        b3.num_tokens = 2;
+        b3.token_ids = t3;
+        b3.positions = p3;
+        b3.slots = sl3;
+        b3.query_start = qs3;
+        b3.seq_lens = lens3;
+        b3.block_tables = bt3;
+        b3.max_seq_len = 7;
+        b3.max_query_len = 1;
+        b3.num_logits = 2;
+        b3.logits_rows = rows3;
+        assert_int_equal(model_forward(m, &b3, logits, &err), 0);
+        expect_close(logits, refA[6], "A decode 2");
+        assert_memory_equal(logits, logits + TV, TV * sizeof(float));
+
+        /* a batch over the workspace limits is refused */
+        step_batch big = b3;
+        big.num_tokens = tiny_params.max_num_batched_tokens + 1;
+        assert_int_equal(model_forward(m, &big, logits, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, "max_num_batched_tokens"));
+        step_batch wrong_bs = b3;
+        wrong_bs.block_size = 4;
+        assert_int_equal(model_forward(m, &wrong_bs, logits, &err), PG_EINVAL);
+
+        engine_backend be = model_backend(m);
+        assert_int_equal(be.vocab_size, TV);
+        assert_ptr_equal(be.ctx, m);
+        model_destroy(m);
+        wt_free(&s);
+#undef SLOT
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_wrong_shape_named),
+        cmocka_unit_test(test_missing_tensor_named),
+        cmocka_unit_test(test_wrong_dtype_named),
+        cmocka_unit_test(test_out_of_memory_says_numbers),
+        cmocka_unit_test(test_forward_matches_reference),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
