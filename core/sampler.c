@@ -10,7 +10,8 @@
  *      no RNG draw;
  *   4. otherwise logits / temperature, then min-p (vLLM v1 applies it as an
  *      argmax-invariant logits processor BEFORE top-k/top-p: keep
- *      p >= min_p * p_max, i.e. exp(x - max) >= min_p), top-k (keep every
+ *      p >= min_p * p_max, i.e. exp(x - max) >= min_p, tested in logit
+ *      space as x >= max + log(min_p)), top-k (keep every
  *      logit >= the k-th largest, so ties at the boundary are all kept, as
  *      vLLM's `logits_sort < kth_value` mask does), top-p (over the tokens
  *      still alive, renormalized: sort descending by (logit, id asc), keep
@@ -23,9 +24,10 @@
  * is on): the token is the first id whose cumulative weight exceeds
  * u * total. Weights are expf(x - max) in float, sums in double.
  *
- * Non-finite logits: NaN is treated as -inf; +inf is clamped to FLT_MAX.
- * Logprobs are log_softmax of the raw logits as given (before penalties,
- * banning and temperature), computed in double. */
+ * Non-finite logits: NaN never wins the argmax and is -inf when sampling;
+ * +inf is clamped to FLT_MAX when sampling. Logprobs are log_softmax of the
+ * raw logits as given (before penalties, banning and temperature): expf
+ * summed in double, log-sum-exp good to ~1e-7. */
 #include "sampler.h"
 
 #include <float.h>
@@ -36,8 +38,9 @@
 #include "pg_error.h"
 
 #define SAMPLER_SAMPLING_EPS 1e-5f /* vLLM's _SAMPLING_EPS */
-/* top-k up to this uses a k-heap (O(V + k log k log V)), above it a
- * quickselect (O(V) but a copy and several passes) */
+/* top-k up to this uses a k-heap (one comparison per token, a sift for
+ * the few that enter), above it a quickselect (O(V), a copy plus several
+ * passes) */
 #define SAMPLER_HEAP_MAX_K 1024
 
 /* ---- RNG ------------------------------------------------------------- */
