@@ -434,12 +434,79 @@ static int op_failed(model *m, int rc, const char *op, int32_t layer, pg_error *
     return pg_error_set(err, rc, "model forward: %s: %s", op, m->ex->op->last_error(m->ex));
 }
 
-#define OP(call, name, layer)                                \
-    do {                                                     \
-        int op_rc_ = (call);                                 \
-        if (op_rc_)                                          \
-            return op_failed(m, op_rc_, (name), (layer), err); \
-    } while (0)
+/* One decoder layer over all T rows. On entry m->x holds the residual
+ * stream and, for l > 0, m->proj the previous layer's mlp_out (not yet
+ * added); on return the same holds for layer l + 1. *failed names the op
+ * that failed. */
+static int forward_layer(model *m, int32_t l, const step_batch *b, const char **failed)
+{
+    executor *ex = m->ex;
+    const executor_ops *op = ex->op;
+    const model_layer *ly = &m->layers[l];
+    const int32_t T = b->num_tokens, H = m->H, I = m->I;
+    const int32_t nh = m->nh, nkv = m->nkv, hd = m->hd;
+    const float eps = m->cfg->rms_norm_eps;
+    /* llama2.c: score /= sqrtf(head_size); HF: scaling = head_dim ** -0.5 */
+    const float scale = 1.0f / sqrtf((float)hd);
+    char *k_plane = (char *)m->kv + (size_t)(2 * l) * m->plane_elems * ex->kv_bytes;
+    char *v_plane = k_plane + m->plane_elems * ex->kv_bytes;
+    int rc;
+
+    /* layer 0: normed = rmsnorm(x); later: x += mlp_out (in proj), normed = rmsnorm(x) */
+    *failed = "input rmsnorm";
+    if ((rc = op->rmsnorm(ex, m->normed, l == 0 ? NULL : m->x, l == 0 ? m->x : m->proj,
+                          ly->attn_norm, T, H, eps)))
+        return rc;
+    *failed = "qkv matmul";
+    if ((rc = op->matmul(ex, m->qkv, m->normed, ly->w_qkv, T, m->QKV, H)))
+        return rc;
+    *failed = "rope";
+    if ((rc = op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b)))
+        return rc;
+    *failed = "kv_write";
+    if ((rc = op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b)))
+        return rc;
+    *failed = "attention";
+    if ((rc = op->attention(ex, m->attn, m->qkv, k_plane, v_plane, nh, nkv, hd, scale, b)))
+        return rc;
+    *failed = "o matmul";
+    if ((rc = op->matmul(ex, m->proj, m->attn, ly->w_o, T, H, m->Q)))
+        return rc;
+    /* x += attn_o; normed = rmsnorm(x) */
+    *failed = "post-attention rmsnorm";
+    if ((rc = op->rmsnorm(ex, m->normed, m->x, m->proj, ly->mlp_norm, T, H, eps)))
+        return rc;
+    *failed = "gate_up matmul";
+    if ((rc = op->matmul(ex, m->gate_up, m->normed, ly->w_gate_up, T, 2 * I, H)))
+        return rc;
+    *failed = "silu_mul";
+    if ((rc = op->silu_mul(ex, m->mlp, m->gate_up, T, I)))
+        return rc;
+    *failed = "down matmul";
+    return op->matmul(ex, m->proj, m->mlp, ly->w_down, T, H, I); /* mlp_out */
+}
+
+/* The L sampling rows only: gather x and the last mlp_out, then
+ * rows_x += rows_mlp; rows_out = rmsnorm(rows_x) * w_final (per row the same
+ * arithmetic as adding over all T rows first), then logits on the host. */
+static int forward_head(model *m, const step_batch *b, float *logits, const char **failed)
+{
+    executor *ex = m->ex;
+    const executor_ops *op = ex->op;
+    int rc;
+    *failed = "gather residual rows";
+    if ((rc = op->gather_rows(ex, m->rows_x, m->x, m->H, b)))
+        return rc;
+    *failed = "gather mlp rows";
+    if ((rc = op->gather_rows(ex, m->rows_mlp, m->proj, m->H, b)))
+        return rc;
+    *failed = "final rmsnorm";
+    if ((rc = op->rmsnorm(ex, m->rows_out, m->rows_x, m->rows_mlp, m->final_norm, b->num_logits,
+                          m->H, m->cfg->rms_norm_eps)))
+        return rc;
+    *failed = "logits";
+    return op->logits(ex, logits, m->rows_out, m->lm_head, b->num_logits, m->V, m->H);
+}
 
 int model_forward(model *m, const step_batch *b, float *logits, pg_error *err)
 {
@@ -447,51 +514,25 @@ int model_forward(model *m, const step_batch *b, float *logits, pg_error *err)
     if (rc)
         return rc;
     executor *ex = m->ex;
-    const executor_ops *op = ex->op;
-    const int32_t T = b->num_tokens, H = m->H, I = m->I;
-    const int32_t nh = m->nh, nkv = m->nkv, hd = m->hd;
-    const float eps = m->cfg->rms_norm_eps;
-    /* llama2.c: score /= sqrtf(head_size); HF: scaling = head_dim ** -0.5 */
-    const float scale = 1.0f / sqrtf((float)hd);
-    const size_t kv_eb = ex->kv_bytes;
-
-    OP(op->begin_step(ex, b), "begin_step", -1);
-    OP(op->embed(ex, m->x, m->embed, H, m->V, b), "embed", -1);
-    for (int32_t l = 0; l < m->NL; l++) {
-        const model_layer *ly = &m->layers[l];
-        /* layer 0: normed = rmsnorm(x); later: x += mlp_out (in proj), normed = rmsnorm(x) */
-        OP(op->rmsnorm(ex, m->normed, l == 0 ? NULL : m->x, l == 0 ? m->x : m->proj,
-                       ly->attn_norm, T, H, eps),
-           "input rmsnorm", l);
-        OP(op->matmul(ex, m->qkv, m->normed, ly->w_qkv, T, m->QKV, H), "qkv matmul", l);
-        OP(op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b), "rope", l);
-        char *k_plane = (char *)m->kv + (size_t)(2 * l) * m->plane_elems * kv_eb;
-        char *v_plane = k_plane + m->plane_elems * kv_eb;
-        OP(op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b), "kv_write", l);
-        OP(op->attention(ex, m->attn, m->qkv, k_plane, v_plane, nh, nkv, hd, scale, b),
-           "attention", l);
-        OP(op->matmul(ex, m->proj, m->attn, ly->w_o, T, H, m->Q), "o matmul", l);
-        /* x += attn_o; normed = rmsnorm(x) */
-        OP(op->rmsnorm(ex, m->normed, m->x, m->proj, ly->mlp_norm, T, H, eps), "post rmsnorm", l);
-        OP(op->matmul(ex, m->gate_up, m->normed, ly->w_gate_up, T, 2 * I, H), "gate_up matmul", l);
-        OP(op->silu_mul(ex, m->mlp, m->gate_up, T, I), "silu_mul", l);
-        OP(op->matmul(ex, m->proj, m->mlp, ly->w_down, T, H, I), "down matmul", l);
+    const char *failed = "begin_step";
+    int32_t layer = -1;
+    rc = ex->op->begin_step(ex, b);
+    if (!rc) {
+        failed = "embed";
+        rc = ex->op->embed(ex, m->x, m->embed, m->H, m->V, b);
     }
-    const int32_t L = b->num_logits;
-    if (L == 0)
-        return PG_OK; /* a step that only fills the cache (chunked prefill) */
-    /* Only the sampling rows: gather x and the last mlp_out, then
-     * rows_x += rows_mlp; rows_out = rmsnorm(rows_x) * w_final (the same
-     * per-row arithmetic as adding over all T rows first). */
-    OP(op->gather_rows(ex, m->rows_x, m->x, H, b), "gather residual rows", -1);
-    OP(op->gather_rows(ex, m->rows_mlp, m->proj, H, b), "gather mlp rows", -1);
-    OP(op->rmsnorm(ex, m->rows_out, m->rows_x, m->rows_mlp, m->final_norm, L, H, eps),
-       "final rmsnorm", -1);
-    OP(op->logits(ex, logits, m->rows_out, m->lm_head, L, m->V, H), "logits", -1);
+    for (int32_t l = 0; !rc && l < m->NL; l++) {
+        layer = l;
+        rc = forward_layer(m, l, b, &failed);
+    }
+    if (!rc && b->num_logits > 0) { /* L = 0: a step that only fills the cache */
+        layer = -1;
+        rc = forward_head(m, b, logits, &failed);
+    }
+    if (rc)
+        return op_failed(m, rc, failed, layer, err);
     return PG_OK;
 }
-
-#undef OP
 
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err)
 {
