@@ -560,6 +560,27 @@ static void test_forward_matches_reference(void **state)
                          .positions = p1, .slots = sl1, .query_start = qs1, .seq_lens = lens1,
                          .block_tables = bt, .block_table_stride = STRIDE, .max_seq_len = 5,
                          .max_query_len = 5, .num_logits = 1, .logits_rows = rows1};
+        /* step 0: B's first chunk alone, no logits (a cache-only step; step 1
+         * rewrites the same slots with the same values) */
+        int32_t qs0[2] = {0, 3};
+        step_batch b0 = b1;
+        b0.num_tokens = 3;
+        b0.num_seqs = 1;
+        b0.token_ids = t1 + 5;
+        b0.positions = p1 + 5;
+        b0.slots = sl1 + 5;
+        b0.query_start = qs0;
+        b0.seq_lens = lens1 + 1;
+        b0.block_tables = bt + STRIDE;
+        b0.max_seq_len = 3;
+        b0.max_query_len = 3;
+        b0.num_logits = 0;
+        b0.logits_rows = NULL;
+        for (int i = 0; i < 4 * TV; i++)
+            logits[i] = -7.0f;
+        assert_int_equal(model_forward(m, &b0, logits, &err), 0);
+        for (int i = 0; i < 4 * TV; i++)
+            assert_true(logits[i] == -7.0f); /* nothing written */
         assert_int_equal(model_forward(m, &b1, logits, &err), 0);
         expect_close(logits, refA[4], "A after prefill");
 
