@@ -1,0 +1,349 @@
+/* cpu_executor: the executor table on the host (see cpu_executor.h).
+ * This file holds memory management, argument checks and dispatch; the op
+ * bodies are in cpu_ops.c, cpu_attention.c and cpu_gemm.c.
+ */
+#include "cpu_executor.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu_gemm.h"
+#include "cpu_ops.h"
+
+int cpu_exec_fail(cpu_exec *ce, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ce->err, sizeof ce->err, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int cpu_exec_scratch(cpu_exec *ce, size_t n)
+{
+    for (int32_t w = 0; w < ce->n_threads; w++) {
+        cpu_scratch *s = &ce->scratch[w];
+        if (s->cap >= n)
+            continue;
+        size_t cap = s->cap ? s->cap : 1024;
+        while (cap < n)
+            cap *= 2;
+        float *p = NULL;
+        if (posix_memalign((void **)&p, 64, cap * sizeof(float)) != 0)
+            return cpu_exec_fail(ce, PG_ENOMEM, "cpu: out of memory for %zu floats of scratch", cap);
+        free(s->buf);
+        s->buf = p;
+        s->cap = cap;
+    }
+    return PG_OK;
+}
+
+static cpu_exec *cpu_of(executor *ex)
+{
+    return (cpu_exec *)ex;
+}
+
+/* ---- lifetime and memory ------------------------------------------------- */
+
+static void cpu_destroy(executor *ex)
+{
+    if (!ex)
+        return;
+    cpu_exec *ce = cpu_of(ex);
+    cpu_pool_destroy(ce->pool);
+    if (ce->scratch)
+        for (int32_t w = 0; w < ce->n_threads; w++)
+            free(ce->scratch[w].buf);
+    free(ce->scratch);
+    free(ce->tok_seq);
+    free(ce);
+}
+
+static const char *cpu_last_error(executor *ex)
+{
+    return cpu_of(ex)->err;
+}
+
+static int cpu_mem_info(executor *ex, size_t *free_bytes, size_t *total_bytes)
+{
+    cpu_exec *ce = cpu_of(ex);
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return cpu_exec_fail(ce, PG_EIO, "mem_info: cannot open /proc/meminfo");
+    char line[256];
+    unsigned long long avail_kb = 0, total_kb = 0;
+    int have_avail = 0, have_total = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1)
+            have_avail = 1;
+        else if (sscanf(line, "MemTotal: %llu kB", &total_kb) == 1)
+            have_total = 1;
+    }
+    fclose(f);
+    if (!have_avail || !have_total)
+        return cpu_exec_fail(ce, PG_EFORMAT, "mem_info: /proc/meminfo lacks MemAvailable or MemTotal");
+    if (free_bytes)
+        *free_bytes = (size_t)avail_kb * 1024u;
+    if (total_bytes)
+        *total_bytes = (size_t)total_kb * 1024u;
+    return PG_OK;
+}
+
+static void *cpu_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
+{
+    cpu_exec *ce = cpu_of(ex);
+    size_t eb = exec_kind_bytes(ex, kind);
+    if (eb == 0) {
+        cpu_exec_fail(ce, PG_EINVAL, "alloc: unknown buffer kind %d", (int)kind);
+        return NULL;
+    }
+    if (n_elems > (SIZE_MAX - 64) / eb) {
+        cpu_exec_fail(ce, PG_ENOMEM, "alloc: %zu elements of %zu bytes overflow size_t", n_elems, eb);
+        return NULL;
+    }
+    size_t bytes = (n_elems * eb + 63) / 64 * 64;
+    if (bytes == 0)
+        bytes = 64;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes) != 0) {
+        cpu_exec_fail(ce, PG_ENOMEM, "alloc: out of memory for %zu bytes", bytes);
+        return NULL;
+    }
+    return p;
+}
+
+static void cpu_free(executor *ex, void *p)
+{
+    (void)ex;
+    free(p);
+}
+
+static int cpu_upload(executor *ex, void *dst, exec_buf_kind kind, size_t dst_elem_off,
+                      const void *src, st_dtype src_dtype, size_t n_elems)
+{
+    cpu_exec *ce = cpu_of(ex);
+    if (!dst || (!src && n_elems))
+        return cpu_exec_fail(ce, PG_EINVAL, "upload: NULL buffer");
+    if (kind == EXEC_I32) {
+        if (src_dtype != ST_I32)
+            return cpu_exec_fail(ce, PG_EINVAL, "upload: an I32 buffer takes I32 data, got %s",
+                                 st_dtype_name(src_dtype));
+        memcpy((int32_t *)dst + dst_elem_off, src, n_elems * sizeof(int32_t));
+        return PG_OK;
+    }
+    if (kind != EXEC_ACT && kind != EXEC_WT && kind != EXEC_KV && kind != EXEC_F32)
+        return cpu_exec_fail(ce, PG_EINVAL, "upload: unknown buffer kind %d", (int)kind);
+    if (src_dtype != ST_F32 && src_dtype != ST_F16 && src_dtype != ST_BF16)
+        return cpu_exec_fail(ce, PG_EINVAL, "upload: expected F32, F16 or BF16 source, got %s",
+                             st_dtype_name(src_dtype));
+    pg_convert_to_f32((float *)dst + dst_elem_off, src, src_dtype, n_elems);
+    return PG_OK;
+}
+
+static int cpu_download_f32(executor *ex, float *dst_host, const void *src, exec_buf_kind kind,
+                            size_t n_elems)
+{
+    cpu_exec *ce = cpu_of(ex);
+    if (!dst_host || (!src && n_elems))
+        return cpu_exec_fail(ce, PG_EINVAL, "download_f32: NULL buffer");
+    if (kind == EXEC_I32) {
+        const int32_t *s = src;
+        for (size_t i = 0; i < n_elems; i++)
+            dst_host[i] = (float)s[i];
+        return PG_OK;
+    }
+    if (exec_kind_bytes(ex, kind) != 4)
+        return cpu_exec_fail(ce, PG_EINVAL, "download_f32: unknown buffer kind %d", (int)kind);
+    memmove(dst_host, src, n_elems * sizeof(float));
+    return PG_OK;
+}
+
+static int cpu_sync(executor *ex)
+{
+    (void)ex;
+    return PG_OK;
+}
+
+static int cpu_begin_step(executor *ex, const step_batch *b)
+{
+    return cpu_check_batch(cpu_of(ex), "begin_step", b);
+}
+
+/* ---- ops ------------------------------------------------------------------ */
+
+#define CPU_REQUIRE(cond, ...)                                         \
+    do {                                                               \
+        if (!(cond))                                                   \
+            return cpu_exec_fail(ce, PG_EINVAL, __VA_ARGS__);          \
+    } while (0)
+
+static int cpu_check_heads(cpu_exec *ce, const char *op, int32_t nh, int32_t nkv, int32_t hd)
+{
+    CPU_REQUIRE(nh >= 1 && nkv >= 1 && nh % nkv == 0,
+                "%s: expected nh a positive multiple of nkv, got nh %d, nkv %d", op, (int)nh, (int)nkv);
+    CPU_REQUIRE(hd >= 2 && hd % 2 == 0, "%s: expected an even head_dim >= 2, got %d", op, (int)hd);
+    return PG_OK;
+}
+
+static int cpu_embed(executor *ex, void *x, const void *table, int32_t H, int32_t V, const step_batch *b)
+{
+    cpu_exec *ce = cpu_of(ex);
+    int rc = cpu_check_batch(ce, "embed", b);
+    if (rc)
+        return rc;
+    CPU_REQUIRE(x && table && b->token_ids, "embed: NULL argument");
+    CPU_REQUIRE(H >= 1 && V >= 1, "embed: expected H, V >= 1, got %d, %d", (int)H, (int)V);
+    return cpu_op_embed(ce, x, table, H, V, b);
+}
+
+static int cpu_rmsnorm(executor *ex, void *out, void *residual, const void *x, const float *w,
+                       int32_t rows, int32_t dim, float eps)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(out && x && w, "rmsnorm: NULL argument");
+    CPU_REQUIRE(rows >= 0 && dim >= 1, "rmsnorm: expected rows >= 0, dim >= 1, got %d, %d", (int)rows, (int)dim);
+    return cpu_op_rmsnorm(ce, out, residual, x, w, rows, dim, eps);
+}
+
+static int cpu_matmul(executor *ex, void *y, const void *x, const void *w, int32_t M, int32_t N, int32_t K)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(y && x && w, "matmul: NULL argument");
+    CPU_REQUIRE(M >= 0 && N >= 1 && K >= 1, "matmul: expected M >= 0, N, K >= 1, got %d, %d, %d",
+                (int)M, (int)N, (int)K);
+    cpu_gemm(ce->pool, y, N, x, w, M, N, K);
+    return PG_OK;
+}
+
+static int cpu_rope(executor *ex, void *qkv, const float *inv_freq, int32_t nh, int32_t nkv, int32_t hd,
+                    const step_batch *b)
+{
+    cpu_exec *ce = cpu_of(ex);
+    int rc = cpu_check_batch(ce, "rope", b);
+    if (rc || (rc = cpu_check_heads(ce, "rope", nh, nkv, hd)))
+        return rc;
+    CPU_REQUIRE(qkv && inv_freq && b->positions, "rope: NULL argument");
+    return cpu_op_rope(ce, qkv, inv_freq, nh, nkv, hd, b);
+}
+
+static int cpu_kv_write(executor *ex, void *k_cache, void *v_cache, const void *qkv, int32_t nh,
+                        int32_t nkv, int32_t hd, const step_batch *b)
+{
+    cpu_exec *ce = cpu_of(ex);
+    int rc = cpu_check_batch(ce, "kv_write", b);
+    if (rc || (rc = cpu_check_heads(ce, "kv_write", nh, nkv, hd)))
+        return rc;
+    CPU_REQUIRE(k_cache && v_cache && qkv && b->slots, "kv_write: NULL argument");
+    return cpu_op_kv_write(ce, k_cache, v_cache, qkv, nh, nkv, hd, b);
+}
+
+static int cpu_attention(executor *ex, void *out, const void *qkv, const void *k_cache,
+                         const void *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+                         const step_batch *b)
+{
+    cpu_exec *ce = cpu_of(ex);
+    int rc = cpu_check_batch(ce, "attention", b);
+    if (rc || (rc = cpu_check_heads(ce, "attention", nh, nkv, hd)))
+        return rc;
+    CPU_REQUIRE(out && qkv && k_cache && v_cache, "attention: NULL argument");
+    return cpu_op_attention(ce, out, qkv, k_cache, v_cache, nh, nkv, hd, scale, b);
+}
+
+static int cpu_silu_mul(executor *ex, void *out, const void *gate_up, int32_t T, int32_t I)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(out && gate_up, "silu_mul: NULL argument");
+    CPU_REQUIRE(T >= 0 && I >= 1, "silu_mul: expected T >= 0, I >= 1, got %d, %d", (int)T, (int)I);
+    return cpu_op_silu_mul(ce, out, gate_up, T, I);
+}
+
+static int cpu_gather_rows(executor *ex, void *dst, const void *src, int32_t dim, const step_batch *b)
+{
+    cpu_exec *ce = cpu_of(ex);
+    int rc = cpu_check_batch(ce, "gather_rows", b);
+    if (rc)
+        return rc;
+    CPU_REQUIRE(dst && src && (b->num_logits == 0 || b->logits_rows), "gather_rows: NULL argument");
+    CPU_REQUIRE(dim >= 1 && b->num_logits >= 0, "gather_rows: expected dim >= 1, num_logits >= 0, got %d, %d",
+                (int)dim, (int)b->num_logits);
+    return cpu_op_gather_rows(ce, dst, src, dim, b);
+}
+
+static int cpu_logits(executor *ex, float *logits_host, const void *x, const void *w,
+                      int32_t L, int32_t V, int32_t H)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(logits_host && x && w, "logits: NULL argument");
+    CPU_REQUIRE(L >= 0 && V >= 1 && H >= 1, "logits: expected L >= 0, V, H >= 1, got %d, %d, %d",
+                (int)L, (int)V, (int)H);
+    cpu_gemm(ce->pool, logits_host, V, x, w, L, V, H);
+    return PG_OK;
+}
+
+static int cpu_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
+                           size_t block_elems, const int32_t *src_dst_host, int32_t n_pairs)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(kv && (n_pairs == 0 || src_dst_host), "copy_blocks: NULL argument");
+    CPU_REQUIRE(n_planes >= 0 && n_pairs >= 0, "copy_blocks: expected n_planes, n_pairs >= 0, got %d, %d",
+                (int)n_planes, (int)n_pairs);
+    return cpu_op_copy_blocks(ce, kv, n_planes, plane_elems, block_elems, src_dst_host, n_pairs);
+}
+
+static const executor_ops cpu_ops_table = {
+    .destroy = cpu_destroy,
+    .last_error = cpu_last_error,
+    .mem_info = cpu_mem_info,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download_f32 = cpu_download_f32,
+    .sync = cpu_sync,
+    .begin_step = cpu_begin_step,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .gather_rows = cpu_gather_rows,
+    .logits = cpu_logits,
+    .copy_blocks = cpu_copy_blocks,
+};
+
+int cpu_executor_create(executor **out, const cpu_executor_params *p, pg_error *err)
+{
+    *out = NULL;
+    int32_t threads = p ? p->threads : 0;
+    if (threads < 0 || threads > 1024)
+        return pg_error_set(err, PG_EINVAL, "cpu executor: expected 0..1024 threads, got %d", (int)threads);
+    if (threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n < 1 ? 1 : (n > 1024 ? 1024 : (int32_t)n);
+    }
+    cpu_exec *ce = calloc(1, sizeof *ce);
+    if (!ce)
+        return pg_error_set(err, PG_ENOMEM, "cpu executor: out of memory");
+    ce->base.op = &cpu_ops_table;
+    ce->base.name = "cpu";
+    ce->base.act_bytes = 4;
+    ce->base.wt_bytes = 4;
+    ce->base.kv_bytes = 4;
+    ce->n_threads = threads;
+    ce->scratch = calloc((size_t)threads, sizeof *ce->scratch);
+    if (!ce->scratch) {
+        cpu_destroy(&ce->base);
+        return pg_error_set(err, PG_ENOMEM, "cpu executor: out of memory");
+    }
+    int rc = cpu_pool_create(&ce->pool, threads, err);
+    if (rc) {
+        cpu_destroy(&ce->base);
+        return pg_error_wrap(err, rc, "cpu executor");
+    }
+    *out = &ce->base;
+    return PG_OK;
+}

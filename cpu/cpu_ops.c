@@ -1,0 +1,234 @@
+/* cpu_ops: the CPU executor's element-wise and copy ops (see executor.h for
+ * each op's contract and layouts). Each op splits its rows statically over
+ * the pool; every output element is computed by one worker in a fixed
+ * order, so the split never changes a value. Jobs too small to pay for a
+ * wake-up (~ a few microseconds) run on the calling thread.
+ */
+#include "cpu_ops.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Below this many elements touched, an op stays on the calling thread. */
+#define CPU_OPS_PARALLEL_MIN 32768
+
+static int32_t ops_workers(const cpu_exec *ce, double elems)
+{
+    return elems < (double)CPU_OPS_PARALLEL_MIN ? 1 : ce->n_threads;
+}
+
+/* ---- embed --------------------------------------------------------------- */
+
+int cpu_op_embed(cpu_exec *ce, float *x, const float *table, int32_t H, int32_t V, const step_batch *b)
+{
+    for (int32_t t = 0; t < b->num_tokens; t++) {
+        int32_t id = b->token_ids[t];
+        if (id < 0 || id >= V)
+            return cpu_exec_fail(ce, PG_EINVAL, "embed: token %d: expected id in [0,%d), got %d",
+                                 (int)t, (int)V, (int)id);
+        memcpy(x + (int64_t)t * H, table + (int64_t)id * H, (size_t)H * sizeof(float));
+    }
+    return PG_OK;
+}
+
+/* ---- rmsnorm ------------------------------------------------------------- */
+
+typedef struct rmsnorm_job {
+    float *out, *residual;
+    const float *x, *w;
+    int32_t rows, dim;
+    float eps;
+} rmsnorm_job;
+
+static void rmsnorm_worker(void *ctx, int32_t worker, int32_t n_workers)
+{
+    const rmsnorm_job *j = ctx;
+    int64_t lo, hi;
+    cpu_pool_range(j->rows, worker, n_workers, 1, &lo, &hi);
+    const int32_t dim = j->dim;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *src = j->x + r * dim;
+        float *o = j->out + r * dim;
+        if (j->residual) {
+            float *res = j->residual + r * dim;
+            for (int32_t i = 0; i < dim; i++)
+                res[i] += src[i];
+            src = res;
+        }
+        /* llama2.c rmsnorm: ss = sum x*x (in order); ss /= size; ss += eps;
+         * ss = 1/sqrtf(ss); o = w * (ss * x) — HF LlamaRMSNorm's rounding. */
+        float ss = 0.0f;
+        for (int32_t i = 0; i < dim; i++)
+            ss += src[i] * src[i];
+        ss /= (float)dim;
+        ss += j->eps;
+        ss = 1.0f / sqrtf(ss);
+        for (int32_t i = 0; i < dim; i++)
+            o[i] = j->w[i] * (ss * src[i]);
+    }
+}
+
+int cpu_op_rmsnorm(cpu_exec *ce, float *out, float *residual, const float *x, const float *w,
+                   int32_t rows, int32_t dim, float eps)
+{
+    rmsnorm_job job = {out, residual, x, w, rows, dim, eps};
+    cpu_pool_run(ce->pool, ops_workers(ce, (double)rows * dim), rmsnorm_worker, &job);
+    return PG_OK;
+}
+
+/* ---- rope ---------------------------------------------------------------- */
+
+typedef struct rope_job {
+    cpu_exec *ce;
+    float *qkv;
+    const float *inv_freq;
+    int32_t nh, nkv, hd;
+    const step_batch *b;
+} rope_job;
+
+static void rope_worker(void *ctx, int32_t worker, int32_t n_workers)
+{
+    const rope_job *j = ctx;
+    const int32_t hd = j->hd, half = hd / 2, nheads = j->nh + j->nkv;
+    const int64_t row = (int64_t)(j->nh + 2 * j->nkv) * hd;
+    float *cs = j->ce->scratch[worker].buf; /* [half] cos, then [half] sin */
+    float *sn = cs + half;
+    int64_t lo, hi;
+    cpu_pool_range(j->b->num_tokens, worker, n_workers, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        /* llama2.c: val = pos * freq; fcr = cosf(val); fci = sinf(val) */
+        const float pos = (float)j->b->positions[t];
+        for (int32_t i = 0; i < half; i++) {
+            float val = pos * j->inv_freq[i];
+            cs[i] = cosf(val);
+            sn[i] = sinf(val);
+        }
+        float *base = j->qkv + t * row; /* q heads then k heads are contiguous */
+        for (int32_t h = 0; h < nheads; h++) {
+            float *v = base + (int64_t)h * hd;
+            for (int32_t i = 0; i < half; i++) {
+                /* HF rotate_half: q*cos + rotate_half(q)*sin */
+                float a = v[i], c = v[i + half];
+                v[i] = a * cs[i] - c * sn[i];
+                v[i + half] = c * cs[i] + a * sn[i];
+            }
+        }
+    }
+}
+
+int cpu_op_rope(cpu_exec *ce, float *qkv, const float *inv_freq, int32_t nh, int32_t nkv, int32_t hd,
+                const step_batch *b)
+{
+    int rc = cpu_exec_scratch(ce, (size_t)hd);
+    if (rc)
+        return rc;
+    rope_job job = {ce, qkv, inv_freq, nh, nkv, hd, b};
+    cpu_pool_run(ce->pool, ops_workers(ce, (double)b->num_tokens * (nh + nkv) * hd * 4.0), rope_worker, &job);
+    return PG_OK;
+}
+
+/* ---- kv_write ------------------------------------------------------------ */
+
+int cpu_op_kv_write(cpu_exec *ce, float *k_cache, float *v_cache, const float *qkv, int32_t nh,
+                    int32_t nkv, int32_t hd, const step_batch *b)
+{
+    const int64_t row = (int64_t)(nh + 2 * nkv) * hd, kvw = (int64_t)nkv * hd;
+    for (int32_t t = 0; t < b->num_tokens; t++) {
+        int64_t slot = b->slots[t];
+        if (slot < 0)
+            return cpu_exec_fail(ce, PG_EINVAL, "kv_write: token %d: expected slot >= 0, got %lld",
+                                 (int)t, (long long)slot);
+        const float *src = qkv + t * row + (int64_t)nh * hd;
+        memcpy(k_cache + slot * kvw, src, (size_t)kvw * sizeof(float));
+        memcpy(v_cache + slot * kvw, src + kvw, (size_t)kvw * sizeof(float));
+    }
+    return PG_OK;
+}
+
+/* ---- silu_mul ------------------------------------------------------------ */
+
+typedef struct silu_job {
+    float *out;
+    const float *gate_up;
+    int32_t T, I;
+} silu_job;
+
+static void silu_worker(void *ctx, int32_t worker, int32_t n_workers)
+{
+    const silu_job *j = ctx;
+    int64_t lo, hi;
+    cpu_pool_range(j->T, worker, n_workers, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const float *g = j->gate_up + t * 2 * j->I, *u = g + j->I;
+        float *o = j->out + t * j->I;
+        for (int32_t i = 0; i < j->I; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i]; /* silu(g) * u */
+    }
+}
+
+int cpu_op_silu_mul(cpu_exec *ce, float *out, const float *gate_up, int32_t T, int32_t I)
+{
+    silu_job job = {out, gate_up, T, I};
+    cpu_pool_run(ce->pool, ops_workers(ce, (double)T * I * 8.0), silu_worker, &job);
+    return PG_OK;
+}
+
+/* ---- gather_rows --------------------------------------------------------- */
+
+int cpu_op_gather_rows(cpu_exec *ce, float *dst, const float *src, int32_t dim, const step_batch *b)
+{
+    for (int32_t r = 0; r < b->num_logits; r++) {
+        int32_t t = b->logits_rows[r];
+        if (t < 0 || t >= b->num_tokens)
+            return cpu_exec_fail(ce, PG_EINVAL, "gather_rows: logits row %d: expected token row in [0,%d), got %d",
+                                 (int)r, (int)b->num_tokens, (int)t);
+        memmove(dst + (int64_t)r * dim, src + (int64_t)t * dim, (size_t)dim * sizeof(float));
+    }
+    return PG_OK;
+}
+
+/* ---- copy_blocks --------------------------------------------------------- */
+
+int cpu_op_copy_blocks(cpu_exec *ce, float *kv, int32_t n_planes, size_t plane_elems, size_t block_elems,
+                       const int32_t *src_dst, int32_t n_pairs)
+{
+    if (block_elems == 0 || plane_elems % block_elems != 0)
+        return cpu_exec_fail(ce, PG_EINVAL, "copy_blocks: expected plane_elems a multiple of block_elems, got %zu and %zu",
+                             plane_elems, block_elems);
+    const int64_t num_blocks = (int64_t)(plane_elems / block_elems);
+    for (int32_t k = 0; k < 2 * n_pairs; k++)
+        if (src_dst[k] < 0 || src_dst[k] >= num_blocks)
+            return cpu_exec_fail(ce, PG_EINVAL, "copy_blocks: pair %d: expected block id in [0,%lld), got %d",
+                                 (int)(k / 2), (long long)num_blocks, (int)src_dst[k]);
+    for (int32_t p = 0; p < n_planes; p++) {
+        float *plane = kv + (size_t)p * plane_elems;
+        for (int32_t k = 0; k < n_pairs; k++) {
+            if (src_dst[2 * k] == src_dst[2 * k + 1])
+                continue;
+            memcpy(plane + (size_t)src_dst[2 * k + 1] * block_elems,
+                   plane + (size_t)src_dst[2 * k] * block_elems, block_elems * sizeof(float));
+        }
+    }
+    return PG_OK;
+}
+
+/* ---- step batch checks --------------------------------------------------- */
+
+int cpu_check_batch(cpu_exec *ce, const char *where, const step_batch *b)
+{
+    if (!b)
+        return cpu_exec_fail(ce, PG_EINVAL, "%s: step batch is NULL", where);
+    if (b->num_tokens < 1 || b->num_seqs < 1 || b->block_size < 1)
+        return cpu_exec_fail(ce, PG_EINVAL, "%s: expected num_tokens, num_seqs, block_size >= 1, got %d, %d, %d",
+                             where, (int)b->num_tokens, (int)b->num_seqs, (int)b->block_size);
+    if (!b->query_start || b->query_start[0] != 0 || b->query_start[b->num_seqs] != b->num_tokens)
+        return cpu_exec_fail(ce, PG_EINVAL, "%s: expected query_start[0] = 0 and query_start[S] = T = %d",
+                             where, (int)b->num_tokens);
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        int32_t q0 = b->query_start[s], q1 = b->query_start[s + 1];
+        if (q1 < q0 || (b->seq_lens && b->seq_lens[s] < q1 - q0))
+            return cpu_exec_fail(ce, PG_EINVAL, "%s: sequence %d: query range [%d,%d) inconsistent with seq_len %d",
+                                 where, (int)s, (int)q0, (int)q1, b->seq_lens ? (int)b->seq_lens[s] : -1);
+    }
+    return PG_OK;
+}
