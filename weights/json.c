@@ -12,6 +12,118 @@
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
+/* ---- grammar checks jsmn leaves out --------------------------------------
+ * jsmn (even with JSMN_STRICT) accepts texts that are not JSON: a missing
+ * ':' or ',' ({"a" "b"}, {"a":1 "b":2}), trailing or doubled commas ([1,],
+ * [1,,2]), [1:2], bad literals (tru, 01, 1.e5, --1) and raw control bytes
+ * in strings. Accepting them would make object iteration (key, value, key,
+ * value ...) read the wrong tokens, so one linear pass over the tokens,
+ * using the parent links, checks what sits between sibling tokens and the
+ * shape of every token. */
+
+static size_t ext_start(const jsmntok_t *t) { return (size_t)t->start - (t->type == JSMN_STRING ? 1 : 0); }
+static size_t ext_end(const jsmntok_t *t) { return (size_t)t->end + (t->type == JSMN_STRING ? 1 : 0); }
+
+/* src[a, b) is whitespace with exactly one `sep` in it (sep 0: none). */
+static bool gap_ok(const char *src, size_t a, size_t b, char sep)
+{
+    int seps = 0;
+    for (size_t k = a; k < b; k++) {
+        if (src[k] == sep && sep)
+            seps++;
+        else if (!is_ws(src[k]))
+            return false;
+    }
+    return seps == (sep ? 1 : 0);
+}
+
+static bool digits(const char *s, size_t n, size_t *k)
+{
+    size_t k0 = *k;
+    while (*k < n && s[*k] >= '0' && s[*k] <= '9')
+        (*k)++;
+    return *k > k0;
+}
+
+/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? or true/false/null */
+static bool literal_ok(const char *s, size_t n)
+{
+    if ((n == 4 && memcmp(s, "true", 4) == 0) || (n == 5 && memcmp(s, "false", 5) == 0) ||
+        (n == 4 && memcmp(s, "null", 4) == 0))
+        return true;
+    size_t k = 0;
+    if (k < n && s[k] == '-')
+        k++;
+    if (k < n && s[k] == '0')
+        k++;
+    else if (!digits(s, n, &k))
+        return false;
+    if (k < n && s[k] == '.') {
+        k++;
+        if (!digits(s, n, &k))
+            return false;
+    }
+    if (k < n && (s[k] == 'e' || s[k] == 'E')) {
+        k++;
+        if (k < n && (s[k] == '+' || s[k] == '-'))
+            k++;
+        if (!digits(s, n, &k))
+            return false;
+    }
+    return k == n;
+}
+
+/* Returns the byte offset of the first problem, or -1 when the tokens are
+ * JSON. `last[i]`: for a container or key, the byte after its latest child. */
+static long grammar_check(const json_doc *d, size_t *last)
+{
+    const jsmntok_t *tok = d->tok;
+    const char *src = d->src;
+    for (int i = 0; i < d->ntok; i++) {
+        const jsmntok_t *t = &tok[i];
+        int p = t->parent;
+        if (t->type == JSMN_PRIMITIVE) {
+            if (t->size != 0 || !literal_ok(src + t->start, (size_t)(t->end - t->start)))
+                return t->start;
+        } else if (t->type == JSMN_STRING) {
+            bool key = p >= 0 && tok[p].type == JSMN_OBJECT;
+            if (t->size != (key ? 1 : 0))
+                return t->start;
+            for (int k = t->start; k < t->end; k++)
+                if ((unsigned char)src[k] < 0x20)
+                    return k;
+        }
+        if (t->type == JSMN_OBJECT || t->type == JSMN_ARRAY || t->type == JSMN_STRING)
+            last[i] = (size_t)t->start + (t->type == JSMN_STRING ? 0 : 1);
+        if (p < 0) {
+            if (i != 0)
+                return t->start;
+            continue;
+        }
+        if (p >= i)
+            return t->start;
+        char sep;
+        if (tok[p].type == JSMN_STRING)
+            sep = ':'; /* a value after its key */
+        else if (tok[p].type == JSMN_OBJECT || tok[p].type == JSMN_ARRAY)
+            sep = last[p] == (size_t)tok[p].start + 1 ? 0 : ',';
+        else
+            return t->start; /* a child of a primitive: [1:2] */
+        size_t from = tok[p].type == JSMN_STRING ? ext_end(&tok[p]) : last[p];
+        if (!gap_ok(src, from, ext_start(t), sep))
+            return (long)from;
+        last[p] = ext_end(t);
+        if (tok[p].type == JSMN_STRING) /* the object resumes after the value */
+            last[tok[p].parent] = ext_end(t);
+    }
+    for (int i = 0; i < d->ntok; i++) {
+        const jsmntok_t *t = &tok[i];
+        if ((t->type == JSMN_OBJECT || t->type == JSMN_ARRAY) && !gap_ok(src, last[i], (size_t)t->end - 1, 0))
+            return (long)last[i];
+    }
+    return -1;
+}
+
 int json_parse(json_doc *doc, const char *src, size_t len, const char *label, pg_error *err)
 {
     memset(doc, 0, sizeof *doc);
@@ -40,6 +152,17 @@ int json_parse(json_doc *doc, const char *src, size_t len, const char *label, pg
     doc->len = len;
     doc->tok = tok;
     doc->ntok = n;
+    size_t *last = malloc((size_t)n * sizeof *last);
+    if (!last) {
+        json_doc_free(doc);
+        return pg_error_set(err, PG_ENOMEM, "%s: out of memory for %d json tokens", label, n);
+    }
+    long bad = grammar_check(doc, last);
+    free(last);
+    if (bad >= 0) {
+        json_doc_free(doc);
+        return pg_error_set(err, PG_EFORMAT, "%s: invalid json near byte %ld", label, bad);
+    }
     /* Exactly one root value, and only whitespace after it. */
     size_t end = (size_t)tok[0].end + (tok[0].type == JSMN_STRING ? 1 : 0);
     if (json_skip(doc, 0) != n) {

@@ -1,0 +1,283 @@
+/* test_config: config.json / generation_config.json parsing: the real
+ * stories260K and codellama configs, defaults, rope_scaling variants,
+ * refusals (architecture, sliding window, biases, ranges), eos merging. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "config.h"
+#include "test_support.h"
+
+/* The smallest accepted config; BASE(x) inserts x before the closing brace. */
+#define BASE(extra)                                                                            \
+    "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":172," \
+    "\"num_hidden_layers\":5,\"num_attention_heads\":8,\"vocab_size\":512" extra "}"
+
+static int parse(llama_config *c, const char *json, pg_error *e)
+{
+    return llama_config_parse(c, json, strlen(json), "config.json", e);
+}
+
+static void expect_ok(llama_config *c, const char *json)
+{
+    pg_error e;
+    if (parse(c, json, &e) != PG_OK)
+        fail_msg("refused %s: %s", json, e.msg);
+}
+
+static void expect_refused(const char *json, const char *sub1, const char *sub2)
+{
+    llama_config c;
+    pg_error e;
+    strcpy(e.msg, "(unset)");
+    if (parse(&c, json, &e) == PG_OK)
+        fail_msg("accepted %s", json);
+    if (!strstr(e.msg, "config.json") || (sub1 && !strstr(e.msg, sub1)) || (sub2 && !strstr(e.msg, sub2)))
+        fail_msg("%s: message '%s' lacks '%s' / '%s'", json, e.msg, sub1 ? sub1 : "", sub2 ? sub2 : "");
+}
+
+static void test_stories260k(void **state)
+{
+    (void)state;
+    llama_config c;
+    pg_error e;
+    if (llama_config_load(&c, pg_test_shared_path("models/stories260K"), &e) != PG_OK)
+        fail_msg("%s", e.msg);
+    assert_string_equal(c.architecture, "LlamaForCausalLM");
+    assert_int_equal(c.hidden_size, 64);
+    assert_int_equal(c.intermediate_size, 172);
+    assert_int_equal(c.num_hidden_layers, 5);
+    assert_int_equal(c.num_attention_heads, 8);
+    assert_int_equal(c.num_key_value_heads, 4);
+    assert_int_equal(c.head_dim, 8);
+    assert_int_equal(c.vocab_size, 512);
+    assert_int_equal(c.max_position_embeddings, 512);
+    assert_true(c.rms_norm_eps == 1e-5f);
+    assert_true(c.rope_theta == 10000.0f);
+    assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_NONE);
+    assert_true(c.tie_word_embeddings);
+    assert_int_equal(c.bos_token_id, 1);
+    /* config says 2, generation_config [2, 1]: merged, deduplicated, in order */
+    assert_int_equal(c.n_eos_token_ids, 2);
+    assert_int_equal(c.eos_token_ids[0], 2);
+    assert_int_equal(c.eos_token_ids[1], 1);
+    assert_true(c.has_do_sample);
+    assert_false(c.do_sample);
+    assert_false(c.has_temperature || c.has_top_p || c.has_top_k);
+}
+
+static void test_codellama(void **state)
+{
+    (void)state;
+    llama_config c;
+    pg_error e;
+    if (llama_config_load(&c, pg_test_shared_path("models/codellama-7b-sharded-index"), &e) != PG_OK)
+        fail_msg("%s", e.msg);
+    assert_int_equal(c.hidden_size, 4096);
+    assert_int_equal(c.intermediate_size, 11008);
+    assert_int_equal(c.num_hidden_layers, 32);
+    assert_int_equal(c.num_attention_heads, 32);
+    assert_int_equal(c.num_key_value_heads, 32); /* stated */
+    assert_int_equal(c.head_dim, 128);           /* 4096 / 32 */
+    assert_int_equal(c.vocab_size, 32016);
+    assert_int_equal(c.max_position_embeddings, 16384);
+    assert_true(c.rope_theta == 1000000.0f);
+    assert_false(c.tie_word_embeddings);
+    assert_int_equal(c.bos_token_id, 1);
+    assert_true(c.n_eos_token_ids >= 1);
+    assert_int_equal(c.eos_token_ids[0], 2);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    llama_config c;
+    expect_ok(&c, BASE(""));
+    assert_int_equal(c.num_key_value_heads, 8); /* = heads */
+    assert_int_equal(c.head_dim, 8);            /* 64 / 8 */
+    assert_true(c.rope_theta == 10000.0f);
+    assert_true(c.rms_norm_eps == 1e-6f);
+    assert_int_equal(c.max_position_embeddings, 2048);
+    assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_NONE);
+    assert_false(c.tie_word_embeddings);
+    assert_int_equal(c.bos_token_id, -1);
+    assert_int_equal(c.n_eos_token_ids, 0);
+    /* unknown keys and nulls are ignored */
+    expect_ok(&c, BASE(",\"foo\":{\"bar\":[1,2,{}]},\"torch_dtype\":\"bfloat16\",\"num_key_value_heads\":null,"
+                       "\"rope_scaling\":null,\"attention_bias\":false,\"mlp_bias\":false,\"hidden_act\":\"silu\""));
+    assert_int_equal(c.num_key_value_heads, 8);
+    /* no architectures: model_type decides */
+    expect_ok(&c, "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":1,\"num_hidden_layers\":1,"
+                  "\"num_attention_heads\":1,\"vocab_size\":3}");
+    assert_string_equal(c.architecture, "LlamaForCausalLM");
+    assert_int_equal(c.head_dim, 64);
+    /* Mistral without a window; explicit head_dim; eos list */
+    expect_ok(&c, "{\"architectures\":[\"MistralForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+                  "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,"
+                  "\"vocab_size\":300,\"sliding_window\":null,\"eos_token_id\":[7,9,7,256],\"bos_token_id\":5}");
+    assert_string_equal(c.architecture, "MistralForCausalLM");
+    assert_int_equal(c.head_dim, 32);
+    assert_int_equal(c.num_key_value_heads, 2);
+    assert_int_equal(c.n_eos_token_ids, 3);
+    assert_int_equal(c.eos_token_ids[0], 7);
+    assert_int_equal(c.eos_token_ids[1], 9);
+    assert_int_equal(c.eos_token_ids[2], 256);
+    assert_int_equal(c.bos_token_id, 5);
+}
+
+static void test_rope_scaling(void **state)
+{
+    (void)state;
+    llama_config c;
+    expect_ok(&c, BASE(",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}"));
+    assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LINEAR);
+    assert_true(c.rope_scaling.factor == 2.0f);
+    expect_ok(&c, BASE(",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4}"));
+    assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LINEAR);
+    assert_true(c.rope_scaling.factor == 4.0f);
+    /* Llama 3.1's block */
+    expect_ok(&c, BASE(",\"rope_theta\":500000.0,\"rope_scaling\":{\"factor\":8.0,\"low_freq_factor\":1.0,"
+                       "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}"));
+    assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LLAMA3);
+    assert_true(c.rope_scaling.factor == 8.0f);
+    assert_true(c.rope_scaling.low_freq_factor == 1.0f);
+    assert_true(c.rope_scaling.high_freq_factor == 4.0f);
+    assert_int_equal(c.rope_scaling.original_max_position_embeddings, 8192);
+    assert_true(c.rope_theta == 500000.0f);
+    expect_ok(&c, BASE(",\"rope_scaling\":{\"rope_type\":\"default\"}"));
+    assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_NONE);
+
+    expect_refused(BASE(",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0}"), "'yarn'", "linear, llama3");
+    expect_refused(BASE(",\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":4.0}"), "'dynamic'", "not supported");
+    expect_refused(BASE(",\"rope_scaling\":{\"factor\":4.0}"), "rope_type", NULL);
+    expect_refused(BASE(",\"rope_scaling\":{\"type\":\"linear\"}"), "factor", NULL);
+    expect_refused(BASE(",\"rope_scaling\":{\"type\":\"linear\",\"factor\":0}"), "factor", NULL);
+    expect_refused(BASE(",\"rope_scaling\":{\"type\":\"linear\",\"factor\":\"2\"}"), "factor", NULL);
+    expect_refused(BASE(",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"high_freq_factor\":4.0,"
+                        "\"original_max_position_embeddings\":8192}"), "low_freq_factor", NULL);
+    expect_refused(BASE(",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":4.0,"
+                        "\"high_freq_factor\":1.0,\"original_max_position_embeddings\":8192}"), "high_freq_factor > low_freq_factor", NULL);
+    expect_refused(BASE(",\"rope_scaling\":3"), "rope_scaling", NULL);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    expect_refused("{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+                   "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3}",
+                   "Qwen2ForCausalLM", "supported: LlamaForCausalLM, MistralForCausalLM");
+    expect_refused("{\"model_type\":\"gpt2\",\"hidden_size\":64}", "LlamaForCausalLM", NULL);
+    expect_refused("{\"architectures\":[\"MistralForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+                   "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3,\"sliding_window\":4096}",
+                   "sliding_window", "supported");
+    expect_refused("{\"architectures\":\"LlamaForCausalLM\"}", "architectures", NULL);
+    expect_refused("{\"architectures\":[]}", "architectures", NULL);
+    expect_refused(BASE(",\"attention_bias\":true"), "attention_bias", "not supported");
+    expect_refused(BASE(",\"mlp_bias\":true"), "mlp_bias", NULL);
+    expect_refused(BASE(",\"mlp_bias\":1"), "mlp_bias", "true or false");
+    expect_refused(BASE(",\"hidden_act\":\"gelu\""), "hidden_act", NULL);
+    /* ranges and types */
+    expect_refused("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":0,\"intermediate_size\":1,"
+                   "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3}", "hidden_size", "outside");
+    expect_refused("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64.5,\"intermediate_size\":1,"
+                   "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3}", "hidden_size", "integer");
+    expect_refused("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":\"64\",\"intermediate_size\":1,"
+                   "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3}", "hidden_size", NULL);
+    expect_refused("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":99999999999999999999,"
+                   "\"intermediate_size\":1,\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3}",
+                   "hidden_size", NULL);
+    expect_refused("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+                   "\"num_hidden_layers\":1,\"num_attention_heads\":1}", "missing vocab_size", NULL);
+    expect_refused(BASE(",\"num_key_value_heads\":3"), "num_key_value_heads", "divisor");
+    expect_refused(BASE(",\"num_key_value_heads\":16"), "num_key_value_heads", "outside");
+    expect_refused(BASE(",\"num_key_value_heads\":0"), "num_key_value_heads", NULL);
+    expect_refused(BASE(",\"head_dim\":7"), "head_dim", "even");
+    expect_refused(BASE(",\"rms_norm_eps\":-1e-5"), "rms_norm_eps", NULL);
+    expect_refused(BASE(",\"rms_norm_eps\":0"), "rms_norm_eps", NULL);
+    expect_refused(BASE(",\"rope_theta\":1e400"), "rope_theta", NULL);
+    expect_refused(BASE(",\"max_position_embeddings\":-1"), "max_position_embeddings", NULL);
+    expect_refused(BASE(",\"tie_word_embeddings\":\"yes\""), "tie_word_embeddings", NULL);
+    expect_refused(BASE(",\"eos_token_id\":512"), "eos_token_id", NULL); /* outside the vocab */
+    expect_refused(BASE(",\"eos_token_id\":[1,\"2\"]"), "eos_token_id", NULL);
+    expect_refused(BASE(",\"eos_token_id\":[1,2,3,4,5,6,7,8,9]"), "eos_token_id", "at most 8");
+    expect_refused(BASE(",\"bos_token_id\":-3"), "bos_token_id", NULL);
+    expect_refused("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":65,\"intermediate_size\":1,"
+                   "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"vocab_size\":3}", "multiple", NULL);
+    /* not a config at all */
+    expect_refused("[1,2,3]", "json object", NULL);
+    expect_refused("{\"hidden_size\": 64,", "json", NULL);
+    expect_refused("", "json", NULL);
+}
+
+static void test_merge_generation(void **state)
+{
+    (void)state;
+    llama_config c;
+    pg_error e;
+    expect_ok(&c, BASE(",\"eos_token_id\":2"));
+    const char *gen = "{\"bos_token_id\":1,\"eos_token_id\":[128001,2,3],\"temperature\":0.6,\"top_p\":0.9,"
+                      "\"top_k\":50,\"do_sample\":true,\"max_length\":4096,\"transformers_version\":\"4.45\"}";
+    /* 128001 is outside this vocab: refused, and c does not change */
+    llama_config before = c;
+    assert_int_equal(llama_config_merge_generation(&c, gen, strlen(gen), "generation_config.json", &e), PG_EFORMAT);
+    assert_true(strstr(e.msg, "generation_config.json: eos_token_id") != NULL);
+    assert_memory_equal(&c, &before, sizeof c);
+
+    gen = "{\"bos_token_id\":1,\"eos_token_id\":[2,3,2],\"temperature\":0.6,\"top_p\":0.9,"
+          "\"top_k\":50,\"do_sample\":true}";
+    if (llama_config_merge_generation(&c, gen, strlen(gen), "generation_config.json", &e) != PG_OK)
+        fail_msg("%s", e.msg);
+    assert_int_equal(c.n_eos_token_ids, 2);
+    assert_int_equal(c.eos_token_ids[0], 2);
+    assert_int_equal(c.eos_token_ids[1], 3);
+    assert_int_equal(c.bos_token_id, 1); /* config had none */
+    assert_true(c.has_temperature && c.temperature == 0.6f);
+    assert_true(c.has_top_p && c.top_p == 0.9f);
+    assert_true(c.has_top_k && c.top_k == 50);
+    assert_true(c.has_do_sample && c.do_sample);
+
+    before = c;
+    static const char *const bad[] = {
+        "{\"top_p\":1.5}", "{\"top_p\":0}", "{\"temperature\":-1}", "{\"top_k\":-2}",
+        "{\"do_sample\":\"true\"}", "[]", "{\"eos_token_id\":{}}", "nope",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (llama_config_merge_generation(&c, bad[i], strlen(bad[i]), "generation_config.json", &e) == PG_OK)
+            fail_msg("accepted %s", bad[i]);
+        assert_true(strstr(e.msg, "generation_config.json") != NULL);
+        assert_memory_equal(&c, &before, sizeof c);
+    }
+    /* nulls are absent */
+    const char *nulls = "{\"temperature\":null,\"eos_token_id\":null}";
+    assert_int_equal(llama_config_merge_generation(&c, nulls, strlen(nulls), "g", &e), PG_OK);
+    assert_memory_equal(&c, &before, sizeof c);
+}
+
+static void test_load_errors(void **state)
+{
+    (void)state;
+    llama_config c;
+    pg_error e;
+    assert_int_equal(llama_config_load(&c, "/nonexistent/model", &e), PG_EIO);
+    assert_true(strstr(e.msg, "/nonexistent/model/config.json") != NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_codellama),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_rope_scaling),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_merge_generation),
+        cmocka_unit_test(test_load_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
