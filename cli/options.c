@@ -1,0 +1,551 @@
+/* options: getopt_long over the two subcommands, help text with defaults. */
+#include "options.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum {
+    OPT_TOKENIZER = 256, OPT_INPUT_FORMAT, OPT_DEVICE, OPT_THREADS, OPT_BLOCK_SIZE,
+    OPT_KV_MEM, OPT_NUM_KV_BLOCKS, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_MAX_MODEL_LEN,
+    OPT_NO_PREFIX, OPT_SEED, OPT_KV_LAYOUT, OPT_CHECK_INV,
+    OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_TOP_K, OPT_MIN_P, OPT_N, OPT_STOP,
+    OPT_IGNORE_EOS, OPT_MIN_TOKENS, OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_LOGPROBS,
+    OPT_INCLUDE_PROMPT, OPT_UNORDERED, OPT_RESUME, OPT_METRICS, OPT_LOG_INTERVAL, OPT_SHARD,
+    OPT_NO_SPECIAL, OPT_VERSION,
+};
+
+static const struct option generate_opts[] = {
+    {"model", required_argument, NULL, 'm'},
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {"input", required_argument, NULL, 'i'},
+    {"output", required_argument, NULL, 'o'},
+    {"input-format", required_argument, NULL, OPT_INPUT_FORMAT},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+    {"kv-cache-memory", required_argument, NULL, OPT_KV_MEM},
+    {"num-kv-blocks", required_argument, NULL, OPT_NUM_KV_BLOCKS},
+    {"max-num-seqs", required_argument, NULL, OPT_MAX_NUM_SEQS},
+    {"max-num-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
+    {"max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN},
+    {"no-prefix-caching", no_argument, NULL, OPT_NO_PREFIX},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"kv-layout", required_argument, NULL, OPT_KV_LAYOUT},
+    {"check-invariants", no_argument, NULL, OPT_CHECK_INV},
+    {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+    {"temperature", required_argument, NULL, OPT_TEMPERATURE},
+    {"top-p", required_argument, NULL, OPT_TOP_P},
+    {"top-k", required_argument, NULL, OPT_TOP_K},
+    {"min-p", required_argument, NULL, OPT_MIN_P},
+    {"n", required_argument, NULL, OPT_N},
+    {"stop", required_argument, NULL, OPT_STOP},
+    {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+    {"min-tokens", required_argument, NULL, OPT_MIN_TOKENS},
+    {"presence-penalty", required_argument, NULL, OPT_PRESENCE},
+    {"frequency-penalty", required_argument, NULL, OPT_FREQUENCY},
+    {"repetition-penalty", required_argument, NULL, OPT_REPETITION},
+    {"logprobs", required_argument, NULL, OPT_LOGPROBS},
+    {"include-prompt", no_argument, NULL, OPT_INCLUDE_PROMPT},
+    {"unordered", no_argument, NULL, OPT_UNORDERED},
+    {"resume", no_argument, NULL, OPT_RESUME},
+    {"metrics", no_argument, NULL, OPT_METRICS},
+    {"quiet", no_argument, NULL, 'q'},
+    {"log-interval", required_argument, NULL, OPT_LOG_INTERVAL},
+    {"shard", required_argument, NULL, OPT_SHARD},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
+static const struct option tokenize_opts[] = {
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {"model", required_argument, NULL, 'm'},
+    {"input", required_argument, NULL, 'i'},
+    {"output", required_argument, NULL, 'o'},
+    {"input-format", required_argument, NULL, OPT_INPUT_FORMAT},
+    {"no-special", no_argument, NULL, OPT_NO_SPECIAL},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
+static const char *const generate_help[] = {
+"usage: pagedgen [generate] -m MODEL_DIR [-i FILE|-] [-o FILE|-] [options]\n"
+"\n"
+"Runs a LLaMA-family model over a batch of prompts and writes one JSON line\n"
+"per request. Reads stdin and writes stdout by default (works as a filter).\n"
+"\n"
+"Files:\n"
+"  -m, --model DIR            model folder (config.json, *.safetensors) [required]\n"
+"      --tokenizer DIR        tokenizer.json folder [default: the model folder; prompts\n"
+"                             given as prompt_token_ids need none]\n"
+"  -i, --input FILE|-         prompts [default: - (stdin)]\n"
+"  -o, --output FILE|-        results [default: - (stdout); an existing file is replaced\n"
+"                             unless --resume]\n"
+"      --input-format F       auto|text|jsonl|openai [default: auto: a first non-blank\n"
+"                             line starting with '{' is jsonl, or openai when it has\n"
+"                             \"custom_id\"/\"body\"; anything else is text]\n"
+"\n"
+,
+"Engine (vLLM names):\n"
+"      --device D             auto|cpu|cuda [default: auto = cuda when built with CUDA\n"
+"                             and a device is present, else cpu]\n"
+"      --threads N            CPU threads [default: 0 = one per online core]\n"
+"      --block-size N         tokens per KV block, power of two <= 256 [default: 16]\n"
+"      --kv-cache-memory SIZE KV cache size, e.g. 2GiB, 512MiB (KiB/MiB/GiB = 1024^k,\n"
+"                             KB/MB/GB = 1000^k) [default: cpu: 40% of MemAvailable,\n"
+"                             cuda: 90% of free device memory after the weights; both\n"
+"                             capped to max-num-seqs x max-model-len tokens]\n"
+"      --num-kv-blocks N      KV pool size in blocks (overrides --kv-cache-memory)\n"
+"                             [default: from --kv-cache-memory]\n"
+"      --max-num-seqs N       most sequences in one step [default: 256]\n"
+"      --max-num-batched-tokens N  token budget of one step [default: 2048]\n"
+"      --max-model-len N      context limit, prompt + output [default: config\n"
+"                             max_position_embeddings]\n"
+"      --no-prefix-caching    do not share cached prompt blocks [default: caching on]\n"
+"      --seed N               base seed; a line without \"seed\" gets\n"
+"                             hash(seed, request index) [default: 0]\n"
+"      --kv-layout L          paged|contiguous [default: paged]\n"
+"      --check-invariants     check the block pool after every step (slow; debugging)\n"
+"                             [default: off]\n"
+"\n"
+,
+"Default sampling (for lines that do not set their own; vLLM semantics):\n"
+"      --max-tokens N         tokens to generate, -1 = until eos or the context is\n"
+"                             full [default: 256]\n"
+"      --temperature X        0 = greedy [default: generation_config.json's, or 0 when\n"
+"                             it says do_sample false, else 1]\n"
+"      --top-p X              (0, 1] [default: generation_config.json's, else 1]\n"
+"      --top-k N              -1 = off [default: generation_config.json's, else -1]\n"
+"      --min-p X              [0, 1] [default: 0]\n"
+"      --n N                  samples per prompt [default: 1]\n"
+"      --stop STR             stop string; repeat for several [default: none]\n"
+"      --ignore-eos           keep generating past eos [default: off]\n"
+"      --min-tokens N         block eos/stop before N tokens [default: 0]\n"
+"      --presence-penalty X   [-2, 2] [default: 0]\n"
+"      --frequency-penalty X  [-2, 2] [default: 0]\n"
+"      --repetition-penalty X > 0, 1 = off [default: 1]\n"
+"      --logprobs K           logprob of each sampled token plus the top K\n"
+"                             [default: none]\n"
+"\n"
+,
+"Output and run control:\n"
+"      --include-prompt       add prompt and prompt_token_ids to each record\n"
+"                             [default: off]\n"
+"      --unordered            write records as requests finish [default: input order,\n"
+"                             through a bounded reorder buffer: when it is full the\n"
+"                             reader waits for the oldest request]\n"
+"      --resume               keep the records already in -o FILE (answered ids and\n"
+"                             error lines are skipped), repair a trailing partial line,\n"
+"                             append the rest [default: off]\n"
+"      --metrics              add per-request timings and a real \"created\" time\n"
+"                             (output is then no longer byte-reproducible) [default: off]\n"
+"  -q, --quiet                no progress and no summary on stderr [default: off]\n"
+"      --log-interval SEC     progress line period when stderr is not a terminal\n"
+"                             [default: 10]\n"
+"      --shard K/N            only requests whose index = K (mod N) [default: 0/1]\n"
+"  -h, --help                 this help\n"
+"      --version              print the version\n"
+"\n"
+,
+"Input lines (jsonl): {\"id\": string|integer (default: the request index), \"prompt\": str\n"
+"or \"prompt_token_ids\": [int], and optionally max_tokens, min_tokens, temperature,\n"
+"top_p, top_k, min_p, seed, n, stop, stop_token_ids, ignore_eos,\n"
+"include_stop_str_in_output, skip_special_tokens, presence_penalty,\n"
+"frequency_penalty, repetition_penalty, logprobs}. The request index counts\n"
+"non-blank lines from 0. A bad line gets an error record and the run goes on.\n"
+"\n"
+"Exit codes: 0 success, 1 some lines failed, 2 usage error, 3 model load error,\n"
+"4 I/O error, 130 interrupted (SIGINT/SIGTERM; finished records are flushed,\n"
+"--resume completes the run).\n",
+    NULL,
+};
+
+static const char *const tokenize_help =
+"usage: pagedgen tokenize --tokenizer DIR [-i FILE|-] [-o FILE|-] [options]\n"
+"\n"
+"Writes {\"ids\": [...], \"count\": N} for each input line, in order.\n"
+"\n"
+"      --tokenizer DIR        folder holding tokenizer.json [required, or -m]\n"
+"  -m, --model DIR            use the model folder's tokenizer [default: none]\n"
+"  -i, --input FILE|-         input [default: - (stdin)]\n"
+"  -o, --output FILE|-        output [default: - (stdout)]\n"
+"      --input-format F       auto|text|jsonl [default: auto: jsonl when the first\n"
+"                             non-blank line starts with '{'; jsonl lines are\n"
+"                             {\"text\": \"...\"}, other fields are ignored]\n"
+"      --no-special           do not add special tokens (BOS) [default: add them]\n"
+"  -h, --help                 this help\n"
+"      --version              print the version\n";
+
+static const char *const overview_help =
+"usage: pagedgen [generate] -m MODEL_DIR [-i FILE|-] [-o FILE|-] [options]\n"
+"       pagedgen tokenize --tokenizer DIR [-i FILE|-] [-o FILE|-] [options]\n"
+"       pagedgen --version\n"
+"\n"
+"Commands:\n"
+"  generate   run a model over prompts, write JSONL completions (default)\n"
+"  tokenize   write the token ids of each input line\n"
+"\n"
+"`pagedgen generate --help` and `pagedgen tokenize --help` list every flag.\n"
+"\n";
+
+void cli_options_help(FILE *f, cli_command cmd)
+{
+    if (cmd == CLI_CMD_TOKENIZE) {
+        fputs(tokenize_help, f);
+    } else if (cmd == CLI_CMD_GENERATE) {
+        for (size_t k = 0; generate_help[k]; k++)
+            fputs(generate_help[k], f);
+    } else {
+        fputs(overview_help, f);
+        for (size_t k = 0; generate_help[k]; k++)
+            fputs(generate_help[k], f);
+    }
+}
+
+const char *const *cli_options_names(cli_command cmd)
+{
+    static const char *gen_names[sizeof generate_opts / sizeof generate_opts[0]];
+    static const char *tok_names[sizeof tokenize_opts / sizeof tokenize_opts[0]];
+    const struct option *t = cmd == CLI_CMD_TOKENIZE ? tokenize_opts : generate_opts;
+    const char **names = cmd == CLI_CMD_TOKENIZE ? tok_names : gen_names;
+    size_t k = 0;
+    for (; t[k].name; k++)
+        names[k] = t[k].name;
+    names[k] = NULL;
+    return names;
+}
+
+void cli_options_init(cli_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->cmd = CLI_CMD_GENERATE;
+    o->input_path = "-";
+    o->output_path = "-";
+    o->input_format = CLI_FORMAT_AUTO;
+    o->device = "auto";
+    o->block_size = 16;
+    o->max_num_seqs = 256;
+    o->max_num_batched_tokens = 2048;
+    o->prefix_caching = true;
+    o->layout = KV_LAYOUT_PAGED;
+    o->sampling = sampling_params_default();
+    o->sampling.max_tokens = CLI_DEFAULT_MAX_TOKENS;
+    o->log_interval_s = 10.0;
+    o->shard_k = 0;
+    o->shard_n = 1;
+}
+
+const char *cli_format_name(cli_format f)
+{
+    switch (f) {
+    case CLI_FORMAT_AUTO: return "auto";
+    case CLI_FORMAT_TEXT: return "text";
+    case CLI_FORMAT_JSONL: return "jsonl";
+    case CLI_FORMAT_OPENAI: return "openai";
+    }
+    return "?";
+}
+
+int cli_parse_int(const char *s, int64_t lo, int64_t hi, const char *what, int64_t *out,
+                  pg_error *err)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+        return pg_error_set(err, PG_EINVAL, "%s: expected an integer in [%lld, %lld], got '%s'",
+                            what, (long long)lo, (long long)hi, s);
+    *out = v;
+    return PG_OK;
+}
+
+int cli_parse_double(const char *s, double lo, double hi, const char *what, double *out,
+                     pg_error *err)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v) || v < lo || v > hi)
+        return pg_error_set(err, PG_EINVAL, "%s: expected a number in [%g, %g], got '%s'",
+                            what, lo, hi, s);
+    *out = v;
+    return PG_OK;
+}
+
+int cli_parse_size(const char *s, uint64_t *out, pg_error *err)
+{
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1.0}, {"B", 1.0},
+        {"K", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3},
+        {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
+        {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
+        {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+    };
+    char *end = NULL;
+    errno = 0;
+    if (!s || !*s || *s == '-' || *s == '+')
+        goto bad;
+    double v = strtod(s, &end);
+    if (end == s || errno == ERANGE || !isfinite(v))
+        goto bad;
+    for (size_t k = 0; k < sizeof units / sizeof units[0]; k++) {
+        if (strcasecmp(end, units[k].suffix) != 0 || (strlen(end) != strlen(units[k].suffix)))
+            continue;
+        /* case matters only between KiB-style and KB-style, which differ in
+         * spelling anyway; "gib" and "GiB" are the same unit */
+        double bytes = v * units[k].mult;
+        if (bytes < 1.0 || bytes >= 18446744073709551616.0)
+            goto bad;
+        *out = (uint64_t)bytes;
+        return PG_OK;
+    }
+bad:
+    return pg_error_set(err, PG_EINVAL,
+                        "--kv-cache-memory: expected a size like 2GiB, 512MiB or 1000000 (bytes), got '%s'",
+                        s ? s : "");
+}
+
+static int parse_i32(const char *s, int64_t lo, int64_t hi, const char *what, int32_t *out,
+                     pg_error *err)
+{
+    int64_t v;
+    int rc = cli_parse_int(s, lo, hi, what, &v, err);
+    if (rc == PG_OK)
+        *out = (int32_t)v;
+    return rc;
+}
+
+static int parse_f32(const char *s, double lo, double hi, const char *what, float *out,
+                     pg_error *err)
+{
+    double v;
+    int rc = cli_parse_double(s, lo, hi, what, &v, err);
+    if (rc == PG_OK)
+        *out = (float)v;
+    return rc;
+}
+
+static int parse_format(const char *s, bool allow_openai, cli_format *out, pg_error *err)
+{
+    if (strcmp(s, "auto") == 0) *out = CLI_FORMAT_AUTO;
+    else if (strcmp(s, "text") == 0) *out = CLI_FORMAT_TEXT;
+    else if (strcmp(s, "jsonl") == 0) *out = CLI_FORMAT_JSONL;
+    else if (allow_openai && strcmp(s, "openai") == 0) *out = CLI_FORMAT_OPENAI;
+    else
+        return pg_error_set(err, PG_EINVAL, "--input-format: expected %s, got '%s'",
+                            allow_openai ? "auto, text, jsonl or openai" : "auto, text or jsonl", s);
+    return PG_OK;
+}
+
+static int parse_shard(const char *s, int32_t *k, int32_t *n, pg_error *err)
+{
+    char *end = NULL;
+    errno = 0;
+    long a = strtol(s, &end, 10);
+    if (end == s || *end != '/' || errno)
+        goto bad;
+    const char *s2 = end + 1;
+    long b = strtol(s2, &end, 10);
+    if (end == s2 || *end != '\0' || errno || b < 1 || b > 1000000 || a < 0 || a >= b)
+        goto bad;
+    *k = (int32_t)a;
+    *n = (int32_t)b;
+    return PG_OK;
+bad:
+    return pg_error_set(err, PG_EINVAL, "--shard: expected K/N with 0 <= K < N, got '%s'", s);
+}
+
+/* One option of either command. */
+static int apply(cli_options *o, int c, const char *arg, pg_error *err)
+{
+    int64_t v64;
+    int rc = PG_OK;
+    sampling_params *sp = &o->sampling;
+    switch (c) {
+    case 'm': o->model_dir = arg; break;
+    case OPT_TOKENIZER: o->tokenizer_dir = arg; break;
+    case 'i': o->input_path = arg; break;
+    case 'o': o->output_path = arg; break;
+    case OPT_INPUT_FORMAT:
+        rc = parse_format(arg, o->cmd != CLI_CMD_TOKENIZE, &o->input_format, err);
+        break;
+    case OPT_DEVICE:
+        if (strcmp(arg, "auto") && strcmp(arg, "cpu") && strcmp(arg, "cuda"))
+            return pg_error_set(err, PG_EINVAL, "--device: expected auto, cpu or cuda, got '%s'", arg);
+        o->device = arg;
+        break;
+    case OPT_THREADS: rc = parse_i32(arg, 0, 1024, "--threads", &o->threads, err); break;
+    case OPT_BLOCK_SIZE:
+        rc = parse_i32(arg, 1, 256, "--block-size", &o->block_size, err);
+        if (rc == PG_OK && (o->block_size & (o->block_size - 1)))
+            rc = pg_error_set(err, PG_EINVAL, "--block-size: expected a power of two in [1, 256], got %s", arg);
+        break;
+    case OPT_KV_MEM: rc = cli_parse_size(arg, &o->kv_cache_bytes, err); break;
+    case OPT_NUM_KV_BLOCKS: rc = parse_i32(arg, 1, INT32_MAX, "--num-kv-blocks", &o->num_kv_blocks, err); break;
+    case OPT_MAX_NUM_SEQS: rc = parse_i32(arg, 1, 1 << 20, "--max-num-seqs", &o->max_num_seqs, err); break;
+    case OPT_MAX_BATCHED:
+        rc = parse_i32(arg, 1, 1 << 24, "--max-num-batched-tokens", &o->max_num_batched_tokens, err);
+        break;
+    case OPT_MAX_MODEL_LEN: rc = parse_i32(arg, 1, INT32_MAX, "--max-model-len", &o->max_model_len, err); break;
+    case OPT_NO_PREFIX: o->prefix_caching = false; break;
+    case OPT_SEED:
+        rc = cli_parse_int(arg, 0, INT64_MAX, "--seed", &v64, err);
+        o->seed = (uint64_t)v64;
+        break;
+    case OPT_KV_LAYOUT:
+        if (strcmp(arg, "paged") == 0) o->layout = KV_LAYOUT_PAGED;
+        else if (strcmp(arg, "contiguous") == 0) o->layout = KV_LAYOUT_CONTIGUOUS;
+        else return pg_error_set(err, PG_EINVAL, "--kv-layout: expected paged or contiguous, got '%s'", arg);
+        break;
+    case OPT_CHECK_INV: o->check_invariants = true; break;
+    case OPT_MAX_TOKENS:
+        rc = parse_i32(arg, -1, INT32_MAX, "--max-tokens", &sp->max_tokens, err);
+        if (rc == PG_OK && sp->max_tokens == 0)
+            rc = pg_error_set(err, PG_EINVAL, "--max-tokens: expected -1 or an integer >= 1, got 0");
+        o->sampling_set |= CLI_SET_MAX_TOKENS;
+        break;
+    case OPT_TEMPERATURE:
+        rc = parse_f32(arg, 0.0, 1e6, "--temperature", &sp->temperature, err);
+        o->sampling_set |= CLI_SET_TEMPERATURE;
+        break;
+    case OPT_TOP_P:
+        rc = parse_f32(arg, 0.0, 1.0, "--top-p", &sp->top_p, err);
+        if (rc == PG_OK && sp->top_p <= 0.0f)
+            rc = pg_error_set(err, PG_EINVAL, "--top-p: expected a number in (0, 1], got '%s'", arg);
+        o->sampling_set |= CLI_SET_TOP_P;
+        break;
+    case OPT_TOP_K:
+        rc = parse_i32(arg, -1, INT32_MAX, "--top-k", &sp->top_k, err);
+        o->sampling_set |= CLI_SET_TOP_K;
+        break;
+    case OPT_MIN_P:
+        rc = parse_f32(arg, 0.0, 1.0, "--min-p", &sp->min_p, err);
+        o->sampling_set |= CLI_SET_MIN_P;
+        break;
+    case OPT_N:
+        rc = parse_i32(arg, 1, 1024, "--n", &sp->n, err);
+        o->sampling_set |= CLI_SET_N;
+        break;
+    case OPT_STOP:
+        if (o->n_stop >= CLI_MAX_STOP)
+            return pg_error_set(err, PG_EINVAL, "--stop: at most %d stop strings", CLI_MAX_STOP);
+        if (!*arg)
+            return pg_error_set(err, PG_EINVAL, "--stop: expected a non-empty string");
+        o->stop[o->n_stop++] = arg;
+        break;
+    case OPT_IGNORE_EOS: sp->ignore_eos = true; o->sampling_set |= CLI_SET_IGNORE_EOS; break;
+    case OPT_MIN_TOKENS:
+        rc = parse_i32(arg, 0, INT32_MAX, "--min-tokens", &sp->min_tokens, err);
+        o->sampling_set |= CLI_SET_MIN_TOKENS;
+        break;
+    case OPT_PRESENCE:
+        rc = parse_f32(arg, -2.0, 2.0, "--presence-penalty", &sp->presence_penalty, err);
+        o->sampling_set |= CLI_SET_PRESENCE;
+        break;
+    case OPT_FREQUENCY:
+        rc = parse_f32(arg, -2.0, 2.0, "--frequency-penalty", &sp->frequency_penalty, err);
+        o->sampling_set |= CLI_SET_FREQUENCY;
+        break;
+    case OPT_REPETITION:
+        rc = parse_f32(arg, 1e-6, 1e6, "--repetition-penalty", &sp->repetition_penalty, err);
+        o->sampling_set |= CLI_SET_REPETITION;
+        break;
+    case OPT_LOGPROBS:
+        rc = parse_i32(arg, 0, 20, "--logprobs", &sp->logprobs, err);
+        o->sampling_set |= CLI_SET_LOGPROBS;
+        break;
+    case OPT_INCLUDE_PROMPT: o->include_prompt = true; break;
+    case OPT_UNORDERED: o->unordered = true; break;
+    case OPT_RESUME: o->resume = true; break;
+    case OPT_METRICS: o->metrics = true; break;
+    case 'q': o->quiet = true; break;
+    case OPT_LOG_INTERVAL:
+        rc = cli_parse_double(arg, 0.05, 86400.0, "--log-interval", &o->log_interval_s, err);
+        break;
+    case OPT_SHARD: rc = parse_shard(arg, &o->shard_k, &o->shard_n, err); break;
+    case OPT_NO_SPECIAL: o->no_special = true; break;
+    default:
+        return pg_error_set(err, PG_EINVAL, "internal: unhandled option %d", c);
+    }
+    return rc;
+}
+
+int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
+{
+    cli_options_init(o);
+    int first = 1;
+    if (argc > 1 && strcmp(argv[1], "generate") == 0) {
+        first = 2;
+    } else if (argc > 1 && strcmp(argv[1], "tokenize") == 0) {
+        o->cmd = CLI_CMD_TOKENIZE;
+        first = 2;
+    } else if (argc > 1 && strcmp(argv[1], "help") == 0) {
+        o->cmd = CLI_CMD_HELP;
+        o->help_for = CLI_CMD_HELP;
+        if (argc > 2 && strcmp(argv[2], "tokenize") == 0)
+            o->help_for = CLI_CMD_TOKENIZE;
+        else if (argc > 2 && strcmp(argv[2], "generate") == 0)
+            o->help_for = CLI_CMD_GENERATE;
+        return PG_OK;
+    } else if (argc > 1 && argv[1][0] != '-') {
+        return pg_error_set(err, PG_EINVAL,
+                            "unknown command '%s' (expected generate or tokenize; see --help)", argv[1]);
+    }
+    bool explicit_cmd = first == 2;
+    const struct option *table = o->cmd == CLI_CMD_TOKENIZE ? tokenize_opts : generate_opts;
+    const char *shorts = o->cmd == CLI_CMD_TOKENIZE ? ":m:i:o:h" : ":m:i:o:qh";
+
+    /* getopt_long keeps its state in globals of libc; reset them so that the
+     * parser can run more than once in a process (unit tests). */
+    optind = 0;
+    opterr = 0;
+    int sub_argc = argc - (first - 1);
+    char **sub_argv = argv + (first - 1);
+    for (;;) {
+        int idx = -1;
+        int c = getopt_long(sub_argc, sub_argv, shorts, table, &idx);
+        if (c == -1)
+            break;
+        if (c == '?') {
+            const char *bad = sub_argv[optind - 1];
+            if (optopt && optopt < 256)
+                return pg_error_set(err, PG_EINVAL, "unknown option '-%c' (see --help)", optopt);
+            return pg_error_set(err, PG_EINVAL, "unknown option '%s' (see --help)", bad ? bad : "?");
+        }
+        if (c == ':')
+            return pg_error_set(err, PG_EINVAL, "option '%s' needs a value",
+                                sub_argv[optind - 1] ? sub_argv[optind - 1] : "?");
+        if (c == 'h') {
+            o->help_for = explicit_cmd ? o->cmd : CLI_CMD_HELP;
+            o->cmd = CLI_CMD_HELP;
+            return PG_OK;
+        }
+        if (c == OPT_VERSION) {
+            o->cmd = CLI_CMD_VERSION;
+            return PG_OK;
+        }
+        int rc = apply(o, c, optarg, err);
+        if (rc != PG_OK)
+            return rc;
+    }
+    if (optind < sub_argc)
+        return pg_error_set(err, PG_EINVAL, "unexpected argument '%s' (see --help)", sub_argv[optind]);
+
+    if (o->cmd == CLI_CMD_GENERATE) {
+        if (!o->model_dir)
+            return pg_error_set(err, PG_EINVAL, "generate: -m MODEL_DIR is required (see --help)");
+        if (o->resume && strcmp(o->output_path, "-") == 0)
+            return pg_error_set(err, PG_EINVAL, "--resume needs -o FILE (not stdout)");
+    } else if (o->cmd == CLI_CMD_TOKENIZE) {
+        if (!o->tokenizer_dir)
+            o->tokenizer_dir = o->model_dir;
+        if (!o->tokenizer_dir)
+            return pg_error_set(err, PG_EINVAL, "tokenize: --tokenizer DIR is required (see --help)");
+    }
+    return PG_OK;
+}

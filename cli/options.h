@@ -1,0 +1,108 @@
+/* options: the command line of pagedgen (getopt_long), its help text and
+ * the size/number parsers behind it. Pure: parsing never prints, never
+ * exits; main.c turns a PG_EINVAL into exit code 2. Every string in
+ * cli_options is borrowed from argv. */
+#ifndef PG_CLI_OPTIONS_H
+#define PG_CLI_OPTIONS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine.h"
+#include "pg_error.h"
+#include "sampling_params.h"
+
+#define CLI_MAX_STOP 64            /* --stop may be given this many times */
+#define CLI_DEFAULT_MAX_TOKENS 256 /* documented in --help and README */
+
+typedef enum cli_command {
+    CLI_CMD_GENERATE = 0,
+    CLI_CMD_TOKENIZE,
+    CLI_CMD_HELP,      /* --help: print help for `help_for` */
+    CLI_CMD_VERSION,
+} cli_command;
+
+typedef enum cli_format {
+    CLI_FORMAT_AUTO = 0, /* decided from the first non-blank line */
+    CLI_FORMAT_TEXT,     /* one prompt per line */
+    CLI_FORMAT_JSONL,    /* one request object per line */
+    CLI_FORMAT_OPENAI,   /* OpenAI batch lines (vllm run-batch) */
+} cli_format;
+
+/* Which sampling flags were given on the command line (bit per field). */
+enum cli_sampling_flag {
+    CLI_SET_MAX_TOKENS = 1u << 0, CLI_SET_TEMPERATURE = 1u << 1, CLI_SET_TOP_P = 1u << 2,
+    CLI_SET_TOP_K = 1u << 3, CLI_SET_MIN_P = 1u << 4, CLI_SET_N = 1u << 5,
+    CLI_SET_MIN_TOKENS = 1u << 6, CLI_SET_PRESENCE = 1u << 7, CLI_SET_FREQUENCY = 1u << 8,
+    CLI_SET_REPETITION = 1u << 9, CLI_SET_LOGPROBS = 1u << 10, CLI_SET_IGNORE_EOS = 1u << 11,
+};
+
+typedef struct cli_options {
+    cli_command cmd;
+    cli_command help_for;          /* with CLI_CMD_HELP: GENERATE, TOKENIZE, or HELP (overview) */
+
+    /* files */
+    const char *model_dir;         /* -m; required by generate */
+    const char *tokenizer_dir;     /* --tokenizer; default: the model folder */
+    const char *input_path;        /* -i; "-" = stdin (default) */
+    const char *output_path;       /* -o; "-" = stdout (default) */
+    cli_format input_format;
+
+    /* engine */
+    const char *device;            /* "auto" | "cpu" | "cuda" */
+    int32_t threads;               /* 0 = one per online core */
+    int32_t block_size;            /* 16 */
+    uint64_t kv_cache_bytes;       /* 0 = automatic (see device.h) */
+    int32_t num_kv_blocks;         /* 0 = from kv_cache_bytes */
+    int32_t max_num_seqs;          /* 256 */
+    int32_t max_num_batched_tokens;/* 2048 */
+    int32_t max_model_len;         /* 0 = config max_position_embeddings */
+    bool prefix_caching;           /* true */
+    uint64_t seed;                 /* 0 */
+    kv_layout layout;              /* paged */
+    bool check_invariants;         /* hidden: engine pool checks after every step */
+
+    /* default sampling (applies to lines that do not set their own) */
+    unsigned sampling_set;         /* cli_sampling_flag bits */
+    sampling_params sampling;      /* values of the flags in sampling_set */
+    const char *stop[CLI_MAX_STOP];
+    int32_t n_stop;
+
+    /* output and run control */
+    bool include_prompt, unordered, resume, metrics, quiet;
+    double log_interval_s;         /* non-TTY progress line period; 10 */
+    int32_t shard_k, shard_n;      /* 0/1 = everything */
+
+    /* tokenize */
+    bool no_special;
+} cli_options;
+
+/* Defaults for every field (what --help prints). */
+void cli_options_init(cli_options *o);
+
+/* Parses argv (argv[0] is the program). On PG_EINVAL err says what was
+ * wrong ("--block-size: expected a power of two in [1, 256], got 12"). */
+int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err);
+
+/* Writes the help of `cmd` (GENERATE, TOKENIZE, or HELP for the overview). */
+void cli_options_help(FILE *f, cli_command cmd);
+
+/* Long option names of a command, NULL-terminated (for tests that check the
+ * help lists every flag). */
+const char *const *cli_options_names(cli_command cmd);
+
+/* "2GiB", "512MiB", "1.5G", "1000000" -> bytes. KiB/MiB/GiB/TiB and the bare
+ * K/M/G/T are powers of 1024; KB/MB/GB/TB are powers of 1000; B or no suffix
+ * = bytes. Must be > 0 and fit in 64 bits. */
+int cli_parse_size(const char *s, uint64_t *out, pg_error *err);
+/* Whole decimal number in [lo, hi]; `what` names the flag in messages. */
+int cli_parse_int(const char *s, int64_t lo, int64_t hi, const char *what, int64_t *out,
+                  pg_error *err);
+/* Finite number in [lo, hi]. */
+int cli_parse_double(const char *s, double lo, double hi, const char *what, double *out,
+                     pg_error *err);
+
+const char *cli_format_name(cli_format f);
+
+#endif /* PG_CLI_OPTIONS_H */

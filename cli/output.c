@@ -1,0 +1,284 @@
+/* output: record formatting (see output.h). */
+#include "output.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "request_parse.h"
+#include "tokenizer.h"
+
+void cli_pending_free(cli_pending *p)
+{
+    if (!p)
+        return;
+    free(p->id_json);
+    free(p->prompt);
+    free(p->prompt_ids);
+    free(p);
+}
+
+static void put_ids(json_buf *b, const int32_t *ids, int32_t n)
+{
+    json_buf_puts(b, "[");
+    for (int32_t k = 0; k < n; k++)
+        json_buf_printf(b, k ? ",%d" : "%d", (int)ids[k]);
+    json_buf_puts(b, "]");
+}
+
+/* Logprobs as JSON numbers: -inf (a token the sampler could not pick) has
+ * no JSON spelling; it is written as -9999.0 as vLLM does. */
+static void put_logprob(json_buf *b, float x)
+{
+    if (!isfinite(x))
+        json_buf_puts(b, x > 0 ? "9999.0" : "-9999.0");
+    else
+        json_buf_printf(b, "%.7g", (double)x);
+}
+
+static const char *finish_name(finish_reason f)
+{
+    switch (f) {
+    case FINISH_STOP: return "stop";
+    case FINISH_LENGTH: return "length";
+    case FINISH_ABORT: return "abort";
+    case FINISH_NONE: break;
+    }
+    return "length";
+}
+
+static void put_stop_reason(json_buf *b, const cli_output_ctx *c, const seq_output *s)
+{
+    if (s->finish == FINISH_STOP && s->stop_str) {
+        json_buf_string(b, s->stop_str, strlen(s->stop_str));
+        return;
+    }
+    if (s->finish == FINISH_STOP && s->stop_token_id >= 0) {
+        for (int32_t k = 0; k < c->n_eos_ids; k++)
+            if (c->eos_ids[k] == s->stop_token_id) {
+                json_buf_puts(b, "null");
+                return;
+            }
+        json_buf_printf(b, "%d", (int)s->stop_token_id);
+        return;
+    }
+    json_buf_puts(b, "null");
+}
+
+static void put_text(json_buf *b, const seq_output *s)
+{
+    if (s->text)
+        json_buf_string(b, s->text, s->text_len);
+    else
+        json_buf_puts(b, "null");
+}
+
+/* [{"id": t, "logprob": x, "top": [[id, x], ...]}, ...] */
+static void put_logprobs_jsonl(json_buf *b, const seq_output *s)
+{
+    json_buf_puts(b, "[");
+    for (int32_t t = 0; t < s->n_tokens; t++) {
+        json_buf_printf(b, "%s{\"id\":%d,\"logprob\":", t ? "," : "", (int)s->token_ids[t]);
+        put_logprob(b, s->token_logprobs[t]);
+        json_buf_puts(b, ",\"top\":[");
+        for (int32_t k = 0; k < s->n_top; k++) {
+            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
+            json_buf_printf(b, "%s[%d,", k ? "," : "", (int)s->top_ids[at]);
+            put_logprob(b, s->top_logprobs[at]);
+            json_buf_puts(b, "]");
+        }
+        json_buf_puts(b, "]}");
+    }
+    json_buf_puts(b, "]");
+}
+
+static void put_token_string(json_buf *b, const tokenizer *tok, int32_t id)
+{
+    char *txt = NULL;
+    size_t len = 0;
+    if (tok && tok_decode(tok, &id, 1, false, &txt, &len, NULL) == PG_OK) {
+        json_buf_string(b, txt, len);
+        free(txt);
+    } else {
+        json_buf_printf(b, "\"%d\"", (int)id);
+    }
+}
+
+/* OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset. */
+static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_output *s)
+{
+    json_buf_puts(b, "{\"tokens\":[");
+    for (int32_t t = 0; t < s->n_tokens; t++) {
+        if (t)
+            json_buf_puts(b, ",");
+        put_token_string(b, c->tok, s->token_ids[t]);
+    }
+    json_buf_puts(b, "],\"token_logprobs\":[");
+    for (int32_t t = 0; t < s->n_tokens; t++) {
+        if (t)
+            json_buf_puts(b, ",");
+        put_logprob(b, s->token_logprobs[t]);
+    }
+    json_buf_puts(b, "],\"top_logprobs\":[");
+    for (int32_t t = 0; t < s->n_tokens; t++) {
+        json_buf_puts(b, t ? ",{" : "{");
+        for (int32_t k = 0; k < s->n_top; k++) {
+            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
+            if (k)
+                json_buf_puts(b, ",");
+            put_token_string(b, c->tok, s->top_ids[at]);
+            json_buf_puts(b, ":");
+            put_logprob(b, s->top_logprobs[at]);
+        }
+        json_buf_puts(b, "}");
+    }
+    json_buf_puts(b, "],\"text_offset\":[");
+    size_t off = 0;
+    for (int32_t t = 0; t < s->n_tokens; t++) {
+        json_buf_printf(b, t ? ",%zu" : "%zu", off);
+        char *txt = NULL;
+        size_t len = 0;
+        if (c->tok && tok_decode(c->tok, &s->token_ids[t], 1, true, &txt, &len, NULL) == PG_OK) {
+            off += len;
+            free(txt);
+        }
+    }
+    json_buf_puts(b, "]}");
+}
+
+static int64_t completion_tokens(const request_output *o)
+{
+    int64_t n = 0;
+    for (int32_t k = 0; k < o->n_outputs; k++)
+        n += o->outputs[k].n_tokens;
+    return n;
+}
+
+static void put_metrics(json_buf *b, const request_output *o)
+{
+    json_buf_printf(b, ",\"metrics\":{\"queue_ms\":%.3f,\"first_token_ms\":%.3f,\"total_ms\":%.3f,"
+                    "\"preemptions\":%d}",
+                    o->queue_ms, o->first_token_ms, o->total_ms, (int)o->n_preemptions);
+}
+
+static void openai_hash(char out[17], const char *id_json, int64_t line)
+{
+    char buf[32];
+    uint64_t h;
+    if (id_json) {
+        h = cli_hash64(id_json, strlen(id_json));
+    } else {
+        int n = snprintf(buf, sizeof buf, "line:%lld", (long long)line);
+        h = cli_hash64(buf, (size_t)n);
+    }
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+static void result_openai(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
+                          const request_output *o)
+{
+    char h[17];
+    openai_hash(h, p->id_json, p->line);
+    json_buf_printf(b, "{\"id\":\"batch_req_%s\",\"custom_id\":%s,\"response\":{\"status_code\":200,"
+                    "\"request_id\":\"batch-%s\",\"body\":{\"id\":\"cmpl-%s\",\"object\":\"text_completion\","
+                    "\"created\":%lld,\"model\":",
+                    h, p->id_json ? p->id_json : "null", h, h,
+                    c->metrics ? (long long)time(NULL) : 0LL);
+    const char *model = c->model_name ? c->model_name : "";
+    json_buf_string(b, model, strlen(model));
+    json_buf_puts(b, ",\"choices\":[");
+    for (int32_t k = 0; k < o->n_outputs; k++) {
+        const seq_output *s = &o->outputs[k];
+        json_buf_printf(b, "%s{\"index\":%d,\"text\":", k ? "," : "", (int)s->index);
+        put_text(b, s);
+        json_buf_puts(b, ",\"logprobs\":");
+        if (s->token_logprobs)
+            put_logprobs_openai(b, c, s);
+        else
+            json_buf_puts(b, "null");
+        json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));
+        put_stop_reason(b, c, s);
+        json_buf_puts(b, "}");
+    }
+    int64_t ct = completion_tokens(o);
+    json_buf_printf(b, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld,\"total_tokens\":%lld}}}",
+                    (int)o->n_prompt_tokens, (long long)ct, (long long)(ct + o->n_prompt_tokens));
+    json_buf_puts(b, ",\"error\":null");
+    if (c->metrics)
+        put_metrics(b, o);
+    json_buf_puts(b, "}\n");
+}
+
+void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
+                       const request_output *o)
+{
+    if (c->fmt == CLI_FORMAT_OPENAI) {
+        result_openai(b, c, p, o);
+        return;
+    }
+    json_buf_printf(b, "{\"id\":%s", p->id_json ? p->id_json : "null");
+    if (c->include_prompt) {
+        json_buf_puts(b, ",\"prompt\":");
+        if (p->prompt)
+            json_buf_string(b, p->prompt, p->prompt_len);
+        else
+            json_buf_puts(b, "null");
+        json_buf_puts(b, ",\"prompt_token_ids\":");
+        put_ids(b, p->prompt_ids, p->n_prompt_ids);
+    }
+    json_buf_puts(b, ",\"outputs\":[");
+    for (int32_t k = 0; k < o->n_outputs; k++) {
+        const seq_output *s = &o->outputs[k];
+        json_buf_printf(b, "%s{\"index\":%d,\"text\":", k ? "," : "", (int)s->index);
+        put_text(b, s);
+        json_buf_puts(b, ",\"token_ids\":");
+        put_ids(b, s->token_ids, s->n_tokens);
+        json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));
+        put_stop_reason(b, c, s);
+        if (s->token_logprobs) {
+            json_buf_puts(b, ",\"logprobs\":");
+            put_logprobs_jsonl(b, s);
+        }
+        json_buf_puts(b, "}");
+    }
+    json_buf_printf(b, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld}",
+                    (int)o->n_prompt_tokens, (long long)completion_tokens(o));
+    if (c->metrics)
+        put_metrics(b, o);
+    json_buf_puts(b, "}\n");
+}
+
+void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
+                      const char *message)
+{
+    if (c->fmt == CLI_FORMAT_OPENAI) {
+        char h[17];
+        openai_hash(h, id_json, line);
+        json_buf_printf(b, "{\"id\":\"batch_req_%s\",\"custom_id\":%s,\"response\":{\"status_code\":400,"
+                        "\"request_id\":\"batch-%s\",\"body\":null},\"error\":{\"code\":\"invalid_request\","
+                        "\"message\":",
+                        h, id_json ? id_json : "null", h);
+    } else {
+        json_buf_printf(b, "{\"id\":%s,\"error\":{\"message\":", id_json ? id_json : "null");
+    }
+    json_buf_string(b, message, strlen(message));
+    json_buf_printf(b, ",\"line\":%lld}}\n", (long long)line);
+}
+
+int cli_write_all(int fd, const char *data, size_t len, pg_error *err)
+{
+    while (len > 0) {
+        ssize_t w = write(fd, data, len);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return pg_error_set(err, PG_EIO, "write: %s", strerror(errno));
+        }
+        data += w;
+        len -= (size_t)w;
+    }
+    return PG_OK;
+}

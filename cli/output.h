@@ -1,0 +1,57 @@
+/* output: formats result and error records (one JSON line each) and writes
+ * them whole. The record shape follows the input format:
+ *   text/jsonl in -> {"id", "outputs": [{"index", "text", "token_ids",
+ *                     "finish_reason", "stop_reason"(, "logprobs")}],
+ *                     "usage": {"prompt_tokens", "completion_tokens"}}
+ *   openai in     -> the OpenAI batch output line of `vllm run-batch`, with
+ *                    ids derived from custom_id (no random ids, no clock
+ *                    unless --metrics).
+ * Output is a pure function of the request and its result. */
+#ifndef PG_CLI_OUTPUT_H
+#define PG_CLI_OUTPUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "json.h"
+#include "options.h"
+#include "pg_error.h"
+
+typedef struct tokenizer tokenizer;
+
+typedef struct cli_output_ctx {
+    cli_format fmt;              /* the input's format (TEXT writes jsonl records) */
+    const tokenizer *tok;        /* may be NULL: then "text" is null */
+    const char *model_name;      /* openai "model" */
+    bool include_prompt, metrics;
+    const int32_t *eos_ids;      /* a stop by one of these has stop_reason null */
+    int32_t n_eos_ids;
+} cli_output_ctx;
+
+/* What the CLI keeps of a request while the engine runs it (the engine's
+ * `user` pointer). */
+typedef struct cli_pending {
+    uint64_t seq;                /* output sequence number (reorder) */
+    int64_t index, line;
+    char *id_json;               /* owned */
+    char *prompt;                /* owned, only with --include-prompt (NULL for id prompts) */
+    size_t prompt_len;
+    int32_t *prompt_ids;         /* owned, only with --include-prompt */
+    int32_t n_prompt_ids;
+} cli_pending;
+
+void cli_pending_free(cli_pending *p); /* accepts NULL */
+
+/* Appends one record, with its final "\n", to b (b->oom on failure). */
+void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
+                       const request_output *o);
+/* id_json NULL: the id is null (openai: derived from the line number). */
+void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
+                      const char *message);
+
+/* write() until all len bytes are out (retries EINTR and short writes). */
+int cli_write_all(int fd, const char *data, size_t len, pg_error *err);
+
+#endif /* PG_CLI_OUTPUT_H */

@@ -1,0 +1,141 @@
+/* progress: status line, log lines, end summary (see progress.h). */
+#include "progress.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "output.h"
+
+#define TTY_PERIOD_S 0.25
+
+struct cli_progress {
+    int fd;
+    bool tty, quiet;
+    double period_s;
+    double start_s, last_s;
+    bool drawn;           /* a status line is on screen */
+};
+
+double cli_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int cli_progress_create(cli_progress **out, int fd, bool tty, bool quiet, double log_interval_s)
+{
+    cli_progress *p = calloc(1, sizeof *p);
+    if (!p)
+        return -2;
+    p->fd = fd;
+    p->tty = tty;
+    p->quiet = quiet;
+    p->period_s = tty ? TTY_PERIOD_S : log_interval_s;
+    p->start_s = cli_now_s();
+    p->last_s = p->start_s;
+    *out = p;
+    return 0;
+}
+
+void cli_progress_destroy(cli_progress *p) { free(p); }
+
+static void say(cli_progress *p, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void say(cli_progress *p, const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof buf)
+        n = (int)sizeof buf - 1;
+    cli_write_all(p->fd, buf, (size_t)n, NULL);
+}
+
+static void fmt_eta(char *buf, size_t cap, double s)
+{
+    if (s < 0) {
+        snprintf(buf, cap, "?");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60)
+        snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, cap, "%lds", t);
+}
+
+void cli_progress_update(cli_progress *p, const cli_progress_counts *c, const engine_stats *s,
+                         bool force)
+{
+    if (p->quiet)
+        return;
+    double now = cli_now_s();
+    if (!force && now - p->last_s < p->period_s)
+        return;
+    p->last_s = now;
+    double el = now - p->start_s;
+    if (el <= 0)
+        el = 1e-9;
+    int64_t done = c->ok + c->failed + c->skipped;
+    double rps = (double)(c->ok + c->failed) / el;
+    char total[32], eta[32];
+    if (c->total >= 0) {
+        snprintf(total, sizeof total, "%lld", (long long)c->total);
+        fmt_eta(eta, sizeof eta, rps > 0 ? (double)(c->total - done) / rps : -1.0);
+    } else {
+        snprintf(total, sizeof total, "?");
+        snprintf(eta, sizeof eta, "?");
+    }
+    double kv = s->num_blocks > 0 ? 100.0 * s->blocks_in_use / s->num_blocks : 0.0;
+    const char *lead = p->tty ? "\r\033[K" : "";
+    say(p, "%spagedgen: %lld/%s requests (%lld failed) | prompt %.0f tok/s, gen %.0f tok/s | "
+        "running %d, waiting %d | kv %.1f%% | preemptions %llu | eta %s%s",
+        lead, (long long)done, total, (long long)c->failed, (double)s->prompt_tokens / el,
+        (double)s->generated_tokens / el, (int)s->running, (int)s->waiting, kv,
+        (unsigned long long)s->preemptions, eta, p->tty ? "" : "\n");
+    p->drawn = p->tty;
+}
+
+void cli_progress_summary(cli_progress *p, const cli_progress_counts *c, const engine_stats *s,
+                          bool interrupted)
+{
+    if (p->quiet)
+        return;
+    if (p->drawn)
+        say(p, "\r\033[K");
+    double el = cli_now_s() - p->start_s;
+    if (el <= 0)
+        el = 1e-9;
+    say(p, "pagedgen: %s: %lld requests ok, %lld failed, %lld already answered (--resume) in %.2f s\n",
+        interrupted ? "interrupted" : "done", (long long)c->ok, (long long)c->failed,
+        (long long)c->skipped, el);
+    say(p, "pagedgen: tokens: %llu prompt (computed), %llu generated | %.1f prompt tok/s, %.1f gen tok/s, "
+        "%.2f req/s\n",
+        (unsigned long long)s->prompt_tokens, (unsigned long long)s->generated_tokens,
+        (double)s->prompt_tokens / el, (double)s->generated_tokens / el,
+        (double)(c->ok + c->failed) / el);
+    double peak = s->num_blocks > 0 ? 100.0 * s->blocks_in_use_peak / s->num_blocks : 0.0;
+    say(p, "pagedgen: kv cache: %d blocks, peak %d in use (%.1f%%), utilization %.1f%% (mean filled "
+        "slots of allocated blocks) | peak running %d | preemptions %llu | cow copies %llu\n",
+        (int)s->num_blocks, (int)s->blocks_in_use_peak, peak, 100.0 * s->kv_utilization_mean,
+        (int)s->peak_running_seqs, (unsigned long long)s->preemptions,
+        (unsigned long long)s->cow_copies);
+    double hit = s->prefix_cache_queries ? 100.0 * (double)s->prefix_cache_hits / (double)s->prefix_cache_queries
+                                         : 0.0;
+    say(p, "pagedgen: prefix cache: %.1f%% hit rate (%llu of %llu full prompt blocks)\n", hit,
+        (unsigned long long)s->prefix_cache_hits, (unsigned long long)s->prefix_cache_queries);
+}

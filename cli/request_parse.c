@@ -1,0 +1,627 @@
+/* request_parse: input line -> cli_request (see request_parse.h). */
+#include "request_parse.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+
+uint64_t cli_hash64(const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    uint64_t h = 14695981039346656037ull;
+    for (size_t k = 0; k < len; k++) {
+        h ^= p[k];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+uint64_t cli_request_seed(uint64_t base_seed, int64_t index)
+{
+    return splitmix64(base_seed ^ splitmix64((uint64_t)index));
+}
+
+static bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+cli_format cli_detect_format(const char *line, size_t len)
+{
+    size_t k = 0;
+    while (k < len && is_blank(line[k]))
+        k++;
+    if (k >= len || line[k] != '{')
+        return CLI_FORMAT_TEXT;
+    /* An object: openai when it carries the batch envelope's keys. A cheap
+     * textual test keeps detection working on a malformed first line too. */
+    const char *s = line + k;
+    size_t n = len - k;
+    static const char *const keys[] = {"\"custom_id\"", "\"body\""};
+    for (size_t j = 0; j < 2; j++) {
+        size_t kl = strlen(keys[j]);
+        for (size_t p = 0; p + kl <= n; p++)
+            if (memcmp(s + p, keys[j], kl) == 0)
+                return CLI_FORMAT_OPENAI;
+    }
+    return CLI_FORMAT_JSONL;
+}
+
+void cli_request_free(cli_request *r)
+{
+    if (!r)
+        return;
+    free(r->id_json);
+    free(r->id_key);
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (size_t k = 0; k < r->n_stop; k++)
+        free(r->stop[k]);
+    free(r->stop);
+    free(r->stop_token_ids);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- small helpers -------------------------------------------------------- */
+
+typedef struct pctx {
+    const json_doc *d;
+    cli_request *r;
+    pg_error *err;
+    bool has_seed;
+    bool has_stop, has_stop_ids;
+} pctx;
+
+/* A short description of token i for messages: its JSON text, cut at 40 bytes. */
+static const char *describe(const json_doc *d, int i, char *buf, size_t cap)
+{
+    size_t n = 0;
+    const char *raw = json_raw(d, i, &n);
+    bool str = json_is_string(d, i);
+    size_t keep = n > 40 ? 40 : n;
+    snprintf(buf, cap, "%s%.*s%s%s", str ? "\"" : "", (int)keep, raw, n > keep ? "..." : "",
+             str ? "\"" : "");
+    return buf;
+}
+
+static int type_error(pctx *c, const char *field, int i, const char *expected)
+{
+    char b[64];
+    return pg_error_set(c->err, PG_EINVAL, "field '%s': expected %s, found %s", field, expected,
+                        describe(c->d, i, b, sizeof b));
+}
+
+static int get_i64(pctx *c, const char *field, int i, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!json_is_number(c->d, i))
+        return type_error(c, field, i, "an integer");
+    pg_error e;
+    if (json_get_int(c->d, i, lo, hi, out, &e) != PG_OK) {
+        char b[64];
+        return pg_error_set(c->err, PG_EINVAL, "field '%s': expected an integer in [%lld, %lld], found %s",
+                            field, (long long)lo, (long long)hi, describe(c->d, i, b, sizeof b));
+    }
+    return PG_OK;
+}
+
+static int get_i32(pctx *c, const char *field, int i, int64_t lo, int64_t hi, int32_t *out)
+{
+    int64_t v;
+    int rc = get_i64(c, field, i, lo, hi, &v);
+    if (rc == PG_OK)
+        *out = (int32_t)v;
+    return rc;
+}
+
+static int get_f32(pctx *c, const char *field, int i, float *out)
+{
+    double v;
+    pg_error e;
+    if (!json_is_number(c->d, i) || json_get_double(c->d, i, &v, &e) != PG_OK)
+        return type_error(c, field, i, "a number");
+    if (!(fabs(v) <= (double)FLT_MAX))
+        return type_error(c, field, i, "a number in the float range");
+    *out = (float)v;
+    return PG_OK;
+}
+
+static int get_bool(pctx *c, const char *field, int i, bool *out)
+{
+    pg_error e;
+    if (!json_is_bool(c->d, i) || json_get_bool(c->d, i, out, &e) != PG_OK)
+        return type_error(c, field, i, "true or false");
+    return PG_OK;
+}
+
+static int get_str(pctx *c, const char *field, int i, char **out, size_t *len)
+{
+    if (!json_is_string(c->d, i))
+        return type_error(c, field, i, "a string");
+    pg_error e;
+    if (json_get_string(c->d, i, out, len, &e) != PG_OK)
+        return pg_error_set(c->err, PG_EINVAL, "field '%s': %s", field, e.msg);
+    return PG_OK;
+}
+
+static int get_id_array(pctx *c, const char *field, int i, bool allow_empty, int32_t **out,
+                        size_t *n_out)
+{
+    if (!json_is_array(c->d, i))
+        return type_error(c, field, i, "an array of token ids");
+    int n = json_size(c->d, i);
+    if (n == 0 && !allow_empty)
+        return pg_error_set(c->err, PG_EINVAL, "field '%s': empty", field);
+    int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
+    if (!ids)
+        return pg_error_set(c->err, PG_ENOMEM, "field '%s': out of memory", field);
+    int t = i + 1;
+    for (int k = 0; k < n; k++) {
+        int64_t v;
+        if (!json_is_number(c->d, t)) {
+            free(ids);
+            return type_error(c, field, t, "an array of token ids (integers >= 0)");
+        }
+        if (get_i64(c, field, t, 0, INT32_MAX, &v) != PG_OK) {
+            free(ids);
+            return PG_EINVAL;
+        }
+        ids[k] = (int32_t)v;
+        t = json_skip(c->d, t);
+    }
+    *out = ids;
+    *n_out = (size_t)n;
+    return PG_OK;
+}
+
+static void free_stops(cli_request *r)
+{
+    for (size_t k = 0; k < r->n_stop; k++)
+        free(r->stop[k]);
+    free(r->stop);
+    r->stop = NULL;
+    r->n_stop = 0;
+}
+
+static int get_stop(pctx *c, int i)
+{
+    cli_request *r = c->r;
+    free_stops(r);
+    if (json_is_string(c->d, i)) {
+        r->stop = calloc(1, sizeof *r->stop);
+        if (!r->stop)
+            return pg_error_set(c->err, PG_ENOMEM, "field 'stop': out of memory");
+        size_t len;
+        if (get_str(c, "stop", i, &r->stop[0], &len) != PG_OK)
+            return PG_EINVAL;
+        r->n_stop = 1;
+        if (len == 0 || strlen(r->stop[0]) != len)
+            return pg_error_set(c->err, PG_EINVAL, "field 'stop': stop strings must be non-empty and hold no NUL");
+        return PG_OK;
+    }
+    if (!json_is_array(c->d, i))
+        return type_error(c, "stop", i, "a string or an array of strings");
+    int n = json_size(c->d, i);
+    r->stop = calloc((size_t)n + 1, sizeof *r->stop);
+    if (!r->stop)
+        return pg_error_set(c->err, PG_ENOMEM, "field 'stop': out of memory");
+    int t = i + 1;
+    for (int k = 0; k < n; k++) {
+        size_t len;
+        if (!json_is_string(c->d, t))
+            return type_error(c, "stop", t, "a string");
+        if (get_str(c, "stop", t, &r->stop[k], &len) != PG_OK)
+            return PG_EINVAL;
+        r->n_stop = (size_t)k + 1;
+        if (len == 0 || strlen(r->stop[k]) != len)
+            return pg_error_set(c->err, PG_EINVAL, "field 'stop': stop strings must be non-empty and hold no NUL");
+        t = json_skip(c->d, t);
+    }
+    return PG_OK;
+}
+
+/* The sampling fields shared by jsonl lines and openai bodies. Returns 1 when
+ * `key` is not one of them, else a pg_status. */
+static int sampling_field(pctx *c, int key, int v, bool openai)
+{
+    const json_doc *d = c->d;
+    sampling_params *sp = &c->r->sp;
+    if (json_is_null(d, v)) {
+        /* null = not set, for every known field */
+        static const char *const known[] = {
+            "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n",
+            "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
+            "skip_special_tokens", "presence_penalty", "frequency_penalty",
+            "repetition_penalty", "logprobs"};
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+            if (json_str_eq(d, key, known[k]))
+                return PG_OK;
+        return 1;
+    }
+    if (json_str_eq(d, key, "max_tokens"))
+        return get_i32(c, "max_tokens", v, 1, INT32_MAX, &sp->max_tokens);
+    if (json_str_eq(d, key, "min_tokens"))
+        return get_i32(c, "min_tokens", v, 0, INT32_MAX, &sp->min_tokens);
+    if (json_str_eq(d, key, "temperature"))
+        return get_f32(c, "temperature", v, &sp->temperature);
+    if (json_str_eq(d, key, "top_p"))
+        return get_f32(c, "top_p", v, &sp->top_p);
+    if (json_str_eq(d, key, "top_k"))
+        return get_i32(c, "top_k", v, INT32_MIN, INT32_MAX, &sp->top_k);
+    if (json_str_eq(d, key, "min_p"))
+        return get_f32(c, "min_p", v, &sp->min_p);
+    if (json_str_eq(d, key, "presence_penalty"))
+        return get_f32(c, "presence_penalty", v, &sp->presence_penalty);
+    if (json_str_eq(d, key, "frequency_penalty"))
+        return get_f32(c, "frequency_penalty", v, &sp->frequency_penalty);
+    if (json_str_eq(d, key, "repetition_penalty"))
+        return get_f32(c, "repetition_penalty", v, &sp->repetition_penalty);
+    if (json_str_eq(d, key, "n"))
+        return get_i32(c, "n", v, INT32_MIN, INT32_MAX, &sp->n);
+    if (json_str_eq(d, key, "seed")) {
+        int64_t s;
+        int rc = get_i64(c, "seed", v, INT64_MIN, INT64_MAX, &s);
+        if (rc == PG_OK) {
+            sp->seed = (uint64_t)s;
+            c->has_seed = true;
+        }
+        return rc;
+    }
+    if (json_str_eq(d, key, "logprobs")) {
+        if (openai && json_is_bool(d, v))
+            return type_error(c, "logprobs", v, "an integer (completions API)");
+        return get_i32(c, "logprobs", v, 0, 20, &sp->logprobs);
+    }
+    if (json_str_eq(d, key, "ignore_eos"))
+        return get_bool(c, "ignore_eos", v, &sp->ignore_eos);
+    if (json_str_eq(d, key, "include_stop_str_in_output"))
+        return get_bool(c, "include_stop_str_in_output", v, &sp->include_stop_str_in_output);
+    if (json_str_eq(d, key, "skip_special_tokens"))
+        return get_bool(c, "skip_special_tokens", v, &sp->skip_special_tokens);
+    if (json_str_eq(d, key, "stop")) {
+        c->has_stop = true;
+        return get_stop(c, v);
+    }
+    if (json_str_eq(d, key, "stop_token_ids")) {
+        free(c->r->stop_token_ids);
+        c->r->stop_token_ids = NULL;
+        c->r->n_stop_token_ids = 0;
+        c->has_stop_ids = true;
+        return get_id_array(c, "stop_token_ids", v, true, &c->r->stop_token_ids,
+                            &c->r->n_stop_token_ids);
+    }
+    return 1;
+}
+
+static int unknown_field(pctx *c, int key)
+{
+    size_t n;
+    const char *raw = json_raw(c->d, key, &n);
+    return pg_error_set(c->err, PG_EINVAL, "unknown field '%.*s'", (int)(n > 60 ? 60 : n), raw);
+}
+
+/* Rejects an object that names the same key twice (jsmn keeps both). */
+static int check_duplicate_keys(pctx *c, int obj)
+{
+    const json_doc *d = c->d;
+    int n = json_size(d, obj);
+    int a = obj + 1;
+    for (int i = 0; i < n; i++) {
+        size_t la;
+        const char *ra = json_raw(d, a, &la);
+        int b = json_skip(d, a + 1);
+        for (int j = i + 1; j < n; j++) {
+            size_t lb;
+            const char *rb = json_raw(d, b, &lb);
+            if (la == lb && memcmp(ra, rb, la) == 0)
+                return pg_error_set(c->err, PG_EINVAL, "field '%.*s' given twice",
+                                    (int)(la > 60 ? 60 : la), ra);
+            b = json_skip(d, b + 1);
+        }
+        a = json_skip(d, a + 1);
+    }
+    return PG_OK;
+}
+
+static int set_id_int(cli_request *r, int64_t v)
+{
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%lld", (long long)v);
+    free(r->id_json);
+    free(r->id_key);
+    r->id_json = strdup(buf);
+    r->id_key = malloc((size_t)n + 3);
+    if (!r->id_json || !r->id_key)
+        return PG_ENOMEM;
+    memcpy(r->id_key, "n:", 2);
+    memcpy(r->id_key + 2, buf, (size_t)n + 1);
+    r->id_key_len = (size_t)n + 2;
+    return PG_OK;
+}
+
+static int set_id_str(cli_request *r, const char *s, size_t len)
+{
+    json_buf b = {0};
+    json_buf_string(&b, s, len);
+    json_buf_put(&b, "", 1); /* NUL */
+    free(r->id_json);
+    free(r->id_key);
+    r->id_json = b.oom ? NULL : b.data;
+    if (b.oom)
+        json_buf_free(&b);
+    r->id_key = malloc(len + 3);
+    if (!r->id_json || !r->id_key)
+        return PG_ENOMEM;
+    memcpy(r->id_key, "s:", 2);
+    memcpy(r->id_key + 2, s, len);
+    r->id_key[len + 2] = '\0';
+    r->id_key_len = len + 2;
+    return PG_OK;
+}
+
+static int read_string_id(pctx *c, const char *field, int v)
+{
+    char *s = NULL;
+    size_t len = 0;
+    if (get_str(c, field, v, &s, &len) != PG_OK)
+        return PG_EINVAL;
+    int rc = set_id_str(c->r, s, len);
+    free(s);
+    if (rc != PG_OK)
+        return pg_error_set(c->err, rc, "field '%s': out of memory", field);
+    return PG_OK;
+}
+
+static int read_prompt(pctx *c, const char *field, int v, bool allow_ids)
+{
+    cli_request *r = c->r;
+    if (json_is_string(c->d, v)) {
+        if (get_str(c, field, v, &r->prompt, &r->prompt_len) != PG_OK)
+            return PG_EINVAL;
+        if (r->prompt_len == 0)
+            return pg_error_set(c->err, PG_EINVAL, "empty prompt");
+        return PG_OK;
+    }
+    if (allow_ids && json_is_array(c->d, v)) {
+        size_t n = 0;
+        if (json_size(c->d, v) == 0)
+            return pg_error_set(c->err, PG_EINVAL, "empty prompt");
+        if (get_id_array(c, field, v, false, &r->prompt_ids, &n) != PG_OK)
+            return PG_EINVAL;
+        r->n_prompt_ids = (int32_t)n;
+        return PG_OK;
+    }
+    return type_error(c, field, v, allow_ids ? "a string or an array of token ids" : "a string");
+}
+
+/* ---- the formats ------------------------------------------------------------- */
+
+static int parse_jsonl(pctx *c)
+{
+    const json_doc *d = c->d;
+    if (!json_is_object(d, 0))
+        return type_error(c, "line", 0, "a JSON object");
+    int idv = json_obj_get(d, 0, "id");
+    if (idv >= 0 && !json_is_null(d, idv)) {
+        if (json_is_string(d, idv)) {
+            if (read_string_id(c, "id", idv) != PG_OK)
+                return PG_EINVAL;
+        } else if (json_is_number(d, idv)) {
+            int64_t v;
+            pg_error e;
+            if (json_get_int(d, idv, INT64_MIN, INT64_MAX, &v, &e) != PG_OK) {
+                free(c->r->id_json); c->r->id_json = NULL;
+                free(c->r->id_key); c->r->id_key = NULL;
+                return type_error(c, "id", idv, "a string or an integer");
+            }
+            if (set_id_int(c->r, v) != PG_OK)
+                return pg_error_set(c->err, PG_ENOMEM, "field 'id': out of memory");
+        } else {
+            free(c->r->id_json); c->r->id_json = NULL;
+            free(c->r->id_key); c->r->id_key = NULL;
+            return type_error(c, "id", idv, "a string or an integer");
+        }
+    }
+    if (check_duplicate_keys(c, 0) != PG_OK)
+        return PG_EINVAL;
+    int n = json_size(d, 0);
+    int key = 1;
+    bool have_prompt = false;
+    for (int k = 0; k < n; k++) {
+        int v = key + 1;
+        if (json_str_eq(d, key, "id")) {
+            /* done above */
+        } else if (json_str_eq(d, key, "prompt") || json_str_eq(d, key, "prompt_token_ids")) {
+            bool ids = json_str_eq(d, key, "prompt_token_ids");
+            if (have_prompt)
+                return pg_error_set(c->err, PG_EINVAL, "give either 'prompt' or 'prompt_token_ids', not both");
+            have_prompt = true;
+            int rc = ids ? (json_is_array(d, v) ? read_prompt(c, "prompt_token_ids", v, true)
+                                                : type_error(c, "prompt_token_ids", v, "an array of token ids"))
+                         : read_prompt(c, "prompt", v, false);
+            if (rc != PG_OK)
+                return rc;
+        } else {
+            int rc = sampling_field(c, key, v, false);
+            if (rc == 1)
+                return unknown_field(c, key);
+            if (rc != PG_OK)
+                return rc;
+        }
+        key = json_skip(d, v);
+    }
+    if (!have_prompt)
+        return pg_error_set(c->err, PG_EINVAL, "missing 'prompt' (or 'prompt_token_ids')");
+    return PG_OK;
+}
+
+static int parse_openai_body(pctx *c, int body)
+{
+    const json_doc *d = c->d;
+    if (!json_is_object(d, body))
+        return type_error(c, "body", body, "an object");
+    if (check_duplicate_keys(c, body) != PG_OK)
+        return PG_EINVAL;
+    int n = json_size(d, body);
+    int key = body + 1;
+    bool have_prompt = false;
+    for (int k = 0; k < n; k++) {
+        int v = key + 1;
+        if (json_str_eq(d, key, "prompt")) {
+            if (json_is_array(d, v) && json_size(d, v) > 0 && json_is_string(d, v + 1))
+                return pg_error_set(c->err, PG_EINVAL,
+                                    "field 'prompt': a list of prompts is not supported; write one line per prompt");
+            if (read_prompt(c, "prompt", v, true) != PG_OK)
+                return PG_EINVAL;
+            have_prompt = true;
+        } else if (json_str_eq(d, key, "model") || json_str_eq(d, key, "user")) {
+            if (!json_is_string(d, v) && !json_is_null(d, v))
+                return type_error(c, json_str_eq(d, key, "model") ? "model" : "user", v, "a string");
+        } else if (json_str_eq(d, key, "stream") || json_str_eq(d, key, "echo")) {
+            const char *f = json_str_eq(d, key, "stream") ? "stream" : "echo";
+            bool b = false;
+            if (!json_is_null(d, v) && get_bool(c, f, v, &b) != PG_OK)
+                return PG_EINVAL;
+            if (b)
+                return pg_error_set(c->err, PG_EINVAL, "field '%s': only false is supported", f);
+        } else {
+            int rc = sampling_field(c, key, v, true);
+            if (rc == 1)
+                return unknown_field(c, key);
+            if (rc != PG_OK)
+                return rc;
+        }
+        key = json_skip(d, v);
+    }
+    if (!have_prompt)
+        return pg_error_set(c->err, PG_EINVAL, "body: missing 'prompt'");
+    return PG_OK;
+}
+
+static int parse_openai(pctx *c)
+{
+    const json_doc *d = c->d;
+    if (!json_is_object(d, 0))
+        return type_error(c, "line", 0, "a JSON object");
+    int cid = json_obj_get(d, 0, "custom_id");
+    if (cid < 0)
+        return pg_error_set(c->err, PG_EINVAL, "missing 'custom_id'");
+    if (read_string_id(c, "custom_id", cid) != PG_OK)
+        return PG_EINVAL;
+    if (check_duplicate_keys(c, 0) != PG_OK)
+        return PG_EINVAL;
+    int n = json_size(d, 0);
+    int key = 1;
+    int body = -1;
+    bool have_url = false;
+    for (int k = 0; k < n; k++) {
+        int v = key + 1;
+        if (json_str_eq(d, key, "custom_id")) {
+            /* done */
+        } else if (json_str_eq(d, key, "method")) {
+            if (!json_is_string(d, v) || !json_str_eq(d, v, "POST"))
+                return type_error(c, "method", v, "\"POST\"");
+        } else if (json_str_eq(d, key, "url")) {
+            if (json_is_string(d, v) && json_str_eq(d, v, "/v1/chat/completions"))
+                return pg_error_set(c->err, PG_EUNSUPPORTED, "chat templates are not supported yet");
+            if (!json_is_string(d, v) || !json_str_eq(d, v, "/v1/completions"))
+                return type_error(c, "url", v, "\"/v1/completions\"");
+            have_url = true;
+        } else if (json_str_eq(d, key, "body")) {
+            body = v;
+        } else {
+            return unknown_field(c, key);
+        }
+        key = json_skip(d, v);
+    }
+    if (!have_url)
+        return pg_error_set(c->err, PG_EINVAL, "missing 'url'");
+    if (body < 0)
+        return pg_error_set(c->err, PG_EINVAL, "missing 'body'");
+    return parse_openai_body(c, body);
+}
+
+static int copy_defaults(cli_request *r, const sampling_params *def)
+{
+    r->sp = *def;
+    r->sp.stop = NULL;
+    r->sp.n_stop = 0;
+    r->sp.stop_token_ids = NULL;
+    r->sp.n_stop_token_ids = 0;
+    if (def->n_stop) {
+        r->stop = calloc(def->n_stop, sizeof *r->stop);
+        if (!r->stop)
+            return PG_ENOMEM;
+        for (size_t k = 0; k < def->n_stop; k++) {
+            r->stop[k] = strdup(def->stop[k]);
+            if (!r->stop[k])
+                return PG_ENOMEM;
+            r->n_stop = k + 1;
+        }
+    }
+    if (def->n_stop_token_ids) {
+        r->stop_token_ids = malloc(def->n_stop_token_ids * sizeof *r->stop_token_ids);
+        if (!r->stop_token_ids)
+            return PG_ENOMEM;
+        memcpy(r->stop_token_ids, def->stop_token_ids, def->n_stop_token_ids * sizeof *r->stop_token_ids);
+        r->n_stop_token_ids = def->n_stop_token_ids;
+    }
+    return PG_OK;
+}
+
+int cli_request_parse(cli_request *out, const char *line, size_t len, cli_format fmt,
+                      int64_t index, int64_t line_no, const sampling_params *defaults,
+                      uint64_t base_seed, pg_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->index = index;
+    out->line = line_no;
+    if (copy_defaults(out, defaults) != PG_OK)
+        return pg_error_set(err, PG_ENOMEM, "out of memory");
+    if (fmt != CLI_FORMAT_OPENAI && set_id_int(out, index) != PG_OK)
+        return pg_error_set(err, PG_ENOMEM, "out of memory");
+
+    pctx c = {.r = out, .err = err};
+    int rc = PG_OK;
+    if (fmt == CLI_FORMAT_TEXT || fmt == CLI_FORMAT_AUTO) {
+        if (len == 0)
+            return pg_error_set(err, PG_EINVAL, "empty prompt");
+        out->prompt = malloc(len + 1);
+        if (!out->prompt)
+            return pg_error_set(err, PG_ENOMEM, "out of memory");
+        memcpy(out->prompt, line, len);
+        out->prompt[len] = '\0';
+        out->prompt_len = len;
+    } else {
+        json_doc d;
+        pg_error e;
+        if (json_parse(&d, line, len, "line", &e) != PG_OK) {
+            /* "line: invalid json near byte 12" -> "invalid JSON: ..." */
+            const char *m = strncmp(e.msg, "line: ", 6) == 0 ? e.msg + 6 : e.msg;
+            return pg_error_set(err, PG_EINVAL, "invalid JSON (%s)", m);
+        }
+        c.d = &d;
+        rc = fmt == CLI_FORMAT_OPENAI ? parse_openai(&c) : parse_jsonl(&c);
+        json_doc_free(&d);
+        if (rc != PG_OK)
+            return rc < 0 ? rc : PG_EINVAL;
+    }
+    out->sp.stop = (const char *const *)out->stop;
+    out->sp.n_stop = out->n_stop;
+    out->sp.stop_token_ids = out->stop_token_ids;
+    out->sp.n_stop_token_ids = out->n_stop_token_ids;
+    if (!c.has_seed)
+        out->sp.seed = cli_request_seed(base_seed, index);
+    pg_error e;
+    if (sampling_params_validate(&out->sp, &e) != PG_OK)
+        return pg_error_set(err, PG_EINVAL, "%s", e.msg);
+    return PG_OK;
+}

@@ -1,0 +1,73 @@
+/* request_parse: one input line -> one request (prompt + sampling params),
+ * or a per-line error. Pure: no I/O, no tokenizer, no engine; a pure
+ * function of (line, format, index, defaults, base seed).
+ *
+ * Formats (vLLM names and semantics):
+ *   text   the line (without its "\n" or "\r\n") is the prompt
+ *   jsonl  {"id": string|integer, "prompt": string | "prompt_token_ids": [int],
+ *           max_tokens, min_tokens, temperature, top_p, top_k, min_p, seed, n,
+ *           stop (string|[string]), stop_token_ids, ignore_eos,
+ *           include_stop_str_in_output, skip_special_tokens, presence_penalty,
+ *           frequency_penalty, repetition_penalty, logprobs}
+ *           null means "not set"; any other field is an error.
+ *   openai {"custom_id": string, "method": "POST", "url": "/v1/completions",
+ *           "body": {"model", "prompt": string|[int], max_tokens, ...}}
+ *           (the same sampling fields, OpenAI's logprobs as an integer, plus
+ *           model/user ignored and stream/echo accepted only as false).
+ */
+#ifndef PG_CLI_REQUEST_PARSE_H
+#define PG_CLI_REQUEST_PARSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "options.h"
+#include "pg_error.h"
+#include "sampling_params.h"
+
+typedef struct cli_request {
+    int64_t index;              /* 0-based request index (non-blank lines) */
+    int64_t line;               /* 1-based line number in the input */
+    /* The id to echo, as JSON text ("7", "\"abc\""); for openai the custom_id.
+     * Set on success and, when it could be read, on error too (else NULL:
+     * the error record then uses the index for jsonl, null for openai). */
+    char *id_json;
+    /* Canonical key of the id for duplicate detection and --resume:
+     * "s:<unescaped string>" or "n:<integer>". NULL when id_json is. */
+    char *id_key;
+    size_t id_key_len;
+    /* Exactly one of prompt / prompt_ids on success. Owned. */
+    char *prompt;               /* NUL-terminated UTF-8 */
+    size_t prompt_len;
+    int32_t *prompt_ids;
+    int32_t n_prompt_ids;
+    sampling_params sp;         /* its stop / stop_token_ids point into the arrays below */
+    char **stop;                /* owned strings */
+    size_t n_stop;
+    int32_t *stop_token_ids;
+    size_t n_stop_token_ids;
+} cli_request;
+
+/* Parses line[0, len) (no trailing newline). `defaults` is the fully
+ * resolved default sampling (command line over generation_config); its stop
+ * strings are copied when the line sets none. A line without "seed" gets
+ * cli_request_seed(base_seed, index). On error returns PG_EINVAL with a
+ * message for the error record ("field 'top_p': ..."); *out may hold an id.
+ * Always call cli_request_free afterwards. */
+int cli_request_parse(cli_request *out, const char *line, size_t len, cli_format fmt,
+                      int64_t index, int64_t line_no, const sampling_params *defaults,
+                      uint64_t base_seed, pg_error *err);
+void cli_request_free(cli_request *r); /* accepts NULL; leaves *r zeroed */
+
+/* seed = splitmix64(base ^ splitmix64(index)): reproducible, independent of
+ * batching and of the other lines. */
+uint64_t cli_request_seed(uint64_t base_seed, int64_t index);
+
+/* Detects the format of a first non-blank line (never returns AUTO). */
+cli_format cli_detect_format(const char *line, size_t len);
+
+/* FNV-1a 64 of bytes (deterministic ids for openai output). */
+uint64_t cli_hash64(const void *data, size_t len);
+
+#endif /* PG_CLI_REQUEST_PARSE_H */

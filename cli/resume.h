@@ -1,0 +1,31 @@
+/* resume: what an earlier (interrupted) run already wrote to -o FILE.
+ *
+ * Rules (README "Resuming"): a request is answered when the file holds a
+ * result record with its id (jsonl "id", openai "custom_id") or an error
+ * record with its line number (error records count as answered: output is a
+ * pure function of the input, so the same line fails the same way; delete
+ * those records to retry them). A trailing line without "\n" is the partial
+ * write of a killed run and is cut off. A complete line that is not a JSON
+ * object is kept and ignored (its request runs again). */
+#ifndef PG_CLI_RESUME_H
+#define PG_CLI_RESUME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pg_error.h"
+
+typedef struct cli_resume cli_resume;
+
+/* Scans path (a missing file is an empty run) and truncates its partial
+ * tail. PG_EIO when it cannot be read or truncated. */
+int cli_resume_load(cli_resume **out, const char *path, pg_error *err);
+void cli_resume_destroy(cli_resume *r); /* accepts NULL */
+
+/* id_key as cli_request.id_key (may be NULL), line 1-based. */
+bool cli_resume_answered(const cli_resume *r, const char *id_key, size_t key_len, int64_t line);
+int64_t cli_resume_records(const cli_resume *r);        /* complete records found */
+int64_t cli_resume_cut_bytes(const cli_resume *r);      /* bytes of the partial line removed */
+
+#endif /* PG_CLI_RESUME_H */

@@ -1,0 +1,600 @@
+/* run: the generate loop — read ahead of the engine by a bounded window,
+ * step, write finished records in input order (or as they finish).
+ *
+ * Bounds: at most `window` = 4 x max_num_seqs requests sit in the engine;
+ * in input order, the reorder buffer holds at most 8 x max_num_seqs + 64
+ * records and the reader stops taking lines while the oldest unwritten
+ * request would fall out of it. Memory is therefore bounded by these
+ * windows plus the id set (one short key per distinct id, for duplicate
+ * detection), never by the file. */
+#include "run.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "device.h"
+#include "engine.h"
+#include "id_set.h"
+#include "input.h"
+#include "model.h"
+#include "output.h"
+#include "progress.h"
+#include "reorder.h"
+#include "request_parse.h"
+#include "resume.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+
+typedef struct run_state {
+    const cli_options *o;
+    llama_config cfg;
+    tokenizer *tok;
+    executor *ex;
+    st_file *weights;
+    model *mdl;
+    engine *eng;
+    int32_t max_model_len;
+    sampling_params defaults;
+    char model_name[256];
+
+    cli_input *in;
+    cli_format fmt;
+    int out_fd;
+    cli_resume *resume;
+    cli_id_set *ids;
+    cli_reorder *reorder;
+    cli_output_ctx octx;
+    cli_progress *progress;
+    cli_progress_counts counts;
+
+    int64_t next_index;
+    uint64_t next_seq;
+    int32_t in_engine, window;
+    bool eof;
+    int exit_code;        /* a fatal code once set (IO, MODEL) */
+    pg_error err;
+} run_state;
+
+static void fail(run_state *s, int code, const char *what)
+{
+    if (s->exit_code == CLI_EXIT_OK)
+        s->exit_code = code;
+    fprintf(stderr, "pagedgen: %s%s%s\n", what ? what : "", what ? ": " : "", s->err.msg);
+}
+
+/* ---- writing --------------------------------------------------------------- */
+
+static int write_record(run_state *s, const char *data, size_t len)
+{
+    if (cli_write_all(s->out_fd, data, len, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_IO, s->o->output_path);
+        return PG_EIO;
+    }
+    return PG_OK;
+}
+
+/* Takes b's buffer as record seq: written now (unordered) or when its turn
+ * comes. */
+static void emit(run_state *s, uint64_t seq, json_buf *b)
+{
+    if (b->oom) {
+        json_buf_free(b);
+        s->err.msg[0] = '\0';
+        pg_error_set(&s->err, PG_ENOMEM, "out of memory formatting a record");
+        fail(s, CLI_EXIT_IO, NULL);
+        return;
+    }
+    if (s->o->unordered) {
+        write_record(s, b->data, b->len);
+        json_buf_free(b);
+        return;
+    }
+    if (cli_reorder_put(s->reorder, seq, b->data, b->len) != PG_OK) {
+        json_buf_free(b); /* cannot happen: admission checks the window */
+        return;
+    }
+    char *data;
+    size_t len;
+    while (cli_reorder_pop_next(s->reorder, &data, &len)) {
+        if (s->exit_code == CLI_EXIT_OK)
+            write_record(s, data, len);
+        free(data);
+    }
+}
+
+static void emit_error(run_state *s, const char *id_json, int64_t line, const char *msg)
+{
+    json_buf b = {0};
+    cli_output_error(&b, &s->octx, id_json, line, msg);
+    s->counts.failed++;
+    emit(s, s->next_seq++, &b);
+}
+
+/* ---- admission ------------------------------------------------------------- */
+
+static int tokenize_prompt(run_state *s, const cli_request *r, int32_t **ids, int32_t *n, pg_error *err)
+{
+    if (r->prompt_ids) {
+        for (int32_t k = 0; k < r->n_prompt_ids; k++)
+            if (r->prompt_ids[k] >= s->cfg.vocab_size)
+                return pg_error_set(err, PG_EINVAL,
+                                    "prompt_token_ids[%d] = %d is outside the vocabulary (size %d)",
+                                    (int)k, (int)r->prompt_ids[k], (int)s->cfg.vocab_size);
+        *ids = malloc((size_t)r->n_prompt_ids * sizeof **ids);
+        if (!*ids)
+            return pg_error_set(err, PG_ENOMEM, "out of memory");
+        memcpy(*ids, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof **ids);
+        *n = r->n_prompt_ids;
+    } else {
+        if (!s->tok)
+            return pg_error_set(err, PG_EINVAL,
+                                "a text prompt needs a tokenizer (give --tokenizer DIR, or prompt_token_ids)");
+        size_t nn = 0;
+        pg_error e;
+        if (tok_encode(s->tok, r->prompt, r->prompt_len, true, ids, &nn, &e) != PG_OK)
+            return pg_error_set(err, PG_EINVAL, "prompt: %s", e.msg);
+        *n = (int32_t)nn;
+    }
+    if (*n >= s->max_model_len) {
+        int32_t got = *n;
+        free(*ids);
+        *ids = NULL;
+        return pg_error_set(err, PG_EINVAL,
+                            "prompt is too long: %d tokens, but max_model_len is %d (prompt + output)",
+                            (int)got, (int)s->max_model_len);
+    }
+    return PG_OK;
+}
+
+/* Submits a parsed request or writes its error record. */
+static void submit(run_state *s, cli_request *r)
+{
+    int32_t *ids = NULL;
+    int32_t n = 0;
+    pg_error e;
+    if (tokenize_prompt(s, r, &ids, &n, &e) != PG_OK) {
+        emit_error(s, r->id_json, r->line, e.msg);
+        return;
+    }
+    cli_pending *p = calloc(1, sizeof *p);
+    if (!p) {
+        free(ids);
+        emit_error(s, r->id_json, r->line, "out of memory");
+        return;
+    }
+    p->seq = s->next_seq++;
+    p->index = r->index;
+    p->line = r->line;
+    p->id_json = r->id_json;
+    r->id_json = NULL;
+    if (s->o->include_prompt) {
+        p->prompt = r->prompt;
+        p->prompt_len = r->prompt_len;
+        r->prompt = NULL;
+        p->prompt_ids = ids;
+        p->n_prompt_ids = n;
+    }
+    uint64_t rid;
+    if (engine_add_request(s->eng, ids, n, &r->sp, p, &rid, &e) != PG_OK) {
+        json_buf b = {0};
+        cli_output_error(&b, &s->octx, p->id_json, p->line, e.msg);
+        s->counts.failed++;
+        emit(s, p->seq, &b);
+        if (p->prompt_ids == ids)
+            ids = NULL;
+        cli_pending_free(p);
+        free(ids);
+        return;
+    }
+    if (p->prompt_ids != ids)
+        free(ids);
+    s->in_engine++;
+}
+
+/* One input line: parse, check the id, shard and resume filters, submit. */
+static void take_line(run_state *s, const char *line, size_t len, int64_t line_no)
+{
+    int64_t index = s->next_index++;
+    cli_request r;
+    pg_error e;
+    int rc = cli_request_parse(&r, line, len, s->fmt, index, line_no, &s->defaults, s->o->seed, &e);
+    /* Every line's id is registered, in and out of the shard and of the
+     * resumed part, so duplicate detection is the same in every run. */
+    if (s->ids && r.id_key) {
+        int64_t first = 0;
+        int added = cli_id_set_add(s->ids, r.id_key, r.id_key_len, line_no, &first);
+        if (added == 0 && rc == PG_OK) {
+            rc = pg_error_set(&e, PG_EINVAL, "duplicate id %s (first used on line %lld)", r.id_json,
+                              (long long)first);
+        } else if (added < 0) {
+            rc = pg_error_set(&e, PG_ENOMEM, "out of memory");
+        }
+    }
+    bool in_shard = index % s->o->shard_n == s->o->shard_k;
+    if (!in_shard) {
+        cli_request_free(&r);
+        return;
+    }
+    if (s->resume && cli_resume_answered(s->resume, rc == PG_OK ? r.id_key : NULL, r.id_key_len, line_no)) {
+        s->counts.skipped++;
+        cli_request_free(&r);
+        return;
+    }
+    if (rc != PG_OK)
+        emit_error(s, r.id_json, line_no, e.msg);
+    else
+        submit(s, &r);
+    cli_request_free(&r);
+}
+
+static bool can_admit(const run_state *s)
+{
+    if (s->eof || s->exit_code != CLI_EXIT_OK || cli_signals_stop_requested())
+        return false;
+    if (s->in_engine >= s->window)
+        return false;
+    return s->o->unordered || cli_reorder_can_admit(s->reorder, s->next_seq);
+}
+
+static void admit(run_state *s)
+{
+    while (can_admit(s)) {
+        const char *line;
+        size_t len;
+        int64_t line_no;
+        int rc = cli_input_next(s->in, &line, &len, &line_no, &s->err);
+        if (rc == CLI_INPUT_EINTR)
+            continue; /* the loop condition sees the stop flag */
+        if (rc == CLI_INPUT_EOF) {
+            s->eof = true;
+            break;
+        }
+        if (rc < 0) {
+            fail(s, CLI_EXIT_IO, NULL);
+            break;
+        }
+        take_line(s, line, len, line_no);
+    }
+}
+
+/* ---- results ------------------------------------------------------------------ */
+
+static void collect(run_state *s, bool discard_aborted)
+{
+    request_output *out;
+    while (engine_pop_finished(s->eng, &out)) {
+        cli_pending *p = out->user;
+        s->in_engine--;
+        bool aborted = false;
+        for (int32_t k = 0; k < out->n_outputs; k++)
+            aborted |= out->outputs[k].finish == FINISH_ABORT;
+        if (aborted && discard_aborted) {
+            /* not written: --resume redoes it */
+        } else {
+            json_buf b = {0};
+            cli_output_result(&b, &s->octx, p, out);
+            s->counts.ok++;
+            emit(s, p->seq, &b);
+        }
+        cli_pending_free(p);
+        request_output_free(out);
+    }
+}
+
+/* After an interrupt: every finished record goes out, gaps and all. */
+static void flush_all(run_state *s)
+{
+    char *data;
+    size_t len;
+    if (!s->reorder)
+        return;
+    while (cli_reorder_pop_any(s->reorder, &data, &len)) {
+        if (s->exit_code == CLI_EXIT_OK)
+            write_record(s, data, len);
+        free(data);
+    }
+}
+
+/* ---- setup -------------------------------------------------------------------- */
+
+static int resolve_defaults(run_state *s)
+{
+    const cli_options *o = s->o;
+    sampling_params d = sampling_params_default();
+    d.max_tokens = CLI_DEFAULT_MAX_TOKENS;
+    if (s->cfg.has_temperature)
+        d.temperature = s->cfg.temperature;
+    if (s->cfg.has_top_p)
+        d.top_p = s->cfg.top_p;
+    if (s->cfg.has_top_k)
+        d.top_k = s->cfg.top_k;
+    if (s->cfg.has_do_sample && !s->cfg.do_sample)
+        d.temperature = 0.0f;
+    const sampling_params *f = &o->sampling;
+    unsigned set = o->sampling_set;
+    if (set & CLI_SET_MAX_TOKENS) d.max_tokens = f->max_tokens;
+    if (set & CLI_SET_TEMPERATURE) d.temperature = f->temperature;
+    if (set & CLI_SET_TOP_P) d.top_p = f->top_p;
+    if (set & CLI_SET_TOP_K) d.top_k = f->top_k;
+    if (set & CLI_SET_MIN_P) d.min_p = f->min_p;
+    if (set & CLI_SET_N) d.n = f->n;
+    if (set & CLI_SET_MIN_TOKENS) d.min_tokens = f->min_tokens;
+    if (set & CLI_SET_PRESENCE) d.presence_penalty = f->presence_penalty;
+    if (set & CLI_SET_FREQUENCY) d.frequency_penalty = f->frequency_penalty;
+    if (set & CLI_SET_REPETITION) d.repetition_penalty = f->repetition_penalty;
+    if (set & CLI_SET_LOGPROBS) d.logprobs = f->logprobs;
+    if (set & CLI_SET_IGNORE_EOS) d.ignore_eos = f->ignore_eos;
+    d.stop = o->n_stop ? o->stop : NULL;
+    d.n_stop = (size_t)o->n_stop;
+    s->defaults = d;
+    if (sampling_params_validate(&d, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_USAGE, "default sampling flags");
+        return PG_EINVAL;
+    }
+    return PG_OK;
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void set_model_name(run_state *s)
+{
+    const char *dir = s->o->model_dir;
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(n - b), dir + b);
+}
+
+static int load_model(run_state *s)
+{
+    const cli_options *o = s->o;
+    if (llama_config_load(&s->cfg, o->model_dir, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_MODEL, o->model_dir);
+        return -1;
+    }
+    const char *tdir = o->tokenizer_dir ? o->tokenizer_dir : o->model_dir;
+    if (o->tokenizer_dir || file_exists(o->model_dir, "tokenizer.json")) {
+        if (tok_load(&s->tok, tdir, &s->err) != PG_OK) {
+            fail(s, CLI_EXIT_MODEL, tdir);
+            return -1;
+        }
+    } else if (!o->quiet) {
+        fprintf(stderr, "pagedgen: %s has no tokenizer.json: prompts must be prompt_token_ids and "
+                        "outputs carry no text (give --tokenizer DIR)\n", o->model_dir);
+    }
+    s->max_model_len = o->max_model_len ? o->max_model_len : s->cfg.max_position_embeddings;
+    if (s->max_model_len > s->cfg.max_position_embeddings) {
+        pg_error_set(&s->err, PG_EINVAL, "--max-model-len %d exceeds the model's max_position_embeddings %d",
+                     (int)s->max_model_len, (int)s->cfg.max_position_embeddings);
+        fail(s, CLI_EXIT_USAGE, NULL);
+        return -1;
+    }
+    if (resolve_defaults(s) != PG_OK)
+        return -1;
+    int rc = cli_device_open(o->device, o->threads, &s->ex, &s->err);
+    if (rc != PG_OK) {
+        fail(s, rc == PG_EUNSUPPORTED ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, "device");
+        return -1;
+    }
+    if (st_open(&s->weights, o->model_dir, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_MODEL, NULL);
+        return -1;
+    }
+    cli_kv_plan plan;
+    if (cli_kv_plan_make(&plan, o, s->ex, &s->cfg, s->max_model_len, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_MODEL, NULL);
+        return -1;
+    }
+    model_params mp = {
+        .num_kv_blocks = plan.num_blocks,
+        .block_size = o->block_size,
+        .max_num_batched_tokens = o->max_num_batched_tokens,
+        .max_num_seqs = o->max_num_seqs,
+    };
+    if (model_create(&s->mdl, s->ex, &s->cfg, s->weights, &mp, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_MODEL, o->model_dir);
+        return -1;
+    }
+    /* The weights now live on the executor; the mapping is not needed. */
+    st_close(s->weights);
+    s->weights = NULL;
+
+    engine_params ep = engine_params_default();
+    ep.block_size = o->block_size;
+    ep.num_blocks = plan.num_blocks;
+    ep.max_num_seqs = o->max_num_seqs;
+    ep.max_num_batched_tokens = o->max_num_batched_tokens;
+    ep.max_model_len = s->max_model_len;
+    ep.prefix_caching = o->prefix_caching;
+    ep.layout = o->layout;
+    ep.check_invariants = o->check_invariants;
+    ep.eos_token_ids = s->cfg.eos_token_ids;
+    ep.n_eos_token_ids = s->cfg.n_eos_token_ids;
+    engine_backend be = model_backend(s->mdl);
+    if (engine_create(&s->eng, &ep, &be, s->tok, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_MODEL, "engine");
+        return -1;
+    }
+    if (!o->quiet) {
+        int64_t tokens = (int64_t)plan.num_blocks * o->block_size;
+        double mib = (double)plan.num_blocks * (double)plan.bytes_per_block / 1048576.0;
+        fprintf(stderr, "pagedgen: model %s: %d layers, hidden %d, vocab %d, max_model_len %d; device %s\n",
+                s->model_name, (int)s->cfg.num_hidden_layers, (int)s->cfg.hidden_size,
+                (int)s->cfg.vocab_size, (int)s->max_model_len, s->ex->name);
+        fprintf(stderr, "pagedgen: KV cache: %d blocks of %d tokens = %lld tokens, %.1f MiB (%s%s)\n",
+                (int)plan.num_blocks, (int)o->block_size, (long long)tokens, mib, plan.source,
+                plan.capped_to ? ", capped to max-num-seqs x max-model-len" : "");
+        fprintf(stderr, "pagedgen: Maximum concurrency for %d tokens per request: %.2fx\n",
+                (int)s->max_model_len, (double)tokens / (double)s->max_model_len);
+    }
+    return 0;
+}
+
+static int open_output(run_state *s)
+{
+    const cli_options *o = s->o;
+    if (strcmp(o->output_path, "-") == 0) {
+        s->out_fd = STDOUT_FILENO;
+        return 0;
+    }
+    if (o->resume && cli_resume_load(&s->resume, o->output_path, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_IO, NULL);
+        return -1;
+    }
+    int flags = O_WRONLY | O_CREAT | (o->resume ? O_APPEND : O_TRUNC);
+    s->out_fd = open(o->output_path, flags, 0644);
+    if (s->out_fd < 0) {
+        pg_error_set(&s->err, PG_EIO, "%s: cannot open output: %s", o->output_path, strerror(errno));
+        fail(s, CLI_EXIT_IO, NULL);
+        return -1;
+    }
+    if (s->resume && !o->quiet)
+        fprintf(stderr, "pagedgen: --resume: %lld records kept in %s%s\n",
+                (long long)cli_resume_records(s->resume), o->output_path,
+                cli_resume_cut_bytes(s->resume) ? " (a partial last line was cut off)" : "");
+    return 0;
+}
+
+static int open_input(run_state *s)
+{
+    if (cli_input_open(&s->in, s->o->input_path, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_IO, NULL);
+        return -1;
+    }
+    s->fmt = s->o->input_format;
+    if (s->fmt == CLI_FORMAT_AUTO) {
+        const char *line;
+        size_t len;
+        int rc;
+        do {
+            rc = cli_input_peek(s->in, &line, &len, &s->err);
+        } while (rc == CLI_INPUT_EINTR && !cli_signals_stop_requested());
+        if (rc < 0) {
+            fail(s, CLI_EXIT_IO, NULL);
+            return -1;
+        }
+        s->fmt = rc == CLI_INPUT_LINE ? cli_detect_format(line, len) : CLI_FORMAT_JSONL;
+    }
+    int64_t lines = cli_input_count(s->o->input_path);
+    if (lines >= 0) {
+        int64_t n = s->o->shard_n, k = s->o->shard_k;
+        s->counts.total = lines > k ? (lines - k + n - 1) / n : 0;
+    } else {
+        s->counts.total = -1;
+    }
+    return 0;
+}
+
+static void teardown(run_state *s)
+{
+    if (s->eng) {
+        /* pending records still owned by unfinished requests */
+        engine_abort_all(s->eng);
+        request_output *out;
+        while (engine_pop_finished(s->eng, &out)) {
+            cli_pending_free(out->user);
+            request_output_free(out);
+        }
+    }
+    engine_destroy(s->eng);
+    model_destroy(s->mdl);
+    st_close(s->weights);
+    if (s->ex)
+        s->ex->op->destroy(s->ex);
+    tok_free(s->tok);
+    cli_input_close(s->in);
+    if (s->out_fd > STDERR_FILENO)
+        close(s->out_fd);
+    cli_resume_destroy(s->resume);
+    cli_id_set_destroy(s->ids);
+    cli_reorder_destroy(s->reorder);
+    cli_progress_destroy(s->progress);
+}
+
+int cli_run_generate(const cli_options *o)
+{
+    run_state st;
+    memset(&st, 0, sizeof st);
+    run_state *s = &st;
+    s->o = o;
+    s->out_fd = -1;
+    cli_signals_install();
+    set_model_name(s);
+
+    if (open_input(s) != 0 || open_output(s) != 0 || load_model(s) != 0)
+        goto done;
+
+    s->window = o->max_num_seqs * 4;
+    if (s->window < 16)
+        s->window = 16;
+    if (s->fmt != CLI_FORMAT_TEXT && !(s->ids = cli_id_set_create())) {
+        pg_error_set(&s->err, PG_ENOMEM, "out of memory");
+        fail(s, CLI_EXIT_IO, NULL);
+        goto done;
+    }
+    if (cli_reorder_create(&s->reorder, (size_t)o->max_num_seqs * 8 + 64) != PG_OK ||
+        cli_progress_create(&s->progress, STDERR_FILENO, isatty(STDERR_FILENO) == 1, o->quiet,
+                            o->log_interval_s) != 0) {
+        pg_error_set(&s->err, PG_ENOMEM, "out of memory");
+        fail(s, CLI_EXIT_IO, NULL);
+        goto done;
+    }
+    s->octx = (cli_output_ctx){
+        .fmt = s->fmt, .tok = s->tok, .model_name = s->model_name,
+        .include_prompt = o->include_prompt, .metrics = o->metrics,
+        .eos_ids = s->cfg.eos_token_ids, .n_eos_ids = s->cfg.n_eos_token_ids,
+    };
+
+    engine_stats stats;
+    for (;;) {
+        admit(s);
+        if (s->exit_code != CLI_EXIT_OK || cli_signals_stop_requested())
+            break;
+        if (!engine_has_unfinished(s->eng)) {
+            if (s->eof)
+                break;
+            continue; /* (can't happen: the oldest unwritten request is in the engine) */
+        }
+        if (engine_step(s->eng, &s->err) != PG_OK) {
+            fail(s, CLI_EXIT_MODEL, "engine step");
+            break;
+        }
+        collect(s, false);
+        engine_get_stats(s->eng, &stats);
+        cli_progress_update(s->progress, &s->counts, &stats, false);
+    }
+    bool interrupted = cli_signals_stop_requested() && s->exit_code == CLI_EXIT_OK;
+    if (interrupted) {
+        /* stop admitting, abort what runs (not written: --resume redoes it),
+         * flush everything that finished */
+        collect(s, true);
+        engine_abort_all(s->eng);
+        collect(s, true);
+        flush_all(s);
+    }
+    engine_get_stats(s->eng, &stats);
+    cli_progress_summary(s->progress, &s->counts, &stats, interrupted);
+    if (interrupted && s->exit_code == CLI_EXIT_OK)
+        s->exit_code = CLI_EXIT_INTERRUPTED;
+done:;
+    int code = s->exit_code;
+    if (code == CLI_EXIT_OK && s->counts.failed > 0)
+        code = CLI_EXIT_LINES_FAILED;
+    teardown(s);
+    return code;
+}
