@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pg_error.h"
+
 typedef struct cli_reorder cli_reorder;
 
 int cli_reorder_create(cli_reorder **out, size_t capacity); /* PG_ENOMEM, PG_EINVAL (0) */

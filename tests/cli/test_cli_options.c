@@ -1,0 +1,179 @@
+/* tests/cli/test_cli_options: sizes, numbers, flags, help text. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "device.h"
+#include "options.h"
+
+static void test_sizes(void **state)
+{
+    (void)state;
+    struct { const char *s; uint64_t want; } ok[] = {
+        {"2GiB", 2ull << 30}, {"512MiB", 512ull << 20}, {"512M", 512ull << 20}, {"1.5G", 3ull << 29},
+        {"1000000", 1000000}, {"1KB", 1000}, {"1kib", 1024}, {"4096B", 4096}, {"2GB", 2000000000ull},
+        {"1TiB", 1ull << 40},
+    };
+    for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) {
+        uint64_t v = 0;
+        pg_error err;
+        assert_int_equal(cli_parse_size(ok[k].s, &v, &err), PG_OK);
+        assert_true(v == ok[k].want);
+    }
+    const char *bad[] = {"", "0", "-1GiB", "2XB", "GiB", "1e400", "2 GiB", "nan", "0.1B"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        uint64_t v = 7;
+        pg_error err;
+        assert_int_equal(cli_parse_size(bad[k], &v, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, "--kv-cache-memory"));
+        assert_true(v == 7);
+    }
+}
+
+static int parse(cli_options *o, pg_error *err, int argc, ...)
+{
+    char *argv[64];
+    va_list ap;
+    va_start(ap, argc);
+    argv[0] = (char *)"pagedgen";
+    for (int k = 1; k < argc; k++)
+        argv[k] = va_arg(ap, char *);
+    va_end(ap);
+    argv[argc] = NULL;
+    return cli_options_parse(o, argc, argv, err);
+}
+
+static void test_defaults_and_flags(void **state)
+{
+    (void)state;
+    cli_options o;
+    pg_error err;
+    assert_int_equal(parse(&o, &err, 3, "-m", "dir"), PG_OK);
+    assert_int_equal(o.cmd, CLI_CMD_GENERATE);
+    assert_string_equal(o.model_dir, "dir");
+    assert_string_equal(o.input_path, "-");
+    assert_string_equal(o.output_path, "-");
+    assert_int_equal(o.block_size, 16);
+    assert_int_equal(o.max_num_seqs, 256);
+    assert_int_equal(o.max_num_batched_tokens, 2048);
+    assert_true(o.prefix_caching);
+    assert_int_equal(o.sampling_set, 0);
+    assert_int_equal(o.shard_n, 1);
+
+    assert_int_equal(parse(&o, &err, 20, "generate", "-m", "d", "--kv-cache-memory", "2GiB",
+                           "--stop", "a", "--stop", "bb", "--temperature", "0.5", "--shard", "2/3",
+                           "--no-prefix-caching", "--kv-layout", "contiguous", "-q", "--max-tokens", "-1"),
+                     PG_OK);
+    assert_true(o.kv_cache_bytes == 2ull << 30);
+    assert_int_equal(o.n_stop, 2);
+    assert_string_equal(o.stop[1], "bb");
+    assert_true(o.sampling_set & CLI_SET_TEMPERATURE);
+    assert_true(o.sampling.temperature == 0.5f);
+    assert_int_equal(o.shard_k, 2);
+    assert_int_equal(o.shard_n, 3);
+    assert_false(o.prefix_caching);
+    assert_int_equal(o.layout, KV_LAYOUT_CONTIGUOUS);
+    assert_true(o.quiet);
+    assert_int_equal(o.sampling.max_tokens, -1);
+
+    assert_int_equal(parse(&o, &err, 4, "tokenize", "--tokenizer", "t"), PG_OK);
+    assert_int_equal(o.cmd, CLI_CMD_TOKENIZE);
+    assert_string_equal(o.tokenizer_dir, "t");
+    assert_int_equal(parse(&o, &err, 2, "--version"), PG_OK);
+    assert_int_equal(o.cmd, CLI_CMD_VERSION);
+    assert_int_equal(parse(&o, &err, 3, "tokenize", "--help"), PG_OK);
+    assert_int_equal(o.cmd, CLI_CMD_HELP);
+    assert_int_equal(o.help_for, CLI_CMD_TOKENIZE);
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    cli_options o;
+    pg_error err;
+    struct { int argc; const char *a[4]; const char *msg; } bad[] = {
+        {0, {NULL}, "-m MODEL_DIR is required"},
+        {3, {"-m", "d", "--bogus"}, "unknown option"},
+        {4, {"-m", "d", "--block-size", "12"}, "power of two"},
+        {4, {"-m", "d", "--top-p", "0"}, "--top-p"},
+        {4, {"-m", "d", "--shard", "3/3"}, "--shard"},
+        {4, {"-m", "d", "--device", "tpu"}, "--device"},
+        {4, {"-m", "d", "--max-tokens", "0"}, "--max-tokens"},
+        {4, {"-m", "d", "--threads", "x"}, "--threads"},
+        {3, {"-m", "d", "--resume"}, "--resume needs -o FILE"},
+        {1, {"frobnicate"}, "unknown command"},
+        {3, {"-m", "d", "extra"}, "unexpected argument"},
+        {2, {"tokenize", "--input-format=openai"}, "--input-format"},
+        {2, {"-m", "--temperature"}, NULL},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char *argv[8] = {(char *)"pagedgen"};
+        for (int j = 0; j < bad[k].argc; j++)
+            argv[j + 1] = (char *)bad[k].a[j];
+        int rc = cli_options_parse(&o, bad[k].argc + 1, argv, &err);
+        if (!bad[k].msg) {
+            /* "-m --temperature": the model dir is "--temperature"; fine */
+            continue;
+        }
+        assert_int_equal(rc, PG_EINVAL);
+        if (!strstr(err.msg, bad[k].msg))
+            fail_msg("case %zu: '%s' does not mention '%s'", k, err.msg, bad[k].msg);
+    }
+}
+
+static void check_help_lists(cli_command cmd)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    cli_options_help(f, cmd);
+    fclose(f);
+    const char *const *names = cli_options_names(cmd);
+    size_t n = 0;
+    for (; names[n]; n++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", names[n]);
+        if (!strstr(buf, flag))
+            fail_msg("help of command %d does not list %s", (int)cmd, flag);
+    }
+    assert_true(n > 5);
+    /* every flag with a value states its default */
+    assert_non_null(strstr(buf, "[default:"));
+    free(buf);
+}
+
+static void test_help_lists_every_flag(void **state)
+{
+    (void)state;
+    check_help_lists(CLI_CMD_GENERATE);
+    check_help_lists(CLI_CMD_TOKENIZE);
+}
+
+static void test_kv_blocks_arithmetic(void **state)
+{
+    (void)state;
+    assert_int_equal(cli_kv_blocks_for(1000, 100, 0), 10);
+    assert_int_equal(cli_kv_blocks_for(1099, 100, 0), 10);
+    assert_int_equal(cli_kv_blocks_for(1000, 100, 4), 4);
+    assert_int_equal(cli_kv_blocks_for(1000, 0, 0), 0);
+    assert_int_equal(cli_kv_blocks_for(UINT64_MAX, 1, 0), INT32_MAX);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_defaults_and_flags),
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_help_lists_every_flag),
+        cmocka_unit_test(test_kv_blocks_arithmetic),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

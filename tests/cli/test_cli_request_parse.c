@@ -1,0 +1,211 @@
+/* tests/cli/test_cli_request_parse: each kind of good and bad input line. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "id_set.h"
+#include "request_parse.h"
+
+static sampling_params defaults(void)
+{
+    sampling_params d = sampling_params_default();
+    d.max_tokens = 256;
+    d.temperature = 0.0f;
+    return d;
+}
+
+static int parse(cli_request *r, const char *line, cli_format fmt, pg_error *err)
+{
+    sampling_params d = defaults();
+    return cli_request_parse(r, line, strlen(line), fmt, 5, 6, &d, 42, err);
+}
+
+static void test_text_line(void **state)
+{
+    (void)state;
+    cli_request r;
+    pg_error err;
+    assert_int_equal(parse(&r, "Once upon a time", CLI_FORMAT_TEXT, &err), PG_OK);
+    assert_string_equal(r.prompt, "Once upon a time");
+    assert_string_equal(r.id_json, "5");
+    assert_int_equal(r.sp.max_tokens, 256);
+    assert_true(r.sp.seed == cli_request_seed(42, 5));
+    assert_true(cli_request_seed(42, 5) != cli_request_seed(42, 6));
+    assert_true(cli_request_seed(42, 5) != cli_request_seed(43, 5));
+    cli_request_free(&r);
+}
+
+static void test_jsonl_good(void **state)
+{
+    (void)state;
+    cli_request r;
+    pg_error err;
+    assert_int_equal(parse(&r,
+        "{\"id\": \"a\\u00e9\", \"prompt\": \"hi\", \"max_tokens\": 3, \"temperature\": 0.7, \"top_p\": 0.9,"
+        " \"top_k\": 5, \"min_p\": 0.1, \"seed\": 7, \"n\": 2, \"stop\": [\"x\", \"yy\"],"
+        " \"stop_token_ids\": [3, 4], \"ignore_eos\": true, \"include_stop_str_in_output\": true,"
+        " \"skip_special_tokens\": false, \"presence_penalty\": 0.5, \"frequency_penalty\": -0.5,"
+        " \"repetition_penalty\": 1.2, \"logprobs\": 2, \"min_tokens\": 1}",
+        CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_string_equal(r.id_json, "\"a\xc3\xa9\"");
+    assert_string_equal(r.id_key, "s:a\xc3\xa9");
+    assert_int_equal(r.sp.max_tokens, 3);
+    assert_true(r.sp.temperature == 0.7f);
+    assert_int_equal(r.sp.top_k, 5);
+    assert_true(r.sp.seed == 7);
+    assert_int_equal(r.sp.n, 2);
+    assert_int_equal(r.sp.n_stop, 2);
+    assert_string_equal(r.sp.stop[1], "yy");
+    assert_int_equal(r.sp.n_stop_token_ids, 2);
+    assert_int_equal(r.sp.stop_token_ids[1], 4);
+    assert_true(r.sp.ignore_eos && r.sp.include_stop_str_in_output && !r.sp.skip_special_tokens);
+    assert_int_equal(r.sp.logprobs, 2);
+    cli_request_free(&r);
+
+    assert_int_equal(parse(&r, "{\"id\": 17, \"prompt_token_ids\": [1, 2, 3], \"seed\": null}",
+                           CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_string_equal(r.id_json, "17");
+    assert_string_equal(r.id_key, "n:17");
+    assert_int_equal(r.n_prompt_ids, 3);
+    assert_null(r.prompt);
+    assert_true(r.sp.seed == cli_request_seed(42, 5));
+    cli_request_free(&r);
+
+    /* no id: the request index */
+    assert_int_equal(parse(&r, "{\"prompt\": \"x\", \"stop\": \"s\"}", CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_string_equal(r.id_json, "5");
+    assert_int_equal(r.sp.n_stop, 1);
+    cli_request_free(&r);
+}
+
+static void test_jsonl_bad(void **state)
+{
+    (void)state;
+    struct { const char *line; const char *msg; const char *id; } bad[] = {
+        {"{\"prompt\": \"x\"", "invalid JSON", "5"},
+        {"[1, 2]", "expected a JSON object", "5"},
+        {"{\"id\": \"q\", \"prompt\": 3}", "field 'prompt': expected a string", "\"q\""},
+        {"{\"prompt\": \"x\", \"max_tokens\": \"ten\"}", "field 'max_tokens': expected an integer", "5"},
+        {"{\"prompt\": \"x\", \"max_tokens\": 0}", "field 'max_tokens': expected an integer in [1", "5"},
+        {"{\"prompt\": \"x\", \"max_tokens\": 2.5}", "max_tokens", "5"},
+        {"{\"prompt\": \"x\", \"colour\": 1}", "unknown field 'colour'", "5"},
+        {"{\"prompt\": \"\"}", "empty prompt", "5"},
+        {"{\"prompt_token_ids\": []}", "empty prompt", "5"},
+        {"{\"prompt_token_ids\": [1, -2]}", "prompt_token_ids", "5"},
+        {"{\"prompt\": \"x\", \"top_p\": 0}", "top_p must be in (0, 1]", "5"},
+        {"{\"prompt\": \"x\", \"n\": 0}", "n must be in", "5"},
+        {"{\"prompt\": \"x\", \"temperature\": -1}", "temperature", "5"},
+        {"{\"prompt\": \"x\", \"ignore_eos\": 1}", "field 'ignore_eos': expected true or false", "5"},
+        {"{\"prompt\": \"x\", \"stop\": [\"a\", 2]}", "field 'stop': expected a string", "5"},
+        {"{\"prompt\": \"x\", \"stop\": \"\"}", "stop strings must be non-empty", "5"},
+        {"{\"id\": [1], \"prompt\": \"x\"}", "field 'id': expected a string or an integer", NULL},
+        {"{\"id\": 1.5, \"prompt\": \"x\"}", "field 'id'", NULL},
+        {"{\"max_tokens\": 4}", "missing 'prompt'", "5"},
+        {"{\"prompt\": \"x\", \"prompt_token_ids\": [1]}", "not both", "5"},
+        {"{\"prompt\": \"x\", \"prompt\": \"y\"}", "given twice", "5"},
+        {"{\"prompt\": \"x\", \"logprobs\": 99}", "logprobs", "5"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        cli_request r;
+        pg_error err;
+        int rc = parse(&r, bad[k].line, CLI_FORMAT_JSONL, &err);
+        if (rc == PG_OK)
+            fail_msg("case %zu accepted: %s", k, bad[k].line);
+        if (!strstr(err.msg, bad[k].msg))
+            fail_msg("case %zu: '%s' does not mention '%s'", k, err.msg, bad[k].msg);
+        if (bad[k].id)
+            assert_string_equal(r.id_json, bad[k].id);
+        else
+            assert_null(r.id_json);
+        cli_request_free(&r);
+    }
+}
+
+static void test_openai(void **state)
+{
+    (void)state;
+    cli_request r;
+    pg_error err;
+    const char *good = "{\"custom_id\": \"req-1\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
+                       "\"body\": {\"model\": \"m\", \"prompt\": \"Hi\", \"max_tokens\": 5, \"logprobs\": 1}}";
+    assert_int_equal(cli_detect_format(good, strlen(good)), CLI_FORMAT_OPENAI);
+    assert_int_equal(parse(&r, good, CLI_FORMAT_OPENAI, &err), PG_OK);
+    assert_string_equal(r.id_json, "\"req-1\"");
+    assert_string_equal(r.prompt, "Hi");
+    assert_int_equal(r.sp.max_tokens, 5);
+    assert_int_equal(r.sp.logprobs, 1);
+    cli_request_free(&r);
+
+    struct { const char *line; const char *msg; } bad[] = {
+        {"{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": {}}",
+         "chat templates are not supported yet"},
+        {"{\"custom_id\": \"c\", \"method\": \"GET\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": \"x\"}}",
+         "field 'method'"},
+        {"{\"custom_id\": \"c\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": \"x\", \"foo\": 1}}",
+         "unknown field 'foo'"},
+        {"{\"custom_id\": \"c\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": [\"a\", \"b\"]}}",
+         "list of prompts"},
+        {"{\"custom_id\": \"c\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": \"x\", \"stream\": true}}",
+         "only false"},
+        {"{\"custom_id\": \"c\", \"url\": \"/v1/completions\"}", "missing 'body'"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        int rc = parse(&r, bad[k].line, CLI_FORMAT_OPENAI, &err);
+        assert_int_not_equal(rc, PG_OK);
+        if (!strstr(err.msg, bad[k].msg))
+            fail_msg("case %zu: '%s' does not mention '%s'", k, err.msg, bad[k].msg);
+        assert_string_equal(r.id_json, "\"c\"");
+        cli_request_free(&r);
+    }
+    assert_int_not_equal(parse(&r, "{\"url\": \"/v1/completions\"}", CLI_FORMAT_OPENAI, &err), PG_OK);
+    assert_non_null(strstr(err.msg, "custom_id"));
+    assert_null(r.id_json);
+    cli_request_free(&r);
+}
+
+static void test_detect(void **state)
+{
+    (void)state;
+    assert_int_equal(cli_detect_format("hello", 5), CLI_FORMAT_TEXT);
+    assert_int_equal(cli_detect_format("  {\"prompt\": 1}", 15), CLI_FORMAT_JSONL);
+    assert_int_equal(cli_detect_format("{\"prompt\": ", 11), CLI_FORMAT_JSONL);
+}
+
+static void test_duplicate_ids(void **state)
+{
+    (void)state;
+    cli_id_set *s = cli_id_set_create();
+    assert_non_null(s);
+    char key[32];
+    for (int k = 0; k < 1000; k++) {
+        int n = snprintf(key, sizeof key, "n:%d", k);
+        assert_int_equal(cli_id_set_add(s, key, (size_t)n, k + 1, NULL), 1);
+    }
+    int64_t first = 0;
+    assert_int_equal(cli_id_set_add(s, "n:500", 5, 9999, &first), 0);
+    assert_int_equal(first, 501);
+    assert_true(cli_id_set_has(s, "n:999", 5));
+    assert_false(cli_id_set_has(s, "s:999", 5));
+    assert_int_equal(cli_id_set_add(s, "s:a\0b", 5, 1, NULL), 1); /* embedded NUL is part of the key */
+    assert_false(cli_id_set_has(s, "s:a", 3));
+    assert_int_equal(cli_id_set_count(s), 1001);
+    cli_id_set_destroy(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_text_line),
+        cmocka_unit_test(test_jsonl_good),
+        cmocka_unit_test(test_jsonl_bad),
+        cmocka_unit_test(test_openai),
+        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_duplicate_ids),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
