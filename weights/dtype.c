@@ -6,6 +6,7 @@
  * not depend on the FPU's rounding mode or on -ffast-math. */
 #include "dtype.h"
 
+#include <assert.h>
 #include <string.h>
 
 static const struct {
@@ -151,6 +152,7 @@ void pg_convert_to_f32(float *dst, const void *src, st_dtype src_dtype, size_t n
         break;
     default:
         /* Not a float weight dtype: a caller bug (st_get checks dtypes). */
+        assert(!"pg_convert_to_f32: source dtype is not F32, F16 or BF16");
         memset(dst, 0, n * sizeof(float));
         break;
     }

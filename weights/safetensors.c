@@ -21,6 +21,7 @@ typedef struct st_shard {
 } st_shard;
 
 struct st_file {
+    char *label;  /* the opened file's name (index or single file), for messages; owned */
     st_shard *shards;
     size_t nshards;
     st_tensor *t; /* [n], sorted by name; names owned; data into shards[].map */
@@ -72,6 +73,7 @@ void st_close(st_file *f)
     if (!f)
         return;
     st_tensors_free(f->t, f->n);
+    free(f->label);
     for (size_t i = 0; i < f->nshards; i++) {
         pg_unmap_file(&f->shards[i].map);
         free(f->shards[i].name);
@@ -128,8 +130,9 @@ static int finish(st_file *f, pg_error *err)
 
 static int open_single(st_file *f, const char *path, pg_error *err)
 {
+    f->label = strdup(base_name(path));
     f->shards = calloc(1, sizeof *f->shards);
-    if (!f->shards)
+    if (!f->shards || !f->label)
         return pg_error_set(err, PG_ENOMEM, "%s: out of memory", path);
     int rc = add_shard(f, path, base_name(path), err);
     return rc ? rc : finish(f, err);
@@ -150,6 +153,9 @@ static int open_index(st_file *f, const char *index_path, pg_error *err)
     shard_ref *refs = NULL;
     size_t nrefs = 0;
     char *dir = NULL;
+    f->label = strdup(label);
+    if (!f->label)
+        return pg_error_set(err, PG_ENOMEM, "%s: out of memory", label);
     int rc = pg_read_file(index_path, ST_MAX_INDEX_BYTES, &text, &len, err);
     if (rc)
         return rc;
@@ -346,10 +352,8 @@ int st_get(const st_file *f, const char *name, int want_any_float, st_dtype want
 {
     *out = NULL;
     const st_tensor *t = st_find(f, name);
-    if (!t) {
-        const char *where = f->nshards == 1 ? f->shards[0].name : "checkpoint";
-        return pg_error_set(err, PG_EFORMAT, "%s: tensor '%s' not found", where, name);
-    }
+    if (!t)
+        return pg_error_set(err, PG_EFORMAT, "%s: tensor '%s' not found", f->label, name);
     int ok = want_any_float ? st_dtype_is_float_weight(t->dtype) : t->dtype == want;
     ok = ok && t->ndim == ndim;
     for (int k = 0; ok && k < ndim; k++)

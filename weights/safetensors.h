@@ -35,7 +35,7 @@ typedef struct st_tensor {
     int64_t shape[ST_MAX_DIMS];
     size_t nbytes;
     const void *data;     /* into the read-only mapping; may be unaligned */
-    const char *file;     /* the shard's file name, for messages */
+    const char *file;     /* the shard's file name, for messages (st_parse: its label) */
 } st_tensor;
 
 typedef struct st_file st_file; /* opaque: one or more mapped files */
@@ -60,9 +60,11 @@ int st_get(const st_file *f, const char *name, int want_any_float, st_dtype want
 /* ---- the pure parser (fuzz target; used by st_open) ----------------------
  * Parses and validates a whole safetensors image held in memory (buf, len:
  * the full file). On success *out_tensors is a malloc'd array of *out_n
- * tensors whose name strings are malloc'd too (free with
- * st_tensors_free) and whose data pointers point into buf. `label` names the
- * file in messages. Never reads outside [buf, buf+len). */
+ * tensors, sorted by name, whose name strings are malloc'd too (free with
+ * st_tensors_free) and whose data pointers point into buf; their `file` is
+ * `label` (borrowed: it must outlive them). `label` names the file in
+ * messages. Never reads outside [buf, buf+len). An empty header ({}) is
+ * valid and gives zero tensors. On error *out_tensors is NULL, *out_n 0. */
 int st_parse(const uint8_t *buf, size_t len, const char *label,
              st_tensor **out_tensors, size_t *out_n, pg_error *err);
 void st_tensors_free(st_tensor *t, size_t n);

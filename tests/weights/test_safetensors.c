@@ -433,6 +433,8 @@ static void test_sharded_checkpoint(void **state)
     int64_t sb[1] = {5};
     assert_int_equal(st_get(f, "b", 1, ST_F32, 1, sb, &t, &e), PG_EFORMAT);
     assert_string_equal(e.msg, SH2 ": tensor 'b': expected [5] F32|F16|BF16, got [4] BF16");
+    assert_int_equal(st_get(f, "zz", 1, ST_F32, 1, sb, &t, &e), PG_EFORMAT);
+    assert_string_equal(e.msg, IDX ": tensor 'zz' not found");
     st_close(f);
 
     /* the index is preferred over a model.safetensors beside it */
