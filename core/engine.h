@@ -69,7 +69,8 @@ typedef struct seq_output {
     char *text;                  /* detokenized output (NULL without a tokenizer) */
     size_t text_len;
     finish_reason finish;
-    int32_t stop_token_id;       /* the id that stopped it, or -1 */
+    int32_t stop_token_id;       /* the id that stopped it (an eos id or a stop_token_ids
+                                    entry), or -1 */
     char *stop_str;              /* the stop string that matched, or NULL */
     /* logprobs (when requested, logprobs = k >= 0): per generated token */
     float *token_logprobs;       /* [n_tokens] logprob of the sampled token */
@@ -122,7 +123,22 @@ void engine_destroy(engine *e); /* accepts NULL */
  * is empty, holds ids outside the vocabulary, cannot fit max_model_len or
  * the whole pool, or the params are invalid; the message says which.
  * A prompt that fits but leaves less room than max_tokens is accepted and
- * finishes with FINISH_LENGTH at max_model_len. */
+ * finishes with FINISH_LENGTH at max_model_len (max_tokens is truncated to
+ * the context; max_tokens = -1 means exactly that). Also refused: n larger
+ * than a step can hold (min(max_num_seqs, max_num_batched_tokens)), stop
+ * strings without a tokenizer, stop ids outside the vocabulary, and a
+ * request whose worst case (every sequence at its length cap; the prompt's
+ * full blocks shared by the n sequences) needs more KV blocks than the
+ * pool has — it could never finish, so it is an error, not a hang.
+ *
+ * Stop rules, in vLLM v1's order, after each sampled token: the length cap
+ * (max_tokens or the context: FINISH_LENGTH, the token is kept); an eos id
+ * (unless ignore_eos) or a stop_token_ids entry (FINISH_STOP, the token is
+ * not kept, stop_token_id names it); then stop strings on the text (only
+ * past min_tokens; FINISH_STOP, stop_str names it, the text is cut before it
+ * or after it with include_stop_str_in_output, the token ids are kept) — a
+ * stop string found on the length-capping token still wins. Before
+ * min_tokens, eos and stop ids are masked in sampling. */
 int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
                        const sampling_params *sp, void *user, uint64_t *request_id,
                        pg_error *err);
@@ -143,5 +159,16 @@ bool engine_pop_finished(engine *e, request_output **out);
 void engine_abort_all(engine *e);
 
 void engine_get_stats(const engine *e, engine_stats *s);
+
+/* ---- introspection (tests, fake backends, metrics) ----------------------- */
+typedef struct kv_pool kv_pool; /* core/kv_pool.h */
+/* The block pool (borrowed; valid until engine_destroy). */
+const kv_pool *engine_kv_pool(const engine *e);
+/* Inside backend->forward: for each of the step's b->num_seqs sequences,
+ * (request_id << 8) | sequence index. Borrowed, valid during the step. */
+const uint64_t *engine_step_seq_ids(const engine *e);
+/* The waiting queue front to back (request ids), up to max; returns the
+ * total number waiting. */
+int32_t engine_waiting_ids(const engine *e, uint64_t *ids, int32_t max);
 
 #endif /* PG_ENGINE_H */

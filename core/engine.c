@@ -1,0 +1,519 @@
+/* engine: the step loop (see engine.h). One step = schedule (scheduler.c
+ * over kv_pool.c) -> build the ragged step_batch -> copy-on-write copies ->
+ * backend forward -> commit computed blocks to the prefix cache -> fork
+ * parallel samples -> sample (sampler.c) -> stop rules (sequence.c) ->
+ * release finished sequences. */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kv_pool.h"
+#include "sampler.h"
+#include "scheduler.h"
+#include "sequence.h"
+#include "tokenizer.h"
+
+struct engine {
+    engine_params p;
+    int32_t max_seqs;           /* min(max_num_seqs, max_num_batched_tokens) */
+    int32_t max_blocks;         /* ceil(max_model_len / block_size) */
+    engine_backend be;
+    const tokenizer *tok;
+    int32_t *eos;               /* [n_eos] copy of p.eos_token_ids */
+    int32_t n_eos;
+    kv_pool *pool;
+    scheduler *sched;
+    sampler_workspace *ws;
+    /* step buffers */
+    int32_t *token_ids, *positions, *slots;     /* [max_num_batched_tokens] */
+    int32_t *query_start;                       /* [max_seqs + 1] */
+    int32_t *seq_lens, *logits_rows;            /* [max_seqs] */
+    int32_t *block_tables;                      /* [max_seqs][max_blocks] */
+    uint64_t *seq_ids;                          /* [max_seqs] */
+    request **done;                             /* [max_seqs] retiring this step */
+    float *logits;                              /* [max_seqs][vocab] */
+    float *scratch;                             /* [vocab] */
+    int32_t top_ids[SAMPLING_PARAMS_MAX_LOGPROBS];
+    float top_lp[SAMPLING_PARAMS_MAX_LOGPROBS];
+    /* finished outputs, FIFO */
+    request_output **fin;
+    int32_t fin_head, fin_n, fin_cap;
+    uint64_t next_id;
+    int32_t n_unfinished;
+    engine_stats stats;
+    double util_filled_sum, util_alloc_sum;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+engine_params engine_params_default(void)
+{
+    engine_params p;
+    memset(&p, 0, sizeof p);
+    p.block_size = 16;
+    p.num_blocks = 1024;
+    p.max_num_seqs = 256;
+    p.max_num_batched_tokens = 2048;
+    p.max_model_len = 2048;
+    p.prefix_caching = true;
+    p.layout = KV_LAYOUT_PAGED;
+    p.check_invariants = false;
+    return p;
+}
+
+static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+int engine_create(engine **out, const engine_params *p, const engine_backend *backend,
+                  const tokenizer *tok, pg_error *err)
+{
+    *out = NULL;
+    if (!p || !backend || !backend->forward || backend->vocab_size < 1)
+        return pg_error_set(err, PG_EINVAL, "engine: expected params and a backend with a forward "
+                            "and vocab_size >= 1");
+    if (p->max_num_seqs < 1 || p->max_num_batched_tokens < 1 || p->max_model_len < 2)
+        return pg_error_set(err, PG_EINVAL, "engine: expected max_num_seqs >= 1, "
+                            "max_num_batched_tokens >= 1, max_model_len >= 2, got %d, %d, %d",
+                            (int)p->max_num_seqs, (int)p->max_num_batched_tokens,
+                            (int)p->max_model_len);
+    if (p->layout != KV_LAYOUT_PAGED && p->layout != KV_LAYOUT_CONTIGUOUS)
+        return pg_error_set(err, PG_EINVAL, "engine: unknown kv layout %d", (int)p->layout);
+    if (p->n_eos_token_ids < 0 || (p->n_eos_token_ids > 0 && !p->eos_token_ids))
+        return pg_error_set(err, PG_EINVAL, "engine: expected %d eos ids, got NULL",
+                            (int)p->n_eos_token_ids);
+    for (int32_t i = 0; i < p->n_eos_token_ids; i++)
+        if (p->eos_token_ids[i] < 0 || p->eos_token_ids[i] >= backend->vocab_size)
+            return pg_error_set(err, PG_EINVAL, "engine: eos id %d: expected an id in [0, %d)",
+                                (int)p->eos_token_ids[i], (int)backend->vocab_size);
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return pg_error_set(err, PG_ENOMEM, "engine: out of memory");
+    e->p = *p;
+    e->be = *backend;
+    e->tok = tok;
+    e->max_seqs = p->max_num_seqs < p->max_num_batched_tokens ? p->max_num_seqs
+                                                               : p->max_num_batched_tokens;
+    int rc;
+    kv_pool_params pp = {.num_blocks = p->num_blocks, .block_size = p->block_size,
+                         .prefix_caching = p->prefix_caching && p->layout == KV_LAYOUT_PAGED};
+    if ((rc = kv_pool_create(&e->pool, &pp, err))) goto fail;
+    e->max_blocks = ceil_div(p->max_model_len, p->block_size);
+    scheduler_params sp = {.max_num_seqs = e->max_seqs,
+                           .max_num_batched_tokens = p->max_num_batched_tokens,
+                           .max_model_len = p->max_model_len, .layout = p->layout,
+                           .prefix_caching = pp.prefix_caching};
+    if ((rc = scheduler_create(&e->sched, &sp, e->pool, err))) goto fail;
+    size_t T = (size_t)p->max_num_batched_tokens, S = (size_t)e->max_seqs;
+    size_t V = (size_t)backend->vocab_size;
+    e->n_eos = p->n_eos_token_ids;
+    e->eos = malloc((size_t)(e->n_eos + 1) * sizeof *e->eos);
+    e->ws = sampler_workspace_create(backend->vocab_size);
+    e->token_ids = malloc(T * sizeof(int32_t));
+    e->positions = malloc(T * sizeof(int32_t));
+    e->slots = malloc(T * sizeof(int32_t));
+    e->query_start = malloc((S + 1) * sizeof(int32_t));
+    e->seq_lens = malloc(S * sizeof(int32_t));
+    e->logits_rows = malloc(S * sizeof(int32_t));
+    e->block_tables = malloc(S * (size_t)e->max_blocks * sizeof(int32_t));
+    e->seq_ids = malloc(S * sizeof(uint64_t));
+    e->done = malloc(S * sizeof(request *));
+    e->logits = malloc(S * V * sizeof(float));
+    e->scratch = malloc(V * sizeof(float));
+    if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
+        !e->seq_lens || !e->logits_rows || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
+        !e->scratch) {
+        rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
+                          "%zu sequences, vocab %zu)", T, S, V);
+        goto fail;
+    }
+    if (e->n_eos > 0) memcpy(e->eos, p->eos_token_ids, (size_t)e->n_eos * sizeof *e->eos);
+    e->p.eos_token_ids = e->eos;
+    e->stats.num_blocks = p->num_blocks;
+    *out = e;
+    return PG_OK;
+fail:
+    engine_destroy(e);
+    return rc;
+}
+
+static void destroy_request(engine *e, request *r)
+{
+    for (int32_t i = 0; i < r->n; i++)
+        if (r->seqs[i].table >= 0) kv_pool_table_delete(e->pool, r->seqs[i].table);
+    request_destroy(r);
+}
+
+void engine_destroy(engine *e)
+{
+    if (!e) return;
+    if (e->sched) {
+        request *r;
+        while ((r = scheduler_running(e->sched))) {
+            scheduler_remove(e->sched, r);
+            destroy_request(e, r);
+        }
+        while ((r = scheduler_waiting(e->sched))) {
+            scheduler_remove_waiting(e->sched, r);
+            destroy_request(e, r);
+        }
+    }
+    for (int32_t i = 0; i < e->fin_n; i++)
+        request_output_free(e->fin[(e->fin_head + i) % e->fin_cap]);
+    free(e->fin);
+    scheduler_destroy(e->sched);
+    kv_pool_destroy(e->pool);
+    sampler_workspace_destroy(e->ws);
+    free(e->eos);
+    free(e->token_ids);
+    free(e->positions);
+    free(e->slots);
+    free(e->query_start);
+    free(e->seq_lens);
+    free(e->logits_rows);
+    free(e->block_tables);
+    free(e->seq_ids);
+    free(e->done);
+    free(e->logits);
+    free(e->scratch);
+    free(e);
+}
+
+/* Blocks a request needs at its longest (each sequence at its cap). */
+static int64_t request_blocks_needed(const engine *e, int32_t n_prompt, int32_t n,
+                                     int32_t max_output)
+{
+    int32_t bs = e->p.block_size;
+    if (e->p.layout == KV_LAYOUT_CONTIGUOUS) return (int64_t)n * e->max_blocks;
+    int64_t total = ceil_div(n_prompt + max_output, bs);
+    if (n == 1) return total;
+    int64_t shared = n_prompt / bs;
+    return shared + (int64_t)n * (total - shared);
+}
+
+int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
+                       const sampling_params *sp, void *user, uint64_t *request_id,
+                       pg_error *err)
+{
+    int rc = sampling_params_validate(sp, err);
+    if (rc) return pg_error_wrap(err, rc, "request");
+    if (n_prompt < 1 || !prompt_ids)
+        return pg_error_set(err, PG_EINVAL, "request: expected a prompt of at least 1 token, got %d",
+                            (int)n_prompt);
+    for (int32_t i = 0; i < n_prompt; i++)
+        if (prompt_ids[i] < 0 || prompt_ids[i] >= e->be.vocab_size)
+            return pg_error_set(err, PG_EINVAL, "request: prompt token %d: expected an id in "
+                                "[0, %d), got %d", (int)i, (int)e->be.vocab_size,
+                                (int)prompt_ids[i]);
+    for (size_t i = 0; i < sp->n_stop_token_ids; i++)
+        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= e->be.vocab_size)
+            return pg_error_set(err, PG_EINVAL, "request: stop_token_ids[%zu]: expected an id in "
+                                "[0, %d), got %d", i, (int)e->be.vocab_size,
+                                (int)sp->stop_token_ids[i]);
+    if (sp->n_stop > 0 && !e->tok)
+        return pg_error_set(err, PG_EINVAL, "request: stop strings need a tokenizer, got none");
+    if (n_prompt >= e->p.max_model_len)
+        return pg_error_set(err, PG_EINVAL, "request: prompt of %d tokens does not fit "
+                            "max_model_len %d (at least one token of room is needed)",
+                            (int)n_prompt, (int)e->p.max_model_len);
+    if (sp->n > e->max_seqs)
+        return pg_error_set(err, PG_EINVAL, "request: n = %d sequences can never run: at most %d "
+                            "run in one step (max_num_seqs, max_num_batched_tokens)",
+                            (int)sp->n, (int)e->max_seqs);
+    int32_t max_output = e->p.max_model_len - n_prompt;
+    if (sp->max_tokens >= 0 && sp->max_tokens < max_output) max_output = sp->max_tokens;
+    int64_t need = request_blocks_needed(e, n_prompt, sp->n, max_output);
+    if (need > e->p.num_blocks)
+        return pg_error_set(err, PG_EINVAL, "request: needs %lld KV blocks (%d prompt tokens, up to "
+                            "%d generated, n = %d, block size %d), the pool has %d",
+                            (long long)need, (int)n_prompt, (int)max_output, (int)sp->n,
+                            (int)e->p.block_size, (int)e->p.num_blocks);
+    request *r;
+    rc = request_create(&r, e->next_id, prompt_ids, n_prompt, sp, e->p.max_model_len, e->eos,
+                        e->n_eos, e->tok, user, err);
+    if (rc) return rc;
+    for (int32_t i = 0; i < r->n; i++) {
+        if ((rc = kv_pool_table_new(e->pool, &r->seqs[i].table, err))) {
+            destroy_request(e, r);
+            return rc;
+        }
+    }
+    r->arrival = e->next_id;
+    r->t_arrival_ms = now_ms();
+    if (request_id) *request_id = e->next_id;
+    e->next_id++;
+    scheduler_add(e->sched, r);
+    e->n_unfinished++;
+    return PG_OK;
+}
+
+bool engine_has_unfinished(const engine *e) { return e->n_unfinished > 0; }
+int32_t engine_num_unfinished(const engine *e) { return e->n_unfinished; }
+
+static int push_finished(engine *e, request_output *o)
+{
+    if (e->fin_n == e->fin_cap) {
+        int32_t cap = e->fin_cap ? 2 * e->fin_cap : 16;
+        request_output **nf = malloc((size_t)cap * sizeof *nf);
+        if (!nf) return PG_ENOMEM;
+        for (int32_t i = 0; i < e->fin_n; i++) nf[i] = e->fin[(e->fin_head + i) % e->fin_cap];
+        free(e->fin);
+        e->fin = nf;
+        e->fin_head = 0;
+        e->fin_cap = cap;
+    }
+    e->fin[(e->fin_head + e->fin_n) % e->fin_cap] = o;
+    e->fin_n++;
+    return PG_OK;
+}
+
+bool engine_pop_finished(engine *e, request_output **out)
+{
+    if (e->fin_n == 0) return false;
+    *out = e->fin[e->fin_head];
+    e->fin_head = (e->fin_head + 1) % e->fin_cap;
+    e->fin_n--;
+    return true;
+}
+
+/* Hands a request whose sequences are all finished (or aborted) to the
+ * finished queue and frees it. */
+static int retire(engine *e, request *r, pg_error *err)
+{
+    request_output *o = request_make_output(r, now_ms());
+    destroy_request(e, r);
+    e->n_unfinished--;
+    e->stats.requests_finished++;
+    if (!o || push_finished(e, o)) {
+        request_output_free(o);
+        return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a request's output");
+    }
+    return PG_OK;
+}
+
+void engine_abort_all(engine *e)
+{
+    request *r;
+    while ((r = scheduler_running(e->sched))) {
+        scheduler_remove(e->sched, r);
+        retire(e, r, NULL);
+    }
+    while ((r = scheduler_waiting(e->sched))) {
+        scheduler_remove_waiting(e->sched, r);
+        retire(e, r, NULL);
+    }
+}
+
+/* Fills the step_batch from the schedule. */
+static void build_batch(engine *e, const sched_step *st, step_batch *b)
+{
+    int32_t bs = e->p.block_size;
+    int32_t t = 0, n_logits = 0, stride = 1, max_seq = 0, max_q = 0;
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        const sequence *q = st->entries[i].seq;
+        int32_t len = q->num_computed + st->entries[i].n_new;
+        if (ceil_div(len, bs) > stride) stride = ceil_div(len, bs);
+    }
+    e->query_start[0] = 0;
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        const sched_entry *en = &st->entries[i];
+        const sequence *q = en->seq;
+        int32_t nb;
+        const int32_t *blocks = kv_pool_table_blocks(e->pool, q->table, &nb);
+        int32_t len = q->num_computed + en->n_new;
+        for (int32_t k = 0; k < en->n_new; k++, t++) {
+            int32_t pos = q->num_computed + k;
+            e->token_ids[t] = q->tokens[pos];
+            e->positions[t] = pos;
+            e->slots[t] = blocks[pos / bs] * bs + pos % bs;
+        }
+        e->query_start[i + 1] = t;
+        e->seq_lens[i] = len;
+        memcpy(&e->block_tables[(size_t)i * (size_t)stride], blocks,
+               (size_t)ceil_div(len, bs) * sizeof *blocks);
+        e->seq_ids[i] = (q->req->id << 8) | (uint64_t)q->index;
+        if (len > max_seq) max_seq = len;
+        if (en->n_new > max_q) max_q = en->n_new;
+        if (en->samples) e->logits_rows[n_logits++] = t - 1;
+    }
+    memset(b, 0, sizeof *b);
+    b->num_tokens = t;
+    b->num_seqs = st->n_entries;
+    b->block_size = bs;
+    b->token_ids = e->token_ids;
+    b->positions = e->positions;
+    b->slots = e->slots;
+    b->query_start = e->query_start;
+    b->seq_lens = e->seq_lens;
+    b->block_tables = e->block_tables;
+    b->block_table_stride = stride;
+    b->max_seq_len = max_seq;
+    b->max_query_len = max_q;
+    b->num_logits = n_logits;
+    b->logits_rows = e->logits_rows;
+}
+
+/* Samples the next token of q from a logits row and applies the stop rules;
+ * releases q's blocks when it finishes. */
+static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
+{
+    request *r = q->req;
+    int32_t vocab = e->be.vocab_size;
+    memcpy(e->scratch, row, (size_t)vocab * sizeof *row);
+    int32_t n_out = q->n_tokens - r->n_prompt;
+    sampler_seq_view view = {
+        .prompt_ids = r->prompt, .n_prompt = r->n_prompt,
+        .output_ids = q->tokens + r->n_prompt, .n_output = n_out,
+        .banned_ids = n_out < r->sp.min_tokens ? r->banned : NULL,
+        .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
+    };
+    sampler_result res = {.top_ids = e->top_ids, .top_logprobs = e->top_lp};
+    int rc = sampler_sample(e->ws, &r->sp, e->scratch, vocab, &view, &q->rng, &res);
+    if (rc)
+        return pg_error_set(err, rc, "engine: request %llu sequence %d: %s",
+                            (unsigned long long)r->id, (int)q->index,
+                            sampler_workspace_error(e->ws));
+    if (!r->sampled_once) {
+        r->sampled_once = true;
+        r->t_first_token_ms = now_ms();
+    }
+    e->stats.generated_tokens++;
+    rc = sequence_accept(q, res.token_id, &res, e->eos, e->n_eos, err);
+    if (rc) return rc;
+    if (q->finished) {
+        kv_pool_table_release(e->pool, q->table);
+        q->num_computed = 0;
+        r->n_live--;
+    }
+    return PG_OK;
+}
+
+int engine_step(engine *e, pg_error *err)
+{
+    if (e->n_unfinished == 0) return PG_OK;
+    sched_step st;
+    int rc = scheduler_schedule(e->sched, &st, err);
+    if (rc) return rc;
+    e->stats.steps++;
+    e->stats.preemptions += (uint64_t)st.n_preempted;
+    e->stats.prefix_cache_queries += st.prefix_queries;
+    e->stats.prefix_cache_hits += st.prefix_hits;
+    if (st.n_entries == 0) goto done; /* everything was preempted: readmit next step */
+    double t = now_ms();
+    for (int32_t i = 0; i < st.n_entries; i++) {
+        request *r = st.entries[i].seq->req;
+        if (!r->admitted_once) {
+            r->admitted_once = true;
+            r->t_first_admit_ms = t;
+        }
+    }
+    step_batch b;
+    build_batch(e, &st, &b);
+    if (st.n_cow > 0) {
+        if (!e->be.copy_blocks)
+            return pg_error_set(err, PG_EINVAL, "engine: copy-on-write needs backend copy_blocks");
+        if ((rc = e->be.copy_blocks(e->be.ctx, st.cow, st.n_cow, err))) return rc;
+    }
+    if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) return rc;
+
+    /* the KV of the scheduled tokens is now written */
+    for (int32_t i = 0; i < st.n_entries; i++) {
+        sequence *q = st.entries[i].seq;
+        int32_t end = q->num_computed + st.entries[i].n_new;
+        bool has_newest = end == q->n_tokens && q->n_tokens > q->req->n_prompt;
+        e->stats.prompt_tokens += (uint64_t)(st.entries[i].n_new - (has_newest ? 1 : 0));
+        q->num_computed = end;
+        kv_pool_commit(e->pool, q->table, q->tokens, q->num_computed);
+    }
+    kv_pool_metrics m;
+    kv_pool_get_metrics(e->pool, &m);
+    e->util_filled_sum += (double)m.filled_slots;
+    e->util_alloc_sum += (double)m.allocated_slots;
+
+    /* forks (the leader has just computed the prompt), then sampling */
+    int32_t row = 0;
+    for (int32_t i = 0; i < st.n_entries; i++) {
+        sequence *q = st.entries[i].seq;
+        request *r = q->req;
+        bool fresh_fork = false;
+        if (e->p.layout == KV_LAYOUT_PAGED && !r->forked && r->n_live > 1 &&
+            q == request_leader(r) && q->num_computed == r->n_prompt) {
+            for (int32_t k = 0; k < r->n; k++) {
+                sequence *o = &r->seqs[k];
+                if (o == q || o->finished) continue;
+                if ((rc = kv_pool_fork(e->pool, q->table, o->table)))
+                    return pg_error_set(err, rc, "engine: out of memory forking a sequence");
+                o->num_computed = r->n_prompt;
+            }
+            r->forked = true;
+            fresh_fork = st.entries[i].samples;
+        }
+        if (!st.entries[i].samples) continue;
+        const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
+        row++;
+        if (fresh_fork) {
+            for (int32_t k = 0; k < r->n; k++)
+                if (!r->seqs[k].finished && (rc = sample_seq(e, &r->seqs[k], lrow, err)))
+                    return rc;
+        } else if ((rc = sample_seq(e, q, lrow, err))) {
+            return rc;
+        }
+    }
+    /* retire requests whose sequences all finished (each once: a request
+     * may own several entries) */
+    int32_t n_done = 0;
+    for (int32_t i = 0; i < st.n_entries; i++) {
+        request *r = st.entries[i].seq->req;
+        if (r->n_live > 0 || r->retiring) continue;
+        r->retiring = true;
+        e->done[n_done++] = r;
+    }
+    for (int32_t i = 0; i < n_done; i++) {
+        scheduler_remove(e->sched, e->done[i]);
+        if ((rc = retire(e, e->done[i], err))) return rc;
+    }
+done:
+    {
+        kv_pool_metrics mm;
+        kv_pool_get_metrics(e->pool, &mm);
+        if (mm.blocks_in_use > e->stats.blocks_in_use_peak)
+            e->stats.blocks_in_use_peak = mm.blocks_in_use;
+        int32_t rs = scheduler_running_seqs(e->sched);
+        if (rs > e->stats.peak_running_seqs) e->stats.peak_running_seqs = rs;
+    }
+    if (e->p.check_invariants && (rc = kv_pool_check(e->pool, err)))
+        return pg_error_wrap(err, rc, "engine: after step %llu", (unsigned long long)e->stats.steps);
+    return PG_OK;
+}
+
+void engine_get_stats(const engine *e, engine_stats *s)
+{
+    *s = e->stats;
+    kv_pool_metrics m;
+    kv_pool_get_metrics(e->pool, &m);
+    s->num_blocks = m.num_blocks;
+    s->blocks_in_use = m.blocks_in_use;
+    s->blocks_in_use_peak = m.blocks_in_use_peak;
+    s->cow_copies = m.cow_copies;
+    s->running = scheduler_num_running(e->sched);
+    s->waiting = scheduler_num_waiting(e->sched);
+    s->kv_utilization = m.allocated_slots > 0 ? (double)m.filled_slots / (double)m.allocated_slots
+                                              : 0.0;
+    s->kv_utilization_mean = e->util_alloc_sum > 0.0 ? e->util_filled_sum / e->util_alloc_sum : 0.0;
+}
+
+const kv_pool *engine_kv_pool(const engine *e) { return e->pool; }
+
+const uint64_t *engine_step_seq_ids(const engine *e) { return e->seq_ids; }
+
+int32_t engine_waiting_ids(const engine *e, uint64_t *ids, int32_t max)
+{
+    int32_t n = 0;
+    for (const request *r = scheduler_waiting(e->sched); r; r = r->next, n++)
+        if (n < max) ids[n] = r->id;
+    return n;
+}

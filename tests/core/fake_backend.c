@@ -1,0 +1,279 @@
+/* fake_backend: a recording, checking stand-in for the model (see fake_backend.h). */
+#include "fake_backend.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_pool.h"
+
+#define FAKE_MAX_SEQS 64
+
+typedef struct fake_slot {
+    int32_t token, position;
+    int64_t writer;            /* sequence id, -1 = never written */
+} fake_slot;
+
+typedef struct fake_hist {
+    int32_t *t;                /* tokens fed at positions n_prompt + i */
+    int32_t n, cap;
+} fake_hist;
+
+typedef struct fake_req {
+    int32_t *prompt;
+    int32_t n_prompt;
+    fake_hist seqs[FAKE_MAX_SEQS];
+} fake_req;
+
+struct fake_backend {
+    fake_backend_params p;
+    fake_slot *store;          /* [num_blocks * block_size] */
+    fake_req *reqs;            /* [n_reqs] by request id */
+    int32_t n_reqs;
+    const engine *e;
+    char err[512];
+    bool failed;
+    fake_backend_counts c;
+    fake_backend_step_fn on_step;
+    void *on_step_user;
+};
+
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+static int fail(fake_backend *f, pg_error *err, const char *fmt, ...)
+{
+    if (!f->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(f->err, sizeof f->err, fmt, ap);
+        va_end(ap);
+        f->failed = true;
+    }
+    return pg_error_set(err, PG_EINVAL, "fake backend: %s", f->err);
+}
+
+fake_backend *fake_backend_create(const fake_backend_params *p)
+{
+    fake_backend *f = calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->p = *p;
+    size_t n = (size_t)p->num_blocks * (size_t)p->block_size;
+    f->store = malloc(n * sizeof *f->store);
+    if (!f->store) {
+        free(f);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) f->store[i] = (fake_slot){-1, -1, -1};
+    return f;
+}
+
+void fake_backend_destroy(fake_backend *f)
+{
+    if (!f) return;
+    for (int32_t r = 0; r < f->n_reqs; r++) {
+        free(f->reqs[r].prompt);
+        for (int k = 0; k < FAKE_MAX_SEQS; k++) free(f->reqs[r].seqs[k].t);
+    }
+    free(f->reqs);
+    free(f->store);
+    free(f);
+}
+
+void fake_backend_attach(fake_backend *f, const engine *e) { f->e = e; }
+const char *fake_backend_error(const fake_backend *f) { return f->failed ? f->err : NULL; }
+fake_backend_counts fake_backend_get_counts(const fake_backend *f) { return f->c; }
+
+void fake_backend_on_step(fake_backend *f, fake_backend_step_fn fn, void *user)
+{
+    f->on_step = fn;
+    f->on_step_user = user;
+}
+
+void fake_backend_set_prompt(fake_backend *f, uint64_t request_id, const int32_t *prompt,
+                             int32_t n)
+{
+    if ((int64_t)request_id >= f->n_reqs) {
+        int32_t nn = (int32_t)request_id + 1;
+        if (nn < 2 * f->n_reqs) nn = 2 * f->n_reqs;
+        fake_req *nr = realloc(f->reqs, (size_t)nn * sizeof *nr);
+        if (!nr) abort();
+        memset(nr + f->n_reqs, 0, (size_t)(nn - f->n_reqs) * sizeof *nr);
+        f->reqs = nr;
+        f->n_reqs = nn;
+    }
+    fake_req *r = &f->reqs[request_id];
+    r->prompt = malloc((size_t)n * sizeof *prompt);
+    if (!r->prompt) abort();
+    memcpy(r->prompt, prompt, (size_t)n * sizeof *prompt);
+    r->n_prompt = n;
+}
+
+/* The token sequence sid must have at position pos, or -1 if unknown yet. */
+static int32_t expected_token(const fake_backend *f, uint64_t sid, int32_t pos)
+{
+    uint64_t rid = sid >> 8;
+    const fake_req *r = &f->reqs[rid];
+    if (pos < r->n_prompt) return r->prompt[pos];
+    const fake_hist *h = &r->seqs[sid & 0xff];
+    int32_t i = pos - r->n_prompt;
+    return i < h->n ? h->t[i] : -1;
+}
+
+/* Records (or checks) that sequence sid feeds token at pos. */
+static int feed(fake_backend *f, uint64_t sid, int32_t pos, int32_t token, pg_error *err)
+{
+    uint64_t rid = sid >> 8;
+    if ((int64_t)rid >= f->n_reqs || !f->reqs[rid].prompt)
+        return fail(f, err, "request %llu has no registered prompt", (unsigned long long)rid);
+    fake_req *r = &f->reqs[rid];
+    if ((sid & 0xff) >= FAKE_MAX_SEQS) return fail(f, err, "sequence index too large");
+    if (pos < r->n_prompt) {
+        if (r->prompt[pos] != token)
+            return fail(f, err, "seq %llx position %d: fed %d, prompt has %d",
+                        (unsigned long long)sid, (int)pos, (int)token, (int)r->prompt[pos]);
+        return PG_OK;
+    }
+    fake_hist *h = &r->seqs[sid & 0xff];
+    int32_t i = pos - r->n_prompt;
+    if (i < h->n) {
+        if (h->t[i] != token)
+            return fail(f, err, "seq %llx position %d: recomputation fed %d, earlier %d",
+                        (unsigned long long)sid, (int)pos, (int)token, (int)h->t[i]);
+        return PG_OK;
+    }
+    if (i != h->n)
+        return fail(f, err, "seq %llx: position %d fed before position %d",
+                    (unsigned long long)sid, (int)pos, (int)(r->n_prompt + h->n));
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 16;
+        h->t = realloc(h->t, (size_t)h->cap * sizeof *h->t);
+        if (!h->t) abort();
+    }
+    h->t[h->n++] = token;
+    return PG_OK;
+}
+
+static int fake_forward(void *ctx, const step_batch *b, float *logits, pg_error *err)
+{
+    fake_backend *f = ctx;
+    const int32_t bs = f->p.block_size;
+    const kv_pool *pool = engine_kv_pool(f->e);
+    const uint64_t *sids = engine_step_seq_ids(f->e);
+    f->c.steps++;
+    f->c.tokens += (uint64_t)b->num_tokens;
+    if (b->num_tokens < 1 || b->num_seqs < 1 || b->block_size != bs || b->query_start[0] != 0 ||
+        b->query_start[b->num_seqs] != b->num_tokens)
+        return fail(f, err, "malformed batch: T %d S %d bs %d", (int)b->num_tokens,
+                    (int)b->num_seqs, (int)b->block_size);
+    if (f->on_step) f->on_step(f->on_step_user, sids, b->query_start, b->positions, b->num_seqs);
+    int32_t max_seq = 0, max_q = 0, l = 0;
+    /* pass 1: shape checks and KV writes (as kv_write precedes attention) */
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        int32_t q0 = b->query_start[s], q1 = b->query_start[s + 1];
+        int32_t len = b->seq_lens[s], ql = q1 - q0;
+        if (ql < 1 || len < ql) return fail(f, err, "seq row %d: q_len %d, seq_len %d", (int)s, (int)ql, (int)len);
+        if (len > max_seq) max_seq = len;
+        if (ql > max_q) max_q = ql;
+        if ((len + bs - 1) / bs > b->block_table_stride)
+            return fail(f, err, "seq row %d: %d tokens do not fit stride %d", (int)s, (int)len,
+                        (int)b->block_table_stride);
+        for (int s2 = 0; s2 < s; s2++)
+            if (sids[s2] == sids[s]) return fail(f, err, "sequence twice in one batch");
+        const int32_t *bt = &b->block_tables[(size_t)s * (size_t)b->block_table_stride];
+        for (int32_t t = q0; t < q1; t++) {
+            int32_t pos = len - ql + (t - q0);
+            if (b->positions[t] != pos)
+                return fail(f, err, "token %d: position %d, expected %d", (int)t,
+                            (int)b->positions[t], (int)pos);
+            int32_t blk = bt[pos / bs];
+            if (blk < 0 || blk >= f->p.num_blocks)
+                return fail(f, err, "token %d: block %d out of range", (int)t, (int)blk);
+            if (b->slots[t] != blk * bs + pos % bs)
+                return fail(f, err, "token %d: slot %d, block table says %d", (int)t,
+                            (int)b->slots[t], (int)(blk * bs + pos % bs));
+            if (kv_pool_block_ref(pool, blk) != 1)
+                return fail(f, err, "seq %llx writes position %d into block %d with ref %d",
+                            (unsigned long long)sids[s], (int)pos, (int)blk,
+                            (int)kv_pool_block_ref(pool, blk));
+            int rc = feed(f, sids[s], pos, b->token_ids[t], err);
+            if (rc) return rc;
+            f->store[b->slots[t]] = (fake_slot){b->token_ids[t], pos, (int64_t)sids[s]};
+            f->c.slot_writes++;
+        }
+        if (l < b->num_logits && b->logits_rows[l] < q1) {
+            if (b->logits_rows[l] != q1 - 1)
+                return fail(f, err, "logits row %d is not a sequence's last token", (int)l);
+            l++;
+        }
+    }
+    if (l != b->num_logits || max_seq != b->max_seq_len || max_q != b->max_query_len)
+        return fail(f, err, "batch: logits rows %d/%d, max_seq_len %d/%d, max_query_len %d/%d",
+                    (int)l, (int)b->num_logits, (int)b->max_seq_len, (int)max_seq,
+                    (int)b->max_query_len, (int)max_q);
+    /* pass 2: attention reads. The last query token's context (0..len-1)
+     * covers every other query token's, so it is read in full once. */
+    l = 0;
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        int32_t len = b->seq_lens[s];
+        const int32_t *bt = &b->block_tables[(size_t)s * (size_t)b->block_table_stride];
+        uint64_t h = mix(f->p.salt ^ (uint64_t)(len - 1));
+        for (int32_t pos = 0; pos < len; pos++) {
+            const fake_slot *sl = &f->store[bt[pos / bs] * bs + pos % bs];
+            f->c.slot_reads++;
+            int32_t want = expected_token(f, sids[s], pos);
+            if (sl->writer < 0)
+                return fail(f, err, "seq %llx reads position %d from a never written slot",
+                            (unsigned long long)sids[s], (int)pos);
+            if (sl->position != pos || sl->token != want)
+                return fail(f, err, "seq %llx position %d reads (token %d, position %d) written "
+                            "by %llx, expected token %d", (unsigned long long)sids[s], (int)pos,
+                            (int)sl->token, (int)sl->position, (unsigned long long)sl->writer,
+                            (int)want);
+            if (pos >= len - f->p.window) h = mix(h ^ (uint64_t)(uint32_t)sl->token);
+        }
+        int32_t q1 = b->query_start[s + 1];
+        if (l < b->num_logits && b->logits_rows[l] == q1 - 1) {
+            float *row = logits + (size_t)l * (size_t)f->p.vocab_size;
+            for (int32_t v = 0; v < f->p.vocab_size; v++) {
+                uint64_t z = mix(h + (uint64_t)v * UINT64_C(0x9e3779b97f4a7c15));
+                row[v] = (float)(z % 2001) * 0.004f - 4.0f; /* [-4, 4] */
+            }
+            l++;
+        }
+    }
+    return PG_OK;
+}
+
+static int fake_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs, pg_error *err)
+{
+    fake_backend *f = ctx;
+    const kv_pool *pool = engine_kv_pool(f->e);
+    const int32_t bs = f->p.block_size;
+    for (int32_t k = 0; k < n_pairs; k++) {
+        int32_t src = src_dst[2 * k], dst = src_dst[2 * k + 1];
+        if (src < 0 || dst < 0 || src >= f->p.num_blocks || dst >= f->p.num_blocks || src == dst)
+            return fail(f, err, "copy_blocks: bad pair %d -> %d", (int)src, (int)dst);
+        if (kv_pool_block_ref(pool, dst) != 1 || kv_pool_block_ref(pool, src) < 1)
+            return fail(f, err, "copy_blocks: %d (ref %d) -> %d (ref %d)", (int)src,
+                        (int)kv_pool_block_ref(pool, src), (int)dst,
+                        (int)kv_pool_block_ref(pool, dst));
+        memcpy(&f->store[(size_t)dst * (size_t)bs], &f->store[(size_t)src * (size_t)bs],
+               (size_t)bs * sizeof *f->store);
+        f->c.block_copies++;
+    }
+    return PG_OK;
+}
+
+engine_backend fake_backend_iface(fake_backend *f)
+{
+    engine_backend be = {.ctx = f, .vocab_size = f->p.vocab_size, .forward = fake_forward,
+                         .copy_blocks = fake_copy_blocks};
+    return be;
+}

@@ -1,0 +1,54 @@
+/* fake_backend: an engine_backend without a model, for testing the engine.
+ * It keeps its own KV store of num_blocks * block_size slots, each holding
+ * (token id, position, writer sequence id), and for every step:
+ *   - checks the batch's shape (query_start, seq_lens, positions, slots
+ *     consistent with the block tables, logits_rows);
+ *   - writes every token into its slot, failing if the slot's block is
+ *     shared (ref count > 1: copy-on-write must have happened first);
+ *   - reads each sequence's whole context through its block table exactly
+ *     as attention does and fails if a slot was never written or holds
+ *     anything but that sequence's own (token, position) — the expected
+ *     tokens are the registered prompt and the tokens the sequence itself
+ *     fed at later positions (a recomputation must feed the same ones);
+ *   - returns logits that are a hash of the last few tokens read back from
+ *     the store and the position, so a wrong read changes the output.
+ * copy_blocks copies slot records (and checks the destination is private).
+ * The first violation is kept (fake_backend_error) and fails the step. */
+#ifndef PG_TEST_FAKE_BACKEND_H
+#define PG_TEST_FAKE_BACKEND_H
+
+#include <stdint.h>
+
+#include "engine.h"
+
+typedef struct fake_backend fake_backend;
+
+typedef struct fake_backend_params {
+    int32_t vocab_size;
+    int32_t num_blocks;
+    int32_t block_size;
+    int32_t window;        /* tokens hashed into the logits (>= 1) */
+    uint64_t salt;         /* changes the "model" */
+} fake_backend_params;
+
+typedef struct fake_backend_counts {
+    uint64_t steps, tokens, slot_writes, slot_reads, block_copies;
+} fake_backend_counts;
+
+fake_backend *fake_backend_create(const fake_backend_params *p);
+void fake_backend_destroy(fake_backend *f); /* accepts NULL */
+engine_backend fake_backend_iface(fake_backend *f);
+/* Must be called after engine_create (ref counts and sequence ids). */
+void fake_backend_attach(fake_backend *f, const engine *e);
+/* Registers request id's prompt (call right after engine_add_request). */
+void fake_backend_set_prompt(fake_backend *f, uint64_t request_id, const int32_t *prompt,
+                             int32_t n);
+/* The first violation seen, or NULL. */
+const char *fake_backend_error(const fake_backend *f);
+fake_backend_counts fake_backend_get_counts(const fake_backend *f);
+/* Called with the batch's sequence ids at every forward (may be NULL). */
+typedef void (*fake_backend_step_fn)(void *user, const uint64_t *seq_ids, const int32_t *qstart,
+                                     const int32_t *positions, int32_t num_seqs);
+void fake_backend_on_step(fake_backend *f, fake_backend_step_fn fn, void *user);
+
+#endif /* PG_TEST_FAKE_BACKEND_H */
