@@ -43,6 +43,19 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_specia
 int tok_decode(const tokenizer *t, const int32_t *ids, size_t n_ids, bool skip_special,
                char **text, size_t *len, pg_error *err);
 
+/* tok_decode with options. TOK_DECODE_CLEANUP applies transformers'
+ * clean_up_tokenization (" ." -> ".", " ?" -> "?", " !" -> "!", " ," -> ",",
+ * " ' " -> "'", " n't" -> "n't", " 'm", " 's", " 've", " 're") after the
+ * decoder, as Python transformers' decode does when the tokenizer_config's
+ * clean_up_tokenization_spaces is true (see tok_cleanup_default). tok_decode
+ * and the stream never clean up (they are the tokenizers-library decode, and
+ * what vLLM streams). */
+enum { TOK_DECODE_SKIP_SPECIAL = 1u, TOK_DECODE_CLEANUP = 2u };
+int tok_decode_ex(const tokenizer *t, const int32_t *ids, size_t n_ids, unsigned flags,
+                  char **text, size_t *len, pg_error *err);
+/* tokenizer_config.json's clean_up_tokenization_spaces (false when absent). */
+bool tok_cleanup_default(const tokenizer *t);
+
 /* Incremental decoder for generation. It is seeded with the prompt's ids and
  * then fed generated ids one at a time; the concatenation of everything it
  * emits equals decode(prompt + generated) minus decode(prompt) (so a leading
