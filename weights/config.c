@@ -56,10 +56,13 @@ static int opt_float(const json_doc *d, int obj, const char *key, double lo, int
     int rc = json_get_double(d, v, &x, err);
     if (rc)
         return pg_error_wrap(err, PG_EFORMAT, "%s: %s", label, key);
-    if (x < lo || (lo_open && x == lo) || x > hi)
-        return pg_error_set(err, PG_EFORMAT, "%s: %s: expected a number in %c%g, %g], got %g", label, key,
-                            lo_open ? '(' : '[', lo, hi, x);
-    *out = (float)x;
+    /* the open bound is checked after rounding to float: 1e-85 is > 0 as a
+     * double but 0 as a float (found by fuzz_config) */
+    float f = (float)x;
+    if (x < lo || (lo_open && !((double)f > lo)) || x > hi)
+        return pg_error_set(err, PG_EFORMAT, "%s: %s: expected a number in %c%g, %g] (as a float), got %g", label,
+                            key, lo_open ? '(' : '[', lo, hi, x);
+    *out = f;
     if (present)
         *present = true;
     return PG_OK;

@@ -200,6 +200,7 @@ static void test_refusals(void **state)
     expect_refused(BASE(",\"head_dim\":7"), "head_dim", "even");
     expect_refused(BASE(",\"rms_norm_eps\":-1e-5"), "rms_norm_eps", NULL);
     expect_refused(BASE(",\"rms_norm_eps\":0"), "rms_norm_eps", NULL);
+    expect_refused(BASE(",\"rms_norm_eps\":1e-85"), "rms_norm_eps", NULL); /* 0 as a float */
     expect_refused(BASE(",\"rope_theta\":1e400"), "rope_theta", NULL);
     expect_refused(BASE(",\"max_position_embeddings\":-1"), "max_position_embeddings", NULL);
     expect_refused(BASE(",\"tie_word_embeddings\":\"yes\""), "tie_word_embeddings", NULL);
