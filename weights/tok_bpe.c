@@ -36,12 +36,12 @@ static bool merge_find(const tokenizer *t, int32_t a, int32_t b, uint32_t *rank,
     size_t mask = t->mcap - 1;
     size_t h = (size_t)tok_hash_u64(key) & mask;
     for (;;) {
-        uint64_t k = t->mkey[h];
-        if (k == UINT64_MAX)
+        const tok_merge_slot *m = &t->merges[h];
+        if (m->key == UINT64_MAX)
             return false;
-        if (k == key) {
-            *rank = (uint32_t)(t->mval[h] >> 32);
-            *nid = (int32_t)(uint32_t)t->mval[h];
+        if (m->key == key) {
+            *rank = m->rank;
+            *nid = m->new_id;
             return true;
         }
         h = (h + 1) & mask;
@@ -144,11 +144,11 @@ static int load_merges(tokenizer *t, const json_doc *d, int merges, const char *
     }
     int n = merges < 0 ? 0 : json_size(d, merges);
     t->mcap = pow2_at_least((size_t)n * 2 + 1);
-    t->mkey = malloc(t->mcap * sizeof *t->mkey);
-    t->mval = malloc(t->mcap * sizeof *t->mval);
-    if (!t->mkey || !t->mval)
+    t->merges = malloc(t->mcap * sizeof *t->merges);
+    if (!t->merges)
         return pg_error_set(err, PG_ENOMEM, "%s: out of memory for %d merges", label, n);
-    memset(t->mkey, 0xFF, t->mcap * sizeof *t->mkey);
+    for (size_t h = 0; h < t->mcap; h++)
+        t->merges[h].key = UINT64_MAX;
     char *tmp_a = NULL, *tmp_b = NULL;
     char *cat = NULL;
     size_t cat_cap = 0;
@@ -205,10 +205,11 @@ static int load_merges(tokenizer *t, const json_doc *d, int merges, const char *
         }
         uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
         size_t h = (size_t)tok_hash_u64(key) & (t->mcap - 1);
-        while (t->mkey[h] != UINT64_MAX && t->mkey[h] != key)
+        while (t->merges[h].key != UINT64_MAX && t->merges[h].key != key)
             h = (h + 1) & (t->mcap - 1);
-        t->mkey[h] = key; /* a repeated pair: the later rank wins, as in HF */
-        t->mval[h] = ((uint64_t)(uint32_t)k << 32) | (uint32_t)ic;
+        t->merges[h].key = key; /* a repeated pair: the later rank wins, as in HF */
+        t->merges[h].rank = (uint32_t)k;
+        t->merges[h].new_id = ic;
         i = json_skip(d, i);
     }
     free(tmp_a);
@@ -284,8 +285,7 @@ void tok_bpe_free(tokenizer *t)
     free(t->mv_off);
     free(t->mv_len);
     free(t->vhash);
-    free(t->mkey);
-    free(t->mval);
+    free(t->merges);
 }
 
 typedef struct bpe_sym {

@@ -82,6 +82,13 @@ static inline uint64_t tok_hash_u64(uint64_t x)
     return x;
 }
 
+/* merges hash slot: (left<<32|right) -> rank, new id (one cache line per probe) */
+typedef struct tok_merge_slot {
+    uint64_t key;
+    uint32_t rank;
+    int32_t new_id;
+} tok_merge_slot;
+
 /* ---- added tokens (tok_added.c) ---- */
 typedef struct tok_added_token {
     int32_t id;
@@ -169,7 +176,7 @@ struct tokenizer {
     uint32_t *mv_off, *mv_len; /* [mv_n], mv_off UINT32_MAX: no piece */
     int32_t *vhash;          /* [vhash_cap] model id or -1 */
     size_t vhash_cap;
-    uint64_t *mkey, *mval;   /* merges: (left<<32|right) -> (rank<<32|new_id) */
+    tok_merge_slot *merges;  /* open addressing, key UINT64_MAX: empty */
     size_t mcap;
     int32_t char_id[0x800];  /* model id of each 1-2 byte char, -1 none */
     int32_t byte_id[256];    /* <0xXX> ids, -1 none */

@@ -283,6 +283,16 @@ static int split_regex(splitter *sp, const pcre2_code *re, size_t n, bool invert
     int rc;
     while (pos <= n) {
         int r = pcre2_match(re, (PCRE2_SPTR)sp->s, n, pos, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
+        if (r == PCRE2_ERROR_JIT_STACKLIMIT && !e->jit) {
+            /* a pathological input: retry with a JIT stack of up to 64 MiB */
+            if (!e->mctx)
+                e->mctx = pcre2_match_context_create(NULL);
+            e->jit = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, NULL);
+            if (!e->mctx || !e->jit)
+                return pg_error_set(e->err, PG_ENOMEM, "tokenizer: out of memory for a jit stack");
+            pcre2_jit_stack_assign(e->mctx, NULL, e->jit);
+            continue;
+        }
         if (r == PCRE2_ERROR_NOMATCH)
             break;
         if (r < 0)

@@ -42,12 +42,10 @@ static int enc_init(tok_enc *e, const tokenizer *t, pg_error *err)
     if (!has_regex(t))
         return PG_OK;
     e->md = pcre2_match_data_create(4, NULL);
-    e->mctx = pcre2_match_context_create(NULL);
-    e->jit = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-    if (!e->md || !e->mctx)
+    if (!e->md)
         return pg_error_set(err, PG_ENOMEM, "tok_encode: out of memory");
-    if (e->jit)
-        pcre2_jit_stack_assign(e->mctx, NULL, e->jit);
+    /* mctx/jit (a bigger JIT stack) are made only if a match runs out of
+     * the default 32 KiB one (tok_pretok.c) */
     return PG_OK;
 }
 
