@@ -1,0 +1,757 @@
+/* cuda_executor: the executor table over CUDA kernels and cuBLAS (see
+ * cuda_executor.h). This file is plain C compiled by the C compiler; it
+ * owns the device, the stream, the cuBLAS wrapper, the step metadata on the
+ * device and the small workspaces, and forwards each op to its launcher
+ * (cuda_kernels.h).
+ *
+ * Bytes per decode step (why the design is what it is). At batch B a decode
+ * step reads every weight once (Llama-3-8B in bf16: 16 GB), the KV context of
+ * every sequence (2 * n_layers * nkv * hd * 2 B = 128 KiB per token for
+ * Llama-3-8B) and moves a few MB of activations. On an H100 (≈3.35 TB/s
+ * HBM3; ~3 TB/s achievable) the weights alone take ≈5 ms: at B = 1 the step
+ * is bandwidth-bound and its floor is ~5 ms (≈200 tok/s); each extra
+ * sequence adds only its KV reads (1k context: 128 MiB ≈ 0.04 ms), which is
+ * why the scheduler's job is to keep the batch full. GEMMs turn
+ * compute-bound around B ≈ 300 (989 TFLOP/s bf16 dense / 3.35 TB/s ≈ 295
+ * flops per weight byte, 2 flops per weight per sequence).
+ */
+#include "cuda_executor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_gemm.h"
+#include "cuda_kernels.h"
+#include "cuda_plan.h"
+#include "dtype.h"
+
+/* Pinned host staging buffer with an event that says when the device has
+ * finished reading it (host -> device copies are asynchronous). */
+typedef struct pinned_buf {
+    void *h;
+    size_t cap;
+    cudaEvent_t ev;
+    int pending;          /* ev recorded after the last copy from h */
+} pinned_buf;
+
+typedef struct cuda_exec {
+    executor base;        /* first member: executor* <-> cuda_exec* */
+    int device;
+    int act_dt, wt_dt, kv_dt; /* pgk_dtype codes */
+    int sync_each;        /* PAGEDGEN_CUDA_SYNC=1 */
+    cudaStream_t stream;
+    cuda_gemm *gemm;
+    pg_error err;
+
+    /* step metadata (begin_step): one device block of int32 */
+    pinned_buf meta_h;
+    int32_t *meta_d;
+    size_t meta_cap;      /* int32 entries of meta_d */
+    pgk_batch batch;      /* device pointers into meta_d */
+    int have_batch;
+    int32_t n_decode_seqs; /* sequences with q_len == 1 */
+
+    /* decode attention split workspace, f32 */
+    float *ws_d;
+    size_t ws_floats;
+    /* lm_head output, f32 [L][V] */
+    float *logits_d;
+    size_t logits_cap;
+    /* copy_blocks pairs */
+    pinned_buf pairs_h;
+    int32_t *pairs_d;
+    size_t pairs_cap;
+    /* upload / download staging: two buffers, alternated */
+    pinned_buf stage[2];
+} cuda_exec;
+
+#define STAGE_BYTES ((size_t)16 << 20)
+
+static cuda_exec *cx(executor *ex) { return (cuda_exec *)ex; }
+
+static int cuda_fail(pg_error *err, int status, const char *what, cudaError_t e)
+{
+    return pg_error_set(err, status, "cuda: %s: %s: %s", what, cudaGetErrorName(e),
+                        cudaGetErrorString(e));
+}
+
+#define CUDA_TRY(err, what, call)                                       \
+    do {                                                                \
+        cudaError_t e_ = (call);                                        \
+        if (e_ != cudaSuccess)                                          \
+            return cuda_fail((err), PG_EDEVICE, (what), e_);            \
+    } while (0)
+
+int cuda_device_count(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear the sticky-free error state */
+        return 0;
+    }
+    return n < 0 ? 0 : n;
+}
+
+cuda_executor_params cuda_executor_params_default(void)
+{
+    cuda_executor_params p = {0, 0, 0};
+    return p;
+}
+
+/* ---- pinned staging ---------------------------------------------------- */
+
+static int pinned_wait(pinned_buf *pb, pg_error *err)
+{
+    if (pb->pending) {
+        CUDA_TRY(err, "cudaEventSynchronize (staging)", cudaEventSynchronize(pb->ev));
+        pb->pending = 0;
+    }
+    return 0;
+}
+
+/* Returns (in *h) a pinned buffer of at least bytes that the device no
+ * longer reads. */
+static int pinned_get(pinned_buf *pb, size_t bytes, void **h, pg_error *err)
+{
+    int rc = pinned_wait(pb, err);
+    if (rc)
+        return rc;
+    if (!pb->ev)
+        CUDA_TRY(err, "cudaEventCreateWithFlags",
+                 cudaEventCreateWithFlags(&pb->ev, cudaEventDisableTiming));
+    if (pb->cap < bytes) {
+        size_t cap = pb->cap ? pb->cap : 4096;
+        while (cap < bytes)
+            cap *= 2;
+        void *n = NULL;
+        cudaError_t e = cudaMallocHost(&n, cap);
+        if (e != cudaSuccess)
+            return cuda_fail(err, PG_ENOMEM, "cudaMallocHost (staging)", e);
+        if (pb->h)
+            cudaFreeHost(pb->h);
+        pb->h = n;
+        pb->cap = cap;
+    }
+    *h = pb->h;
+    return 0;
+}
+
+static int pinned_mark(pinned_buf *pb, cudaStream_t st, pg_error *err)
+{
+    CUDA_TRY(err, "cudaEventRecord (staging)", cudaEventRecord(pb->ev, st));
+    pb->pending = 1;
+    return 0;
+}
+
+static void pinned_free(pinned_buf *pb)
+{
+    if (pb->pending)
+        cudaEventSynchronize(pb->ev);
+    if (pb->h)
+        cudaFreeHost(pb->h);
+    if (pb->ev)
+        cudaEventDestroy(pb->ev);
+    memset(pb, 0, sizeof *pb);
+}
+
+/* Grows a device buffer to at least bytes (contents dropped). */
+static int device_grow(void **p, size_t *cap_bytes, size_t bytes, const char *what, pg_error *err)
+{
+    if (*cap_bytes >= bytes && *p)
+        return 0;
+    size_t cap = *cap_bytes ? *cap_bytes : 4096;
+    while (cap < bytes)
+        cap *= 2;
+    if (*p)
+        cudaFree(*p); /* implicitly waits for the work that used it */
+    *p = NULL;
+    *cap_bytes = 0;
+    cudaError_t e = cudaMalloc(p, cap);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return cuda_fail(err, PG_ENOMEM, what, e);
+    }
+    *cap_bytes = cap;
+    return 0;
+}
+
+/* ---- lifetime and memory ---------------------------------------------- */
+
+static void cuda_destroy(executor *ex)
+{
+    if (!ex)
+        return;
+    cuda_exec *c = cx(ex);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    cuda_gemm_destroy(c->gemm);
+    pinned_free(&c->meta_h);
+    pinned_free(&c->pairs_h);
+    pinned_free(&c->stage[0]);
+    pinned_free(&c->stage[1]);
+    if (c->meta_d)
+        cudaFree(c->meta_d);
+    if (c->ws_d)
+        cudaFree(c->ws_d);
+    if (c->logits_d)
+        cudaFree(c->logits_d);
+    if (c->pairs_d)
+        cudaFree(c->pairs_d);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static const char *cuda_last_error(executor *ex)
+{
+    return cx(ex)->err.msg;
+}
+
+static int cuda_mem_info(executor *ex, size_t *free_bytes, size_t *total_bytes)
+{
+    cuda_exec *c = cx(ex);
+    size_t f = 0, t = 0;
+    CUDA_TRY(&c->err, "cudaMemGetInfo", cudaMemGetInfo(&f, &t));
+    *free_bytes = f;
+    *total_bytes = t;
+    return 0;
+}
+
+static int kind_dt(const cuda_exec *c, exec_buf_kind kind)
+{
+    switch (kind) {
+    case EXEC_ACT: return c->act_dt;
+    case EXEC_WT: return c->wt_dt;
+    case EXEC_KV: return c->kv_dt;
+    case EXEC_F32: return PGK_F32;
+    case EXEC_I32: return -1;
+    }
+    return -2;
+}
+
+static const char *kind_name(exec_buf_kind kind)
+{
+    switch (kind) {
+    case EXEC_ACT: return "activations";
+    case EXEC_WT: return "weights";
+    case EXEC_KV: return "kv cache";
+    case EXEC_F32: return "f32";
+    case EXEC_I32: return "i32";
+    }
+    return "?";
+}
+
+static void *cuda_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
+{
+    cuda_exec *c = cx(ex);
+    size_t eb = exec_kind_bytes(ex, kind);
+    if (eb == 0) {
+        pg_error_set(&c->err, PG_EINVAL, "cuda alloc: unknown buffer kind %d", (int)kind);
+        return NULL;
+    }
+    if (n_elems > ((size_t)-1 - 255) / eb) {
+        pg_error_set(&c->err, PG_EINVAL, "cuda alloc: %zu elements of %s overflow", n_elems,
+                     kind_name(kind));
+        return NULL;
+    }
+    size_t bytes = n_elems * eb;
+    if (bytes == 0)
+        bytes = 64;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t f = 0, t = 0;
+        cudaMemGetInfo(&f, &t);
+        pg_error_set(&c->err, PG_ENOMEM,
+                     "cuda alloc: %.1f MiB of %s on device %d: %s: %s (free %.1f MiB of %.1f MiB)",
+                     (double)bytes / 1048576.0, kind_name(kind), c->device, cudaGetErrorName(e),
+                     cudaGetErrorString(e), (double)f / 1048576.0, (double)t / 1048576.0);
+        return NULL;
+    }
+    return p; /* cudaMalloc memory is at least 256-byte aligned */
+}
+
+static void cuda_free(executor *ex, void *p)
+{
+    if (p)
+        cudaFree(p);
+    (void)ex;
+}
+
+/* Converts n elements of src (src_dtype, host, maybe unaligned) to dst_dt
+ * into dst (host). */
+static void convert_chunk(void *dst, int dst_dt, const unsigned char *src, st_dtype src_dtype,
+                          size_t n)
+{
+    size_t sb = st_dtype_size(src_dtype);
+    if (dst_dt == PGK_F32) {
+        pg_convert_to_f32((float *)dst, src, src_dtype, n);
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+    if ((dst_dt == PGK_BF16 && src_dtype == ST_BF16) || (dst_dt == PGK_F16 && src_dtype == ST_F16)) {
+        memcpy(d, src, n * 2u);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        if (src_dtype == ST_F32) {
+            memcpy(&f, src + i * sb, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, src + i * sb, 2);
+            f = src_dtype == ST_F16 ? pg_f16_to_f32(h) : pg_bf16_to_f32(h);
+        }
+        d[i] = dst_dt == PGK_BF16 ? pg_f32_to_bf16(f) : pg_f32_to_f16(f);
+    }
+}
+
+static int cuda_upload(executor *ex, void *dst, exec_buf_kind kind, size_t dst_elem_off,
+                       const void *src, st_dtype src_dtype, size_t n_elems)
+{
+    cuda_exec *c = cx(ex);
+    int dt = kind_dt(c, kind);
+    size_t db = exec_kind_bytes(ex, kind);
+    if (dt == -2 || db == 0)
+        return pg_error_set(&c->err, PG_EINVAL, "cuda upload: unknown buffer kind %d", (int)kind);
+    if (dt == -1 ? src_dtype != ST_I32 : !st_dtype_is_float_weight(src_dtype))
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda upload to %s: source dtype %s: expected %s", kind_name(kind),
+                            st_dtype_name(src_dtype), dt == -1 ? "I32" : "F32, F16 or BF16");
+    size_t sb = st_dtype_size(src_dtype);
+    size_t per_chunk = STAGE_BYTES / db;
+    const unsigned char *s = (const unsigned char *)src;
+    unsigned char *d = (unsigned char *)dst + dst_elem_off * db;
+    for (size_t done = 0, k = 0; done < n_elems; k++) {
+        size_t n = n_elems - done < per_chunk ? n_elems - done : per_chunk;
+        pinned_buf *pb = &c->stage[k % 2];
+        void *h = NULL;
+        int rc = pinned_get(pb, STAGE_BYTES, &h, &c->err);
+        if (rc)
+            return pg_error_wrap(&c->err, rc, "cuda upload");
+        if (dt == -1)
+            memcpy(h, s + done * sb, n * 4u);
+        else
+            convert_chunk(h, dt, s + done * sb, src_dtype, n);
+        CUDA_TRY(&c->err, "cudaMemcpyAsync (upload)",
+                 cudaMemcpyAsync(d + done * db, h, n * db, cudaMemcpyHostToDevice, c->stream));
+        rc = pinned_mark(pb, c->stream, &c->err);
+        if (rc)
+            return rc;
+        done += n;
+    }
+    return 0;
+}
+
+static int cuda_download_f32(executor *ex, float *dst_host, const void *src, exec_buf_kind kind,
+                             size_t n_elems)
+{
+    cuda_exec *c = cx(ex);
+    int dt = kind_dt(c, kind);
+    size_t sbytes = exec_kind_bytes(ex, kind);
+    if (dt < 0)
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda download_f32: buffer kind %s: expected a float kind",
+                            kind_name(kind));
+    size_t per_chunk = STAGE_BYTES / sbytes;
+    const unsigned char *s = (const unsigned char *)src;
+    for (size_t done = 0; done < n_elems;) {
+        size_t n = n_elems - done < per_chunk ? n_elems - done : per_chunk;
+        void *h = NULL;
+        int rc = pinned_get(&c->stage[0], STAGE_BYTES, &h, &c->err);
+        if (rc)
+            return pg_error_wrap(&c->err, rc, "cuda download_f32");
+        CUDA_TRY(&c->err, "cudaMemcpyAsync (download)",
+                 cudaMemcpyAsync(h, s + done * sbytes, n * sbytes, cudaMemcpyDeviceToHost,
+                                 c->stream));
+        CUDA_TRY(&c->err, "cudaStreamSynchronize (download)", cudaStreamSynchronize(c->stream));
+        if (dt == PGK_F32) {
+            memcpy(dst_host + done, h, n * 4u);
+        } else {
+            const uint16_t *hv = (const uint16_t *)h;
+            for (size_t i = 0; i < n; i++)
+                dst_host[done + i] = dt == PGK_BF16 ? pg_bf16_to_f32(hv[i]) : pg_f16_to_f32(hv[i]);
+        }
+        done += n;
+    }
+    return 0;
+}
+
+static int cuda_sync(executor *ex)
+{
+    cuda_exec *c = cx(ex);
+    CUDA_TRY(&c->err, "cudaStreamSynchronize", cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+/* ---- per step ------------------------------------------------------------ */
+
+static int cuda_begin_step(executor *ex, const step_batch *b)
+{
+    cuda_exec *c = cx(ex);
+    c->have_batch = 0;
+    const int32_t T = b->num_tokens, S = b->num_seqs, L = b->num_logits;
+    if (T < 1 || S < 1 || L < 0 || L > T || b->block_size < 1 || b->block_table_stride < 0)
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda begin_step: expected T >= 1, S >= 1, 0 <= L <= T, block_size >= 1, "
+                            "got T %d, S %d, L %d, block_size %d", (int)T, (int)S, (int)L,
+                            (int)b->block_size);
+    if (b->query_start[0] != 0 || b->query_start[S] != T)
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda begin_step: expected query_start[0] = 0 and query_start[S] = T = %d, "
+                            "got %d and %d", (int)T, (int)b->query_start[0], (int)b->query_start[S]);
+    int32_t max_q = 0, max_len = 0, n_decode = 0;
+    for (int32_t s = 0; s < S; s++) {
+        int32_t q = b->query_start[s + 1] - b->query_start[s];
+        int32_t len = b->seq_lens[s];
+        int64_t nblk = ((int64_t)len + b->block_size - 1) / b->block_size;
+        if (q < 0 || len < q || nblk > b->block_table_stride)
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda begin_step: sequence %d: expected 0 <= q_len <= seq_len and "
+                                "ceil(seq_len / block_size) <= block_table_stride %d, got q_len %d, "
+                                "seq_len %d", (int)s, (int)b->block_table_stride, (int)q, (int)len);
+        max_q = q > max_q ? q : max_q;
+        max_len = len > max_len ? len : max_len;
+        n_decode += q == 1;
+    }
+    for (int32_t r = 0; r < L; r++)
+        if (b->logits_rows[r] < 0 || b->logits_rows[r] >= T)
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda begin_step: logits_rows[%d] = %d: expected 0 .. %d",
+                                (int)r, (int)b->logits_rows[r], (int)T - 1);
+
+    size_t n_bt = (size_t)S * (size_t)b->block_table_stride;
+    size_t n = 3u * (size_t)T + (size_t)(S + 1) + (size_t)S + n_bt + (size_t)L;
+    void *hv = NULL;
+    int rc = pinned_get(&c->meta_h, n * 4u, &hv, &c->err);
+    if (rc)
+        return pg_error_wrap(&c->err, rc, "cuda begin_step");
+    size_t cap_bytes = c->meta_cap * 4u;
+    rc = device_grow((void **)&c->meta_d, &cap_bytes, n * 4u, "cudaMalloc (step metadata)", &c->err);
+    c->meta_cap = cap_bytes / 4u;
+    if (rc)
+        return rc;
+    int32_t *h = (int32_t *)hv;
+    size_t o = 0;
+    pgk_batch *d = &c->batch;
+#define PUT(field, src, count)                                   \
+    do {                                                         \
+        memcpy(h + o, (src), (size_t)(count) * 4u);              \
+        d->field = c->meta_d + o;                                \
+        o += (size_t)(count);                                    \
+    } while (0)
+    PUT(token_ids, b->token_ids, T);
+    PUT(positions, b->positions, T);
+    PUT(slots, b->slots, T);
+    PUT(query_start, b->query_start, S + 1);
+    PUT(seq_lens, b->seq_lens, S);
+    PUT(block_tables, b->block_tables, n_bt);
+    PUT(logits_rows, b->logits_rows, L);
+#undef PUT
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (step metadata)",
+             cudaMemcpyAsync(c->meta_d, h, n * 4u, cudaMemcpyHostToDevice, c->stream));
+    rc = pinned_mark(&c->meta_h, c->stream, &c->err);
+    if (rc)
+        return rc;
+    d->num_tokens = T;
+    d->num_seqs = S;
+    d->block_size = b->block_size;
+    d->block_table_stride = b->block_table_stride;
+    d->max_seq_len = max_len;      /* recomputed: the grids are sized from these */
+    d->max_query_len = max_q;
+    d->num_logits = L;
+    c->n_decode_seqs = n_decode;
+    c->have_batch = 1;
+    return 0;
+}
+
+/* The device copy of b (checks that b is the batch of the last begin_step). */
+static int step_batch_dev(cuda_exec *c, const step_batch *b, const char *op, const pgk_batch **out)
+{
+    if (!c->have_batch || b->num_tokens != c->batch.num_tokens || b->num_seqs != c->batch.num_seqs ||
+        b->num_logits != c->batch.num_logits)
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda %s: expected the batch of the last begin_step (T %d, S %d), got "
+                            "T %d, S %d", op, c->have_batch ? (int)c->batch.num_tokens : -1,
+                            c->have_batch ? (int)c->batch.num_seqs : -1, (int)b->num_tokens,
+                            (int)b->num_seqs);
+    *out = &c->batch;
+    return 0;
+}
+
+/* ---- ops ------------------------------------------------------------------ */
+
+static int cuda_embed(executor *ex, void *x, const void *table, int32_t H, int32_t V,
+                      const step_batch *b)
+{
+    cuda_exec *c = cx(ex);
+    const pgk_batch *d = NULL;
+    int rc = step_batch_dev(c, b, "embed", &d);
+    if (rc)
+        return rc;
+    return pgk_embed(x, table, c->act_dt, H, V, d, c->stream, c->sync_each, &c->err);
+}
+
+static int cuda_rmsnorm(executor *ex, void *out, void *residual, const void *x, const float *w,
+                        int32_t rows, int32_t dim, float eps)
+{
+    cuda_exec *c = cx(ex);
+    return pgk_rmsnorm(out, residual, x, w, c->act_dt, rows, dim, eps, c->stream, c->sync_each,
+                       &c->err);
+}
+
+static int cuda_matmul(executor *ex, void *y, const void *x, const void *w, int32_t M, int32_t N,
+                       int32_t K)
+{
+    cuda_exec *c = cx(ex);
+    int rc = cuda_gemm_xwt(c->gemm, y, c->act_dt, x, w, c->act_dt, M, N, K, &c->err);
+    if (rc == 0)
+        rc = pgk_check_launch("matmul (cublasGemmEx)", c->stream, c->sync_each, &c->err);
+    return rc;
+}
+
+static int cuda_rope(executor *ex, void *qkv, const float *inv_freq, int32_t nh, int32_t nkv,
+                     int32_t hd, const step_batch *b)
+{
+    cuda_exec *c = cx(ex);
+    const pgk_batch *d = NULL;
+    int rc = step_batch_dev(c, b, "rope", &d);
+    if (rc)
+        return rc;
+    return pgk_rope(qkv, inv_freq, c->act_dt, nh, nkv, hd, d, c->stream, c->sync_each, &c->err);
+}
+
+static int cuda_kv_write(executor *ex, void *k_cache, void *v_cache, const void *qkv, int32_t nh,
+                         int32_t nkv, int32_t hd, const step_batch *b)
+{
+    cuda_exec *c = cx(ex);
+    const pgk_batch *d = NULL;
+    int rc = step_batch_dev(c, b, "kv_write", &d);
+    if (rc)
+        return rc;
+    return pgk_kv_write(k_cache, v_cache, c->kv_dt, qkv, c->act_dt, nh, nkv, hd, d, c->stream,
+                        c->sync_each, &c->err);
+}
+
+/* Sequences with one query token go to the decode kernel, the others to the
+ * prefill kernel — chosen per sequence, never by the batch (a pure decode
+ * step, b->max_query_len == 1, launches only the decode kernel). */
+static int cuda_attention(executor *ex, void *out, const void *qkv, const void *k_cache,
+                          const void *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+                          const step_batch *b)
+{
+    cuda_exec *c = cx(ex);
+    const pgk_batch *d = NULL;
+    int rc = step_batch_dev(c, b, "attention", &d);
+    if (rc)
+        return rc;
+    if (!cuda_plan_head_dim_supported(hd))
+        return pg_error_set(&c->err, PG_EUNSUPPORTED,
+                            "cuda attention: head_dim %d not supported (expected 8, 16, 32, 64, 128 "
+                            "or 256)", (int)hd);
+    if (c->n_decode_seqs > 0) {
+        if (nkv < 1 || nh % nkv != 0)
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda attention: nh %d is not a multiple of nkv %d", (int)nh, (int)nkv);
+        cuda_decode_plan pl;
+        rc = cuda_plan_decode(&pl, hd, nh / nkv, d->max_seq_len, CUDA_PLAN_SMEM_DEFAULT_BYTES,
+                              &c->err);
+        if (rc)
+            return rc;
+        size_t need = pgk_decode_workspace_floats(d->num_seqs, nh, hd, d->max_seq_len,
+                                                  pl.partition_size);
+        if (need > c->ws_floats) {
+            size_t cap = c->ws_floats * 4u;
+            rc = device_grow((void **)&c->ws_d, &cap, need * 4u, "cudaMalloc (decode workspace)",
+                             &c->err);
+            c->ws_floats = cap / 4u;
+            if (rc)
+                return rc;
+        }
+        rc = pgk_decode_attention(out, qkv, c->act_dt, k_cache, v_cache, c->kv_dt, nh, nkv, hd,
+                                  scale, d, c->ws_d, c->ws_floats, c->stream, c->sync_each, &c->err);
+        if (rc)
+            return rc;
+    }
+    if (d->max_query_len > 1)
+        rc = pgk_prefill_attention(out, qkv, c->act_dt, k_cache, v_cache, c->kv_dt, nh, nkv, hd,
+                                   scale, d, c->stream, c->sync_each, &c->err);
+    return rc;
+}
+
+static int cuda_silu_mul(executor *ex, void *out, const void *gate_up, int32_t T, int32_t I)
+{
+    cuda_exec *c = cx(ex);
+    return pgk_silu_mul(out, gate_up, c->act_dt, T, I, c->stream, c->sync_each, &c->err);
+}
+
+static int cuda_gather_rows(executor *ex, void *dst, const void *src, int32_t dim,
+                            const step_batch *b)
+{
+    cuda_exec *c = cx(ex);
+    const pgk_batch *d = NULL;
+    int rc = step_batch_dev(c, b, "gather_rows", &d);
+    if (rc)
+        return rc;
+    return pgk_gather_rows(dst, src, c->act_dt, dim, d, c->stream, c->sync_each, &c->err);
+}
+
+static int cuda_logits(executor *ex, float *logits_host, const void *x, const void *w, int32_t L,
+                       int32_t V, int32_t H)
+{
+    cuda_exec *c = cx(ex);
+    if (L < 1 || V < 1 || H < 1)
+        return pg_error_set(&c->err, PG_EINVAL, "cuda logits: expected L, V, H >= 1, got %d, %d, %d",
+                            (int)L, (int)V, (int)H);
+    size_t bytes = (size_t)L * (size_t)V * 4u;
+    size_t cap = c->logits_cap;
+    int rc = device_grow((void **)&c->logits_d, &cap, bytes, "cudaMalloc (logits)", &c->err);
+    c->logits_cap = cap;
+    if (rc)
+        return rc;
+    rc = cuda_gemm_xwt(c->gemm, c->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
+    if (rc)
+        return rc;
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
+             cudaMemcpyAsync(logits_host, c->logits_d, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
+                            size_t block_elems, const int32_t *src_dst_host, int32_t n_pairs)
+{
+    cuda_exec *c = cx(ex);
+    if (n_pairs <= 0)
+        return n_pairs == 0 ? 0
+                            : pg_error_set(&c->err, PG_EINVAL, "cuda copy_blocks: n_pairs %d < 0",
+                                           (int)n_pairs);
+    if (block_elems == 0 || plane_elems % block_elems != 0)
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda copy_blocks: plane of %zu elements is not a multiple of the block "
+                            "of %zu", plane_elems, block_elems);
+    size_t nb = plane_elems / block_elems;
+    for (int32_t i = 0; i < 2 * n_pairs; i++)
+        if (src_dst_host[i] < 0 || (size_t)src_dst_host[i] >= nb)
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda copy_blocks: block id %d at %d: expected 0 .. %zu",
+                                (int)src_dst_host[i], (int)i, nb - 1);
+    size_t bytes = (size_t)n_pairs * 2u * 4u;
+    void *h = NULL;
+    int rc = pinned_get(&c->pairs_h, bytes, &h, &c->err);
+    if (rc)
+        return rc;
+    size_t cap = c->pairs_cap;
+    rc = device_grow((void **)&c->pairs_d, &cap, bytes, "cudaMalloc (copy_blocks pairs)", &c->err);
+    c->pairs_cap = cap;
+    if (rc)
+        return rc;
+    memcpy(h, src_dst_host, bytes);
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (copy_blocks pairs)",
+             cudaMemcpyAsync(c->pairs_d, h, bytes, cudaMemcpyHostToDevice, c->stream));
+    rc = pinned_mark(&c->pairs_h, c->stream, &c->err);
+    if (rc)
+        return rc;
+    return pgk_copy_blocks(kv, c->kv_dt, n_planes, plane_elems, block_elems, c->pairs_d, n_pairs,
+                           c->stream, c->sync_each, &c->err);
+}
+
+int cuda_executor_argmax(executor *ex, int32_t *ids_host, const float *logits, int32_t rows,
+                         int32_t V)
+{
+    cuda_exec *c = cx(ex);
+    int32_t *ids_d = NULL;
+    if (rows < 1)
+        return pg_error_set(&c->err, PG_EINVAL, "cuda argmax: rows %d < 1", (int)rows);
+    CUDA_TRY(&c->err, "cudaMalloc (argmax ids)", cudaMalloc((void **)&ids_d, (size_t)rows * 4u));
+    int rc = pgk_argmax(ids_d, logits, rows, V, c->stream, c->sync_each, &c->err);
+    if (rc == 0) {
+        cudaError_t e = cudaMemcpyAsync(ids_host, ids_d, (size_t)rows * 4u, cudaMemcpyDeviceToHost,
+                                        c->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess)
+            rc = cuda_fail(&c->err, PG_EDEVICE, "argmax result copy", e);
+    }
+    cudaFree(ids_d);
+    return rc;
+}
+
+static const executor_ops cuda_ops = {
+    .destroy = cuda_destroy,
+    .last_error = cuda_last_error,
+    .mem_info = cuda_mem_info,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download_f32 = cuda_download_f32,
+    .sync = cuda_sync,
+    .begin_step = cuda_begin_step,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .matmul = cuda_matmul,
+    .rope = cuda_rope,
+    .kv_write = cuda_kv_write,
+    .attention = cuda_attention,
+    .silu_mul = cuda_silu_mul,
+    .gather_rows = cuda_gather_rows,
+    .logits = cuda_logits,
+    .copy_blocks = cuda_copy_blocks,
+};
+
+int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error *err)
+{
+    cuda_executor_params def = cuda_executor_params_default();
+    if (!p)
+        p = &def;
+    if (p->precision != 0 && p->precision != 1)
+        return pg_error_set(err, PG_EINVAL, "cuda executor: precision %d: expected 0 (bf16) or 1 (f32)",
+                            p->precision);
+    if (p->precision == 0 && p->kv_dtype != 0 && p->kv_dtype != 1)
+        return pg_error_set(err, PG_EINVAL, "cuda executor: kv_dtype %d: expected 0 (bf16) or 1 (fp16)",
+                            p->kv_dtype);
+    int n = cuda_device_count();
+    if (n == 0)
+        return pg_error_set(err, PG_EDEVICE, "cuda executor: no CUDA device (or no driver) found");
+    if (p->device < 0 || p->device >= n)
+        return pg_error_set(err, PG_EINVAL, "cuda executor: device %d: expected 0 .. %d",
+                            (int)p->device, n - 1);
+    CUDA_TRY(err, "cudaSetDevice", cudaSetDevice(p->device));
+
+    cuda_exec *c = calloc(1, sizeof *c);
+    if (!c)
+        return pg_error_set(err, PG_ENOMEM, "cuda executor: out of host memory");
+    c->device = p->device;
+    c->act_dt = c->wt_dt = p->precision == 1 ? PGK_F32 : PGK_BF16;
+    c->kv_dt = p->precision == 1 ? PGK_F32 : (p->kv_dtype == 1 ? PGK_F16 : PGK_BF16);
+    const char *sync = getenv("PAGEDGEN_CUDA_SYNC");
+    c->sync_each = sync && strcmp(sync, "1") == 0;
+    c->base.op = &cuda_ops;
+    c->base.name = "cuda";
+    c->base.act_bytes = pgk_dtype_bytes(c->act_dt);
+    c->base.wt_bytes = pgk_dtype_bytes(c->wt_dt);
+    c->base.kv_bytes = pgk_dtype_bytes(c->kv_dt);
+
+    int rc;
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        c->stream = NULL;
+        rc = cuda_fail(err, PG_EDEVICE, "cudaStreamCreate", e);
+        goto fail;
+    }
+    rc = cuda_gemm_create(&c->gemm, c->stream, err);
+    if (rc) {
+        pg_error_wrap(err, rc, "cuda executor on device %d", (int)p->device);
+        goto fail;
+    }
+    *out = &c->base;
+    return 0;
+fail:
+    cuda_destroy(&c->base);
+    return rc;
+}

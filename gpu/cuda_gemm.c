@@ -1,0 +1,133 @@
+/* cuda_gemm: cublasGemmEx behind one function (see cuda_gemm.h).
+ *
+ * Row- vs column-major, once. The model stores everything row-major (C
+ * order): x [M][K], w [N][K] (nn.Linear), y [M][N], and wants
+ *   y = x . w^T.
+ * cuBLAS is column-major: a row-major [R][C] matrix is, read column-major,
+ * its transpose [C][R] with leading dimension C. So our y is cuBLAS's
+ * y^T (N x M, ld N), x is x^T (K x M, ld K), w is w^T (K x N, ld K), and
+ *   y^T = (x . w^T)^T = w . x^T
+ * which cuBLAS computes as op(A) . op(B) with A = w^T-as-stored transposed
+ * back (OP_T: (K x N)^T = N x K = w) and B = x^T (OP_N, K x M):
+ *   cublasGemmEx(OP_T, OP_N, m = N, n = M, k = K, A = w, lda = K,
+ *                B = x, ldb = K, C = y, ldc = N).
+ * No data is transposed in memory; the weights' rows stay contiguous in K,
+ * which is what the tensor-core kernels like best ("TN" GEMM).
+ *
+ * Determinism. cuBLAS returns bit-identical results run after run for the
+ * same problem (shape, pointers' alignment, GPU model and SM count, cuBLAS
+ * version), given one stream and a workspace set with cublasSetWorkspace,
+ * as here (cuBLAS docs, "Results reproducibility"). It does NOT promise that
+ * row m of y is the same for different M: its heuristics pick a different
+ * kernel (tile shape, split-K) as M changes, which changes the summation
+ * order. So on CUDA a sequence's logits may differ in the last bits between
+ * a step where it runs alone and one where it runs in a batch of 64; the
+ * CPU executor's batch-invariance guarantee (executor.h) does not hold here,
+ * and the CUDA executor only promises run-to-run reproducibility of the same
+ * schedule. Closing the gap needs a batch-invariant GEMM (a fixed kernel and
+ * split for every M: cuBLASLt with a pinned algorithm, or our own); not yet.
+ */
+#include "cuda_gemm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cublas_v2.h>
+
+#include "cuda_kernels.h"
+
+struct cuda_gemm {
+    cublasHandle_t handle;
+    cudaStream_t stream;
+    void *workspace;        /* CUDA_GEMM_WORKSPACE_BYTES, device */
+};
+
+static int gemm_cublas_fail(pg_error *err, const char *what, cublasStatus_t s)
+{
+    return pg_error_set(err, PG_EDEVICE, "cublas: %s: %s: %s", what, cublasGetStatusName(s),
+                        cublasGetStatusString(s));
+}
+
+int cuda_gemm_create(cuda_gemm **out, cudaStream_t st, pg_error *err)
+{
+    cuda_gemm *g = calloc(1, sizeof *g);
+    if (!g)
+        return pg_error_set(err, PG_ENOMEM, "cublas: out of host memory");
+    g->stream = st;
+    cublasStatus_t s = cublasCreate(&g->handle);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        free(g);
+        return gemm_cublas_fail(err, "cublasCreate", s);
+    }
+    int rc = 0;
+    cudaError_t ce = cudaMalloc(&g->workspace, CUDA_GEMM_WORKSPACE_BYTES);
+    if (ce != cudaSuccess) {
+        g->workspace = NULL;
+        rc = pg_error_set(err, PG_ENOMEM, "cublas: workspace of %zu MiB: %s: %s",
+                          CUDA_GEMM_WORKSPACE_BYTES >> 20, cudaGetErrorName(ce),
+                          cudaGetErrorString(ce));
+        goto fail;
+    }
+    if ((s = cublasSetStream(g->handle, st)) != CUBLAS_STATUS_SUCCESS) {
+        rc = gemm_cublas_fail(err, "cublasSetStream", s);
+        goto fail;
+    }
+    if ((s = cublasSetWorkspace(g->handle, g->workspace, CUDA_GEMM_WORKSPACE_BYTES)) !=
+        CUBLAS_STATUS_SUCCESS) {
+        rc = gemm_cublas_fail(err, "cublasSetWorkspace", s);
+        goto fail;
+    }
+    /* Default math: no TF32 for f32 inputs; reductions stay in f32 */
+    s = cublasSetMathMode(g->handle, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                    CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        rc = gemm_cublas_fail(err, "cublasSetMathMode", s);
+        goto fail;
+    }
+    *out = g;
+    return 0;
+fail:
+    cuda_gemm_destroy(g);
+    return rc;
+}
+
+void cuda_gemm_destroy(cuda_gemm *g)
+{
+    if (!g)
+        return;
+    if (g->handle)
+        cublasDestroy(g->handle);
+    if (g->workspace)
+        cudaFree(g->workspace);
+    free(g);
+}
+
+static cudaDataType_t gemm_type(int dt)
+{
+    return dt == PGK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w, int in_dt,
+                  int32_t M, int32_t N, int32_t K, pg_error *err)
+{
+    if (M < 1 || N < 1 || K < 1)
+        return pg_error_set(err, PG_EINVAL, "gemm: expected M, N, K >= 1, got %d, %d, %d",
+                            (int)M, (int)N, (int)K);
+    if ((in_dt != PGK_BF16 && in_dt != PGK_F32) || (y_dt != in_dt && y_dt != PGK_F32))
+        return pg_error_set(err, PG_EINVAL,
+                            "gemm: dtypes in %s, out %s: expected bf16->bf16, bf16->f32 or f32->f32",
+                            pgk_dtype_name(in_dt), pgk_dtype_name(y_dt));
+    const float alpha = 1.0f, beta = 0.0f;
+    /* y^T[N][M] (col-major) = op_T(w) [N][K] . x^T [K][M]; see the top comment */
+    cublasStatus_t s = cublasGemmEx(g->handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha,
+                                    w, gemm_type(in_dt), K,
+                                    x, gemm_type(in_dt), K, &beta,
+                                    y, gemm_type(y_dt), N,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof what, "cublasGemmEx M %d N %d K %d", (int)M, (int)N, (int)K);
+        return gemm_cublas_fail(err, what, s);
+    }
+    return 0;
+}

@@ -1,0 +1,36 @@
+/* cuda_gemm: the one place that knows cuBLAS (STYLE.md habit 12). Every
+ * matrix product of the CUDA executor (the model's matmuls and the lm_head
+ * logits) goes through cuda_gemm_xwt. Internal to gpu/.
+ *
+ * The handle, its stream and its workspace belong to the cuda_gemm object,
+ * which the executor owns: no globals.
+ */
+#ifndef PG_CUDA_GEMM_H
+#define PG_CUDA_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "pg_error.h"
+
+typedef struct cuda_gemm cuda_gemm;
+
+/* cuBLAS workspace per handle: 32 MiB, NVIDIA's recommendation for Hopper
+ * (cuBLAS docs, cublasSetWorkspace); 4 MiB would do on Ampere. */
+#define CUDA_GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* Creates the handle bound to stream st and a workspace of
+ * CUDA_GEMM_WORKSPACE_BYTES device memory. */
+int cuda_gemm_create(cuda_gemm **out, cudaStream_t st, pg_error *err);
+void cuda_gemm_destroy(cuda_gemm *g); /* accepts NULL */
+
+/* y[M][N] = x[M][K] . w[N][K]^T   (PyTorch nn.Linear, all row-major)
+ * x and w: in_dt (PGK_BF16 or PGK_F32, both the same); y: y_dt (in_dt, or
+ * PGK_F32 for logits). Accumulation is f32 (CUBLAS_COMPUTE_32F; no TF32).
+ * Asynchronous on the handle's stream. */
+int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w, int in_dt,
+                  int32_t M, int32_t N, int32_t K, pg_error *err);
+
+#endif /* PG_CUDA_GEMM_H */

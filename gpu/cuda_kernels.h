@@ -1,0 +1,121 @@
+/* cuda_kernels: the C-callable launchers of gpu/'s kernels (one .cu file per
+ * op family). Internal to gpu/: included by cuda_executor.c (C) and by the
+ * .cu files (C++, which wrap it in extern "C").
+ *
+ * Every launcher
+ *   - takes device pointers (d_ prefix for step metadata copied by
+ *     begin_step) and host scalars, and an explicit stream;
+ *   - checks its preconditions (sizes, head_dim, alignment) before launching,
+ *     then the launch itself (cudaGetLastError) and, when sync_each is set
+ *     (PAGEDGEN_CUDA_SYNC=1), synchronizes the stream so that a fault is
+ *     reported by the op that caused it;
+ *   - returns 0, PG_EINVAL / PG_EUNSUPPORTED (precondition, nothing launched)
+ *     or PG_EDEVICE, with a message in err naming the kernel and the CUDA
+ *     error (cudaGetErrorName: cudaGetErrorString).
+ *
+ * Element types are pgk_dtype codes: activations and weights are BF16 or
+ * F32 (the f32 precision mode, used to check the kernels against the
+ * goldens), the KV cache BF16, F16 or F32. Every reduction accumulates in f32.
+ */
+#ifndef PG_CUDA_KERNELS_H
+#define PG_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "pg_error.h" /* plain C: given C linkage inside the .cu files */
+
+typedef enum pgk_dtype {
+    PGK_BF16 = 0,
+    PGK_F16 = 1,
+    PGK_F32 = 2,
+} pgk_dtype;
+
+size_t pgk_dtype_bytes(int dt);
+const char *pgk_dtype_name(int dt);
+
+/* Checks cudaGetLastError after a launch of `kernel` (and synchronizes when
+ * sync_each); 0 or PG_EDEVICE with the message. */
+int pgk_check_launch(const char *kernel, cudaStream_t st, int sync_each, pg_error *err);
+
+/* Step metadata on the device (copied by begin_step). */
+typedef struct pgk_batch {
+    int32_t num_tokens, num_seqs, block_size, block_table_stride;
+    int32_t max_seq_len, max_query_len, num_logits;
+    const int32_t *token_ids;     /* [T] */
+    const int32_t *positions;     /* [T] */
+    const int32_t *slots;         /* [T] */
+    const int32_t *query_start;   /* [S+1] */
+    const int32_t *seq_lens;      /* [S] */
+    const int32_t *block_tables;  /* [S][block_table_stride] */
+    const int32_t *logits_rows;   /* [L] */
+} pgk_batch;
+
+/* x[t][i] = table[token_ids[t]][i]; x [T][H] act, table [V][H] act type.
+ * A token id outside [0, V) gives a zero row. */
+int pgk_embed(void *x, const void *table, int dt, int32_t H, int32_t V, const pgk_batch *b,
+              cudaStream_t st, int sync_each, pg_error *err);
+
+/* HF LlamaRMSNorm with optional fused residual add (executor.h rmsnorm). */
+int pgk_rmsnorm(void *out, void *residual, const void *x, const float *w, int dt,
+                int32_t rows, int32_t dim, float eps, cudaStream_t st, int sync_each,
+                pg_error *err);
+
+/* RoPE (rotate_half) in place on the q and k heads of qkv [T][(nh+2nkv)*hd]. */
+int pgk_rope(void *qkv, const float *inv_freq, int dt, int32_t nh, int32_t nkv, int32_t hd,
+             const pgk_batch *b, cudaStream_t st, int sync_each, pg_error *err);
+
+/* k/v heads of qkv -> slot slots[t] of k_cache, v_cache
+ * ([num_blocks][block_size][nkv][hd], kv_dt). A negative slot is skipped. */
+int pgk_kv_write(void *k_cache, void *v_cache, int kv_dt, const void *qkv, int dt,
+                 int32_t nh, int32_t nkv, int32_t hd, const pgk_batch *b, cudaStream_t st,
+                 int sync_each, pg_error *err);
+
+/* Decode attention (paged_attention.cu) for the sequences with exactly one
+ * query token (the others are left to the prefill kernel).
+ * ws: f32 workspace of at least pgk_decode_workspace_floats(...) floats
+ * (used only when some sequence spans more than one partition). */
+size_t pgk_decode_workspace_floats(int32_t num_seqs, int32_t nh, int32_t hd, int32_t max_seq_len,
+                                   int32_t partition_size);
+int pgk_decode_attention(void *out, const void *qkv, int dt, const void *k_cache,
+                         const void *v_cache, int kv_dt, int32_t nh, int32_t nkv, int32_t hd,
+                         float scale, const pgk_batch *b, float *ws, size_t ws_floats,
+                         cudaStream_t st, int sync_each, pg_error *err);
+
+/* Prefill attention (prefill_attention.cu) for the sequences with two or
+ * more query tokens. */
+int pgk_prefill_attention(void *out, const void *qkv, int dt, const void *k_cache,
+                          const void *v_cache, int kv_dt, int32_t nh, int32_t nkv, int32_t hd,
+                          float scale, const pgk_batch *b, cudaStream_t st, int sync_each,
+                          pg_error *err);
+
+/* out[t][i] = silu(gate_up[t][i]) * gate_up[t][I+i]. */
+int pgk_silu_mul(void *out, const void *gate_up, int dt, int32_t T, int32_t I, cudaStream_t st,
+                 int sync_each, pg_error *err);
+
+/* dst[r] = src[logits_rows[r]], [.][dim]. */
+int pgk_gather_rows(void *dst, const void *src, int dt, int32_t dim, const pgk_batch *b,
+                    cudaStream_t st, int sync_each, pg_error *err);
+
+/* For each pair k and plane p: block d_pairs[2k] -> d_pairs[2k+1]
+ * (d_pairs on the device). */
+int pgk_copy_blocks(void *kv, int kv_dt, int32_t n_planes, size_t plane_elems,
+                    size_t block_elems, const int32_t *d_pairs, int32_t n_pairs,
+                    cudaStream_t st, int sync_each, pg_error *err);
+
+/* Greedy sampling on the device: ids[r] = argmax_v logits[r][v] (f32,
+ * [rows][V]); ties -> lowest id; NaN never wins. */
+int pgk_argmax(int32_t *ids, const float *logits, int32_t rows, int32_t V, cudaStream_t st,
+               int sync_each, pg_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PG_CUDA_KERNELS_H */

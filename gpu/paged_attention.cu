@@ -1,0 +1,324 @@
+/* paged_attention: decode attention — one query token per sequence over its
+ * paged KV context (vLLM's paged_attention v1/v2, Kwon et al. SOSP'23).
+ *
+ * Why it is bandwidth-bound. Per sequence and layer a decode step reads the
+ * whole context once: seq_len * nkv * hd * 2 (K and V) * 2 bytes (bf16), and
+ * does 2 * 2 * seq_len * nh * hd flops: with GQA group G = nh / nkv that is
+ * G flops per byte — 4 for Llama-3-8B, far below the ~200 flops/byte an
+ * H100 (≈3.35 TB/s HBM3, ≈67 TFLOP/s f32 SIMT) needs to be compute-bound.
+ * So the kernel is designed around the bytes:
+ *   - GQA-aware: one block serves all G query heads of a KV head (up to
+ *     8 at once), so each key and value vector is loaded from memory once,
+ *     not G times;
+ *   - 16-byte loads: a thread loads 8 consecutive bf16 of a key (hd / 8
+ *     threads — a "group" — share one key; a warp covers 32 * 8 elements of
+ *     one or several keys, coalesced);
+ *   - split over the context (v2): a long sequence is cut into partitions
+ *     of P tokens (512 by default, cuda_plan_decode), one block each, so a
+ *     batch of a few long sequences still fills the 132 SMs; a reduction
+ *     kernel combines the partitions with their softmax statistics.
+ * A Llama-3-8B decode step at batch 64 and 1k context moves 16 GB of
+ * weights once (≈5 ms at 3 TB/s) plus 64 * 1024 * 32 layers * 8 * 128 * 2 *
+ * 2 B = 8.6 GB of KV (≈2.9 ms): attention is a third of the step.
+ *
+ * Partition rule (deterministic): partition p of sequence s covers context
+ * tokens [p*P, min((p+1)*P, seq_len)); P depends only on (hd, G), so a
+ * sequence is split the same way whatever else is in the batch. With one
+ * partition the block writes the output directly; the reduction kernel
+ * skips such sequences, so their result is the same bits in every batch.
+ *
+ * Sequences whose query length is not 1 (prefill chunks in a mixed step)
+ * are skipped here and handled by prefill_attention.cu.
+ */
+#include "cuda_common.cuh"
+
+extern "C" {
+#include "cuda_plan.h"
+}
+
+#define DEC_NT CUDA_PLAN_ATTN_THREADS
+#define DEC_EPT CUDA_PLAN_DECODE_EPT
+#define DEC_MAXG CUDA_PLAN_DECODE_MAX_G
+
+/* grid (nkv * n_chunks, S, max_partitions), block DEC_NT, dynamic shared
+ * memory (cuda_plan_decode): q_s [gcp][HD], sc [gcp][P], red [NG][HD],
+ * smax [gcp], ssum [gcp] (f32), gcp = min(G, DEC_MAXG).
+ * Block (x, s, p): KV head kvh = x / n_chunks, query heads
+ * h = kvh * G + g0 + g, g < gc, g0 = (x % n_chunks) * DEC_MAXG; the query
+ * token t = query_start[s]; context tokens j in [p*P, min(p*P + P, seq_len)).
+ * Thread tid: group = tid / GT (GT = HD / 8 threads per key), lane_g =
+ * tid % GT owns dims d0 = lane_g * 8 .. d0 + 7.
+ *   key j lives at k_cache[((blk * bs + j % bs) * nkv + kvh) * HD + d],
+ *   blk = block_tables[s][j / bs];   likewise v_cache.
+ *   sc[g][j - p*P] = (q[t][h] . k[j]) * scale
+ *   m_g = max_j sc, e_gj = exp(sc - m_g), l_g = sum_j e_gj
+ *   o_g[d] = (sum_j e_gj * v[j][d]) / l_g
+ * One partition: out[t][h*HD + d] = o_g[d]. Several: part_out[s][h][p][d] =
+ * o_g[d], part_max[s][h][p] = m_g, part_sum[s][h][p] = l_g. */
+template <typename T, typename KV, int HD>
+static __global__ void __launch_bounds__(DEC_NT, 4)
+paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
+                              float *__restrict__ part_max, float *__restrict__ part_sum,
+                              const T *__restrict__ qkv, const KV *__restrict__ k_cache,
+                              const KV *__restrict__ v_cache,
+                              const int32_t *__restrict__ query_start,
+                              const int32_t *__restrict__ seq_lens,
+                              const int32_t *__restrict__ block_tables, int32_t bt_stride,
+                              int32_t block_size, int32_t nh, int32_t nkv, float scale,
+                              int32_t P, int32_t max_partitions)
+{
+    constexpr int GT = HD / DEC_EPT;   /* threads per key: 1 .. 32, divides 32 */
+    constexpr int NG = DEC_NT / GT;    /* keys in flight per block */
+    extern __shared__ float smem[];
+
+    const int32_t s = blockIdx.y;
+    const int32_t t = query_start[s];
+    if (query_start[s + 1] - t != 1)
+        return;
+    const int32_t seq_len = seq_lens[s];
+    const int32_t part = blockIdx.z;
+    const int32_t np = (seq_len + P - 1) / P;
+    if (part >= np)
+        return;
+    const int32_t G = nh / nkv;
+    const int32_t n_chunks = (G + DEC_MAXG - 1) / DEC_MAXG;
+    const int32_t kvh = blockIdx.x / n_chunks;
+    const int32_t g0 = (blockIdx.x % n_chunks) * DEC_MAXG;
+    const int32_t gc = min(DEC_MAXG, G - g0);
+    const int32_t gcp = min(DEC_MAXG, G);
+    const int32_t start = part * P;
+    const int32_t end = min(start + P, seq_len);
+
+    float *q_s = smem;                       /* [gcp][HD] */
+    float *sc = q_s + gcp * HD;              /* [gcp][P] */
+    float *red = sc + gcp * P;               /* [NG][HD] = DEC_NT * DEC_EPT */
+    float *smax = red + DEC_NT * DEC_EPT;    /* [gcp] */
+    float *ssum = smax + gcp;                /* [gcp] */
+
+    const int tid = threadIdx.x;
+    const int group = tid / GT, lane_g = tid % GT, d0 = lane_g * DEC_EPT;
+    const size_t row_stride = (size_t)(nh + 2 * nkv) * HD;
+    const int32_t *bt = block_tables + (size_t)s * bt_stride;
+
+    /* q heads of this chunk, f32 */
+    for (int i = tid; i < gc * HD; i += DEC_NT) {
+        int g = i / HD, d = i % HD;
+        q_s[g * HD + d] = to_f32(qkv[(size_t)t * row_stride + (size_t)(kvh * G + g0 + g) * HD + d]);
+    }
+    __syncthreads();
+
+    /* scores: every thread runs the same number of iterations (the group
+     * shuffles need the whole warp); keys past `end` compute on zeros. */
+    for (int32_t jb = start; jb < end; jb += NG) {
+        const int32_t j = jb + group;
+        const bool valid = j < end;
+        float k[DEC_EPT];
+        if (valid) {
+            int32_t blk = bt[j / block_size];
+            size_t slot = (size_t)blk * block_size + (size_t)(j % block_size);
+            load8(k, k_cache + (slot * nkv + kvh) * HD + d0);
+        } else {
+#pragma unroll
+            for (int e = 0; e < DEC_EPT; e++)
+                k[e] = 0.0f;
+        }
+        for (int g = 0; g < gc; g++) {
+            const float *qg = q_s + g * HD + d0;
+            float acc = 0.0f;
+#pragma unroll
+            for (int e = 0; e < DEC_EPT; e++)
+                acc = fmaf(qg[e], k[e], acc);
+#pragma unroll
+            for (int o = GT / 2; o > 0; o >>= 1)
+                acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (valid && lane_g == 0)
+                sc[g * P + (j - start)] = acc * scale;
+        }
+    }
+    __syncthreads();
+
+    /* softmax statistics: warp w handles heads w, w + 4, ... */
+    const int n = end - start;
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int g = warp; g < gc; g += DEC_NT / 32) {
+        float m = -INFINITY;
+        for (int i = lane; i < n; i += 32)
+            m = fmaxf(m, sc[g * P + i]);
+        m = warp_max(m);
+        float sum = 0.0f;
+        for (int i = lane; i < n; i += 32) {
+            float e = expf(sc[g * P + i] - m);
+            sc[g * P + i] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            smax[g] = m;
+            ssum[g] = sum;
+        }
+    }
+    __syncthreads();
+
+    /* values: acc[g][e] += e_gj * v[j][d0 + e] over this thread's keys */
+    float acc[DEC_MAXG][DEC_EPT];
+#pragma unroll
+    for (int g = 0; g < DEC_MAXG; g++)
+#pragma unroll
+        for (int e = 0; e < DEC_EPT; e++)
+            acc[g][e] = 0.0f;
+    for (int32_t j = start + group; j < end; j += NG) {
+        int32_t blk = bt[j / block_size];
+        size_t slot = (size_t)blk * block_size + (size_t)(j % block_size);
+        float v[DEC_EPT];
+        load8(v, v_cache + (slot * nkv + kvh) * HD + d0);
+#pragma unroll
+        for (int g = 0; g < DEC_MAXG; g++) {
+            if (g < gc) {
+                float p = sc[g * P + (j - start)];
+#pragma unroll
+                for (int e = 0; e < DEC_EPT; e++)
+                    acc[g][e] = fmaf(p, v[e], acc[g][e]);
+            }
+        }
+    }
+
+    /* combine the NG groups (fixed order) and normalize, one head at a time;
+     * gc is the same for the whole block, so the barriers are uniform. */
+#pragma unroll
+    for (int g = 0; g < DEC_MAXG; g++) {
+        if (g < gc) {
+#pragma unroll
+            for (int e = 0; e < DEC_EPT; e++)
+                red[group * HD + d0 + e] = acc[g][e];
+            __syncthreads();
+            const int32_t h = kvh * G + g0 + g;
+            const float l = ssum[g];
+            for (int d = tid; d < HD; d += DEC_NT) {
+                float o = 0.0f;
+                for (int gr = 0; gr < NG; gr++)
+                    o += red[gr * HD + d];
+                o = o / l;
+                if (np == 1)
+                    out[(size_t)t * nh * HD + (size_t)h * HD + d] = from_f32<T>(o);
+                else
+                    part_out[(((size_t)s * nh + h) * max_partitions + part) * HD + d] = o;
+            }
+            if (np > 1 && tid == 0) {
+                part_max[((size_t)s * nh + h) * max_partitions + part] = smax[g];
+                part_sum[((size_t)s * nh + h) * max_partitions + part] = l;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+/* grid (nh, S), block 128: combines the partitions of sequences with
+ * np = ceil(seq_len / P) > 1 (others were written directly):
+ *   M = max_p m_p,  w_p = l_p * exp(m_p - M),  L = sum_p w_p
+ *   out[t][h*HD + d] = (sum_p w_p * o_p[d]) / L       (p in order 0..np-1)
+ * thread d = tid, tid + 128, ... */
+template <typename T>
+static __global__ void paged_attention_reduce_kernel(T *__restrict__ out,
+                                                     const float *__restrict__ part_out,
+                                                     const float *__restrict__ part_max,
+                                                     const float *__restrict__ part_sum,
+                                                     const int32_t *__restrict__ query_start,
+                                                     const int32_t *__restrict__ seq_lens,
+                                                     int32_t nh, int32_t hd, int32_t P,
+                                                     int32_t max_partitions)
+{
+    const int32_t h = blockIdx.x, s = blockIdx.y;
+    const int32_t t = query_start[s];
+    if (query_start[s + 1] - t != 1)
+        return;
+    const int32_t np = (seq_lens[s] + P - 1) / P;
+    if (np <= 1)
+        return;
+    const size_t base = ((size_t)s * nh + h) * max_partitions;
+    float M = -INFINITY;
+    for (int32_t p = 0; p < np; p++)
+        M = fmaxf(M, part_max[base + p]);
+    float L = 0.0f;
+    for (int32_t p = 0; p < np; p++)
+        L += part_sum[base + p] * expf(part_max[base + p] - M);
+    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int32_t p = 0; p < np; p++) {
+            float w = part_sum[base + p] * expf(part_max[base + p] - M);
+            o = fmaf(w, part_out[(base + p) * hd + d], o);
+        }
+        out[(size_t)t * nh * hd + (size_t)h * hd + d] = from_f32<T>(o / L);
+    }
+}
+
+extern "C" size_t pgk_decode_workspace_floats(int32_t num_seqs, int32_t nh, int32_t hd,
+                                              int32_t max_seq_len, int32_t partition_size)
+{
+    int32_t np = cuda_plan_num_partitions(max_seq_len, partition_size);
+    if (np <= 1)
+        return 0;
+    return (size_t)num_seqs * (size_t)nh * (size_t)np * ((size_t)hd + 2u);
+}
+
+template <typename T, typename KV, int HD>
+static void launch_decode(T *out, float *ws, const T *qkv, const KV *k_cache, const KV *v_cache,
+                          int32_t nh, int32_t nkv, float scale, const pgk_batch *b,
+                          const cuda_decode_plan *pl, cudaStream_t st)
+{
+    const int32_t G = nh / nkv;
+    const int32_t n_chunks = (G + DEC_MAXG - 1) / DEC_MAXG;
+    const int32_t S = b->num_seqs, mp = pl->max_partitions;
+    float *part_out = ws;
+    float *part_max = ws ? ws + (size_t)S * nh * mp * HD : nullptr;
+    float *part_sum = ws ? part_max + (size_t)S * nh * mp : nullptr;
+    dim3 grid((unsigned)(nkv * n_chunks), (unsigned)S, (unsigned)mp);
+    paged_attention_decode_kernel<T, KV, HD><<<grid, DEC_NT, pl->smem_bytes, st>>>(
+        out, part_out, part_max, part_sum, qkv, k_cache, v_cache, b->query_start, b->seq_lens,
+        b->block_tables, b->block_table_stride, b->block_size, nh, nkv, scale,
+        pl->partition_size, mp);
+    if (mp > 1)
+        paged_attention_reduce_kernel<T><<<dim3((unsigned)nh, (unsigned)S), 128, 0, st>>>(
+            out, part_out, part_max, part_sum, b->query_start, b->seq_lens, nh, HD,
+            pl->partition_size, mp);
+}
+
+extern "C" int pgk_decode_attention(void *out, const void *qkv, int dt, const void *k_cache,
+                                    const void *v_cache, int kv_dt, int32_t nh, int32_t nkv,
+                                    int32_t hd, float scale, const pgk_batch *b, float *ws,
+                                    size_t ws_floats, cudaStream_t st, int sync_each,
+                                    pg_error *err)
+{
+    int rc = pgk_check_act_kv_pair("decode_attention", dt, kv_dt, err);
+    if (rc)
+        return rc;
+    if (nh < 1 || nkv < 1 || nh % nkv != 0)
+        return pg_error_set(err, PG_EINVAL,
+                            "decode_attention: expected nh a multiple of nkv >= 1, got nh %d, nkv %d",
+                            (int)nh, (int)nkv);
+    if (b->num_seqs < 1 || b->num_seqs > 65535 || b->block_size < 1)
+        return pg_error_set(err, PG_EINVAL,
+                            "decode_attention: expected 1 <= S <= 65535 and block_size >= 1, "
+                            "got S %d, block_size %d", (int)b->num_seqs, (int)b->block_size);
+    if (!pgk_aligned(k_cache, 16) || !pgk_aligned(v_cache, 16) || !pgk_aligned(qkv, 16))
+        return pg_error_set(err, PG_EINVAL,
+                            "decode_attention: expected 16-byte aligned qkv and kv planes, got %p, %p, %p",
+                            qkv, k_cache, v_cache);
+    cuda_decode_plan pl;
+    rc = cuda_plan_decode(&pl, hd, nh / nkv, b->max_seq_len, CUDA_PLAN_SMEM_DEFAULT_BYTES, err);
+    if (rc)
+        return rc;
+    size_t need = pgk_decode_workspace_floats(b->num_seqs, nh, hd, b->max_seq_len, pl.partition_size);
+    if (need > 0 && (ws == NULL || ws_floats < need))
+        return pg_error_set(err, PG_EINVAL,
+                            "decode_attention: expected a workspace of %zu floats, got %zu",
+                            need, ws ? ws_floats : (size_t)0);
+    if (pl.max_partitions > 65535)
+        return pg_error_set(err, PG_EUNSUPPORTED,
+                            "decode_attention: context %d needs %d partitions, at most 65535",
+                            (int)b->max_seq_len, (int)pl.max_partitions);
+    PGK_DISPATCH_ACT_KV(dt, kv_dt, PGK_HD_CASES(hd, 
+        launch_decode<T, KV, HDC>((T *)out, need ? ws : nullptr, (const T *)qkv,
+                                  (const KV *)k_cache, (const KV *)v_cache, nh, nkv, scale, b,
+                                  &pl, st)));
+    return pgk_check_launch("paged_attention_decode_kernel", st, sync_each, err);
+}

@@ -1,0 +1,50 @@
+/* rope: rotary position embedding in place on the q and k heads of qkv,
+ * HF rotate_half convention (LlamaRotaryEmbedding / apply_rotary_pos_emb):
+ * the pair (x[i], x[i + hd/2]) of every head is rotated by
+ * angle = position * inv_freq[i]:
+ *   x'[i]        = x[i] * cos - x[i + hd/2] * sin
+ *   x'[i + hd/2] = x[i + hd/2] * cos + x[i] * sin
+ * Angles in f32 with the accurate sincosf (positions * inv_freq can reach
+ * 1e5 rad; the fast __sincosf is wrong there). */
+#include "cuda_common.cuh"
+
+/* grid (T), block 128: thread j handles pairs p = j, j+128, ... of the
+ * (nh + nkv) * hd/2 pairs of token t: head h = p / (hd/2), i = p % (hd/2),
+ *   qkv[t][h*hd + i], qkv[t][h*hd + i + hd/2]   (heads 0..nh+nkv-1: q then k)
+ * qkv [T][(nh + 2nkv) * hd]; inv_freq [hd/2] f32; positions [T]. */
+template <typename T>
+static __global__ void rope_kernel(T *__restrict__ qkv, const float *__restrict__ inv_freq,
+                                   const int32_t *__restrict__ positions, int32_t nh, int32_t nkv,
+                                   int32_t hd)
+{
+    int32_t t = blockIdx.x;
+    int32_t half = hd / 2;
+    int32_t n_pairs = (nh + nkv) * half;
+    float pos = (float)positions[t];
+    T *row = qkv + (size_t)t * (size_t)(nh + 2 * nkv) * (size_t)hd;
+    for (int32_t p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        int32_t h = p / half, i = p % half;
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        T *x = row + (size_t)h * hd;
+        float x0 = to_f32(x[i]), x1 = to_f32(x[i + half]);
+        x[i] = from_f32<T>(x0 * c - x1 * s);
+        x[i + half] = from_f32<T>(x1 * c + x0 * s);
+    }
+}
+
+extern "C" int pgk_rope(void *qkv, const float *inv_freq, int dt, int32_t nh, int32_t nkv,
+                        int32_t hd, const pgk_batch *b, cudaStream_t st, int sync_each,
+                        pg_error *err)
+{
+    int rc = pgk_check_act_dtype("rope", dt, err);
+    if (rc)
+        return rc;
+    if (nh < 1 || nkv < 1 || hd < 2 || hd % 2 != 0 || b->num_tokens < 1)
+        return pg_error_set(err, PG_EINVAL,
+                            "rope: expected nh, nkv, T >= 1 and an even hd >= 2, got nh %d, nkv %d, "
+                            "hd %d, T %d", (int)nh, (int)nkv, (int)hd, (int)b->num_tokens);
+    PGK_DISPATCH_ACT(dt, rope_kernel<T><<<(unsigned)b->num_tokens, 128, 0, st>>>(
+        (T *)qkv, inv_freq, b->positions, nh, nkv, hd));
+    return pgk_check_launch("rope_kernel", st, sync_each, err);
+}
