@@ -12,12 +12,35 @@ static int ops_create_cpu(executor **out, pg_error *err)
 #ifdef PG_HAVE_CUDA
 /* The CUDA executor (gpu/): its create function goes here; return
  * PG_EUNSUPPORTED when no device is present so the cases print SKIP. */
+#include "cuda_executor.h"
+
+/* precision 0: bf16 activations, weights and KV (the default);
+ * precision 1: f32 everywhere, checked to the f32 tolerance. */
+static int ops_create_cuda_p(executor **out, int precision, pg_error *err)
+{
+    if (cuda_device_count() == 0)
+        return pg_error_set(err, PG_EUNSUPPORTED, "no CUDA device");
+    cuda_executor_params p = cuda_executor_params_default();
+    p.precision = precision;
+    return cuda_executor_create(out, &p, err);
+}
+
+static int ops_create_cuda(executor **out, pg_error *err)
+{
+    return ops_create_cuda_p(out, 0, err);
+}
+
+static int ops_create_cuda_f32(executor **out, pg_error *err)
+{
+    return ops_create_cuda_p(out, 1, err);
+}
 #endif
 
 static const ops_executor_entry ops_entries[] = {
     {"cpu", ops_create_cpu},
 #ifdef PG_HAVE_CUDA
-    /* {"cuda", ops_create_cuda}, */
+    {"cuda", ops_create_cuda},
+    {"cuda-f32", ops_create_cuda_f32},
 #endif
 };
 
