@@ -1,0 +1,578 @@
+/* test_cuda_e2e (suite gpu): the CUDA executor end to end.
+ *
+ * Without CUDA built, or without a device (cuda_device_count() == 0), it
+ * prints "SKIP: ..." and exits 77 (meson: SKIP). With one:
+ *  - long-context attention: decode sequences that span several partitions
+ *    (the split + reduction path: seq_len 1, 511, 512, 513, 1500, 2100)
+ *    mixed with a prefill chunk on top of a cached prefix, CUDA vs the CPU
+ *    twin (the stories260K goldens never exceed one partition);
+ *  - stories260K logits goldens (prefill, and one token per step through the
+ *    decode kernel): f32 precision within 1e-4 of max |logit|, bf16 within
+ *    5e-2, argmax equal wherever the golden's top-2 margin exceeds the bound;
+ *  - greedy goldens through the engine on the f32 precision: the token ids
+ *    equal the goldens exactly, in a batch, with preemption and with chunked
+ *    prefill; on bf16: the same schedule twice gives the same ids (CUDA's
+ *    run-to-run determinism) and the agreement with the goldens is printed.
+ */
+#include <stdio.h>
+
+#ifndef PG_HAVE_CUDA
+int main(void)
+{
+    printf("SKIP: the CUDA executor is not built (meson found no nvcc/cuBLAS)\n");
+    return 77;
+}
+#else
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "cpu_executor.h"
+#include "cuda_executor.h"
+#include "engine.h"
+#include "json.h"
+#include "model.h"
+#include "safetensors.h"
+#include "test_support.h"
+
+#define MAX_GOLDENS 16
+
+typedef struct golden {
+    int32_t *prompt_ids, n_prompt;
+    int32_t *completion_ids, n_completion;
+    int32_t max_new_tokens;
+} golden;
+
+typedef struct logits_golden {
+    int32_t *prompt_ids, n_prompt;
+    int32_t argmax;
+    float *logits;
+    int32_t n_logits;
+} logits_golden;
+
+typedef struct fixture {
+    llama_config cfg;
+    st_file *st;
+    golden g[MAX_GOLDENS];
+    int n_g;
+    logits_golden lg[MAX_GOLDENS];
+    int n_lg;
+} fixture;
+
+/* ---- executors ------------------------------------------------------------ */
+
+static executor *make_cuda(int precision)
+{
+    executor *ex = NULL;
+    pg_error err;
+    cuda_executor_params p = cuda_executor_params_default();
+    p.precision = precision;
+    int rc = cuda_executor_create(&ex, &p, &err);
+    if (rc)
+        fail_msg("cuda_executor_create: %s", err.msg);
+    return ex;
+}
+
+static executor *make_cpu(void)
+{
+    executor *ex = NULL;
+    pg_error err;
+    cpu_executor_params p = {.threads = 2};
+    int rc = cpu_executor_create(&ex, &p, &err);
+    if (rc)
+        fail_msg("cpu_executor_create: %s", err.msg);
+    return ex;
+}
+
+static void ok(executor *ex, int rc, const char *what)
+{
+    if (rc)
+        fail_msg("%s: %s: %s", ex->name, what, ex->op->last_error(ex));
+}
+
+/* ---- long-context attention vs the CPU twin -------------------------------- */
+
+enum { A_NH = 8, A_NKV = 2, A_HD = 128, A_BS = 16 };
+
+/* Runs attention for batch b on ex: qkv [T][(nh+2nkv)*hd] and the cache
+ * kv [2][nb][bs][nkv][hd] given in f32; out [T][nh*hd] f32. */
+static void attn_run(executor *ex, const step_batch *b, const float *qkv, const float *kv,
+                     int32_t nb, float *out)
+{
+    const int32_t T = b->num_tokens, W = (A_NH + 2 * A_NKV) * A_HD;
+    const size_t plane = (size_t)nb * A_BS * A_NKV * A_HD;
+    void *d_qkv = ex->op->alloc(ex, EXEC_ACT, (size_t)T * W);
+    void *d_kv = ex->op->alloc(ex, EXEC_KV, 2 * plane);
+    void *d_out = ex->op->alloc(ex, EXEC_ACT, (size_t)T * A_NH * A_HD);
+    assert_true(d_qkv && d_kv && d_out);
+    ok(ex, ex->op->upload(ex, d_qkv, EXEC_ACT, 0, qkv, ST_F32, (size_t)T * W), "upload qkv");
+    ok(ex, ex->op->upload(ex, d_kv, EXEC_KV, 0, kv, ST_F32, 2 * plane), "upload kv");
+    ok(ex, ex->op->begin_step(ex, b), "begin_step");
+    void *v_cache = (char *)d_kv + plane * ex->kv_bytes;
+    ok(ex, ex->op->attention(ex, d_out, d_qkv, d_kv, v_cache, A_NH, A_NKV, A_HD,
+                             1.0f / sqrtf((float)A_HD), b), "attention");
+    ok(ex, ex->op->download_f32(ex, out, d_out, EXEC_ACT, (size_t)T * A_NH * A_HD), "download");
+    ex->op->free(ex, d_qkv);
+    ex->op->free(ex, d_kv);
+    ex->op->free(ex, d_out);
+}
+
+static void test_long_attention(void **state)
+{
+    (void)state;
+    /* decodes of various lengths around the 512-token partition, and one
+     * 5-token prefill chunk over a 700-token cached prefix */
+    const int32_t dec_lens[] = {1, 511, 512, 513, 1500, 2100};
+    const int32_t n_dec = (int32_t)(sizeof dec_lens / sizeof dec_lens[0]);
+    const int32_t pf_q = 5, pf_len = 705;
+    const int32_t S = n_dec + 1, T = n_dec + pf_q;
+    int32_t seq_lens[8], qs[9], stride = 0;
+    for (int32_t s = 0; s < n_dec; s++)
+        seq_lens[s] = dec_lens[s];
+    seq_lens[n_dec] = pf_len;
+    qs[0] = 0;
+    int32_t max_len = 0;
+    for (int32_t s = 0; s < S; s++) {
+        qs[s + 1] = qs[s] + (s < n_dec ? 1 : pf_q);
+        int32_t nblk = (seq_lens[s] + A_BS - 1) / A_BS;
+        stride = nblk > stride ? nblk : stride;
+        max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+    }
+    /* physical blocks: a shuffled permutation, so tables are not contiguous */
+    int32_t nb = 0;
+    for (int32_t s = 0; s < S; s++)
+        nb += (seq_lens[s] + A_BS - 1) / A_BS;
+    nb += 3;
+    int32_t *perm = malloc((size_t)nb * sizeof *perm);
+    int32_t *bt = calloc((size_t)S * (size_t)stride, sizeof *bt);
+    int32_t *tok = calloc((size_t)T, sizeof *tok), *pos = malloc((size_t)T * sizeof *pos);
+    int32_t *slots = malloc((size_t)T * sizeof *slots), *rows = malloc((size_t)S * sizeof *rows);
+    assert_true(perm && bt && tok && pos && slots && rows);
+    pg_test_rng rng = {12345};
+    for (int32_t i = 0; i < nb; i++)
+        perm[i] = i;
+    for (int32_t i = nb - 1; i > 0; i--) {
+        int32_t j = pg_test_rng_int(&rng, 0, i), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t next = 0;
+    for (int32_t s = 0; s < S; s++) {
+        int32_t nblk = (seq_lens[s] + A_BS - 1) / A_BS;
+        for (int32_t k = 0; k < nblk; k++)
+            bt[s * stride + k] = perm[next++];
+        for (int32_t t = qs[s]; t < qs[s + 1]; t++) {
+            pos[t] = seq_lens[s] - (qs[s + 1] - t);
+            slots[t] = bt[s * stride + pos[t] / A_BS] * A_BS + pos[t] % A_BS;
+        }
+        rows[s] = qs[s + 1] - 1;
+    }
+    step_batch b = {.num_tokens = T, .num_seqs = S, .block_size = A_BS, .token_ids = tok,
+                    .positions = pos, .slots = slots, .query_start = qs, .seq_lens = seq_lens,
+                    .block_tables = bt, .block_table_stride = stride, .max_seq_len = max_len,
+                    .max_query_len = pf_q, .num_logits = S, .logits_rows = rows};
+    const size_t W = (A_NH + 2 * A_NKV) * A_HD;
+    const size_t plane = (size_t)nb * A_BS * A_NKV * A_HD;
+    float *qkv = malloc((size_t)T * W * sizeof(float)), *kv = malloc(2 * plane * sizeof(float));
+    const size_t n_out = (size_t)T * A_NH * A_HD;
+    float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
+    assert_true(qkv && kv && ref && got);
+    pg_test_fill_uniform(&rng, qkv, (size_t)T * W, -2.0f, 2.0f);
+    pg_test_fill_uniform(&rng, kv, 2 * plane, -2.0f, 2.0f);
+
+    executor *cpu = make_cpu();
+    attn_run(cpu, &b, qkv, kv, nb, ref);
+    cpu->op->destroy(cpu);
+    double maxref = 0;
+    for (size_t i = 0; i < n_out; i++)
+        maxref = fabs((double)ref[i]) > maxref ? fabs((double)ref[i]) : maxref;
+
+    const int precisions[] = {1, 0};
+    const double tols[] = {1e-4, 3e-2};
+    for (int k = 0; k < 2; k++) {
+        executor *ex = make_cuda(precisions[k]);
+        attn_run(ex, &b, qkv, kv, nb, got);
+        /* the one-sequence pure-decode path gives the same bits as in the mixed batch */
+        double maxdiff = 0;
+        for (size_t i = 0; i < n_out; i++) {
+            double d = fabs((double)got[i] - (double)ref[i]);
+            maxdiff = d > maxdiff || d != d ? d : maxdiff;
+        }
+        printf("    long attention, %s precision: max |diff| %.3g, max |ref| %.3g, rel %.3g "
+               "(bound %.0e)\n", precisions[k] ? "f32" : "bf16", maxdiff, maxref,
+               maxdiff / maxref, tols[k]);
+        assert_true(maxdiff <= tols[k] * maxref);
+
+        /* sequence 5 (2100 tokens, 5 partitions) alone as a pure decode step:
+         * identical bits (the kernels are batch-invariant) */
+        int32_t s5 = 5, qs1[2] = {0, 1}, len1 = seq_lens[s5], row1 = 0;
+        int32_t tok1 = 0, pos1 = pos[qs[s5]], slot1 = slots[qs[s5]];
+        step_batch b1 = {.num_tokens = 1, .num_seqs = 1, .block_size = A_BS, .token_ids = &tok1,
+                         .positions = &pos1, .slots = &slot1, .query_start = qs1,
+                         .seq_lens = &len1, .block_tables = bt + s5 * stride,
+                         .block_table_stride = stride, .max_seq_len = len1, .max_query_len = 1,
+                         .num_logits = 1, .logits_rows = &row1};
+        float *qkv1 = qkv + (size_t)qs[s5] * W;
+        float out1[A_NH * A_HD];
+        attn_run(ex, &b1, qkv1, kv, nb, out1);
+        assert_memory_equal(out1, got + (size_t)qs[s5] * A_NH * A_HD, sizeof out1);
+        ex->op->destroy(ex);
+    }
+    free(perm);
+    free(bt);
+    free(tok);
+    free(pos);
+    free(slots);
+    free(rows);
+    free(qkv);
+    free(kv);
+    free(ref);
+    free(got);
+}
+
+/* ---- goldens --------------------------------------------------------------- */
+
+static void get_ids(const json_doc *d, const char *key, int32_t **out, int32_t *n)
+{
+    pg_error err;
+    int a = json_obj_get(d, 0, key);
+    assert_true(a >= 0 && json_is_array(d, a));
+    *n = json_size(d, a);
+    *out = malloc(((size_t)*n + 1) * sizeof **out);
+    assert_non_null(*out);
+    int i = a + 1;
+    for (int k = 0; k < *n; k++, i = json_skip(d, i)) {
+        int64_t v;
+        assert_int_equal(json_get_int(d, i, 0, INT32_MAX, &v, &err), 0);
+        (*out)[k] = (int32_t)v;
+    }
+}
+
+static int64_t get_int(const json_doc *d, const char *key)
+{
+    pg_error err;
+    int64_t v;
+    int i = json_obj_get(d, 0, key);
+    assert_true(i >= 0);
+    assert_int_equal(json_get_int(d, i, INT64_MIN, INT64_MAX, &v, &err), 0);
+    return v;
+}
+
+static void read_jsonl(fixture *f, const char *rel, bool logits)
+{
+    size_t len;
+    char *text = pg_test_read_file(pg_test_shared_path(rel), &len);
+    assert_non_null(text);
+    for (char *line = text; line < text + len;) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        size_t ll = nl ? (size_t)(nl - line) : (size_t)(text + len - line);
+        if (ll > 0) {
+            json_doc d;
+            pg_error err;
+            assert_int_equal(json_parse(&d, line, ll, rel, &err), 0);
+            if (logits) {
+                assert_true(f->n_lg < MAX_GOLDENS);
+                logits_golden *g = &f->lg[f->n_lg++];
+                get_ids(&d, "prompt_token_ids", &g->prompt_ids, &g->n_prompt);
+                g->argmax = (int32_t)get_int(&d, "argmax");
+                int a = json_obj_get(&d, 0, "logits");
+                assert_true(a >= 0 && json_is_array(&d, a));
+                g->n_logits = json_size(&d, a);
+                g->logits = malloc((size_t)g->n_logits * sizeof(float));
+                assert_non_null(g->logits);
+                int i = a + 1;
+                for (int k = 0; k < g->n_logits; k++, i = json_skip(&d, i)) {
+                    double v;
+                    assert_int_equal(json_get_double(&d, i, &v, &err), 0);
+                    g->logits[k] = (float)v;
+                }
+            } else {
+                assert_true(f->n_g < MAX_GOLDENS);
+                golden *g = &f->g[f->n_g++];
+                get_ids(&d, "prompt_token_ids", &g->prompt_ids, &g->n_prompt);
+                get_ids(&d, "completion_token_ids", &g->completion_ids, &g->n_completion);
+                g->max_new_tokens = (int32_t)get_int(&d, "max_new_tokens");
+            }
+            json_doc_free(&d);
+        }
+        line += ll + 1;
+    }
+    free(text);
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    pg_error err;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", pg_test_shared_path("models/stories260K"));
+    if (llama_config_load(&f->cfg, dir, &err) || st_open(&f->st, dir, &err)) {
+        fprintf(stderr, "loading %s: %s\n", dir, err.msg);
+        return -1;
+    }
+    read_jsonl(f, "goldens/stories260K-greedy.jsonl", false);
+    read_jsonl(f, "goldens/stories260K-logits.jsonl", true);
+    assert_true(f->n_g >= 8 && f->n_lg >= 4);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    for (int i = 0; i < f->n_g; i++) {
+        free(f->g[i].prompt_ids);
+        free(f->g[i].completion_ids);
+    }
+    for (int i = 0; i < f->n_lg; i++) {
+        free(f->lg[i].prompt_ids);
+        free(f->lg[i].logits);
+    }
+    st_close(f->st);
+    free(f);
+    return 0;
+}
+
+static model *open_model(fixture *f, executor *ex, const model_params *mp)
+{
+    model *m = NULL;
+    pg_error err;
+    int rc = model_create(&m, ex, &f->cfg, f->st, mp, &err);
+    if (rc)
+        fail_msg("model_create on %s: %s", ex->name, err.msg);
+    return m;
+}
+
+/* ids[0..n) in chunks of `chunk` tokens on blocks 0, 1, ...; logits of the last. */
+static void run_prompt(model *m, const int32_t *ids, int32_t n, int32_t chunk, int32_t bs,
+                       float *logits)
+{
+    int32_t *pos = malloc((size_t)n * sizeof *pos), *slots = malloc((size_t)n * sizeof *slots);
+    int32_t *bt = malloc(((size_t)n / (size_t)bs + 1) * sizeof *bt);
+    assert_true(pos && slots && bt);
+    for (int32_t i = 0; i < n; i++)
+        pos[i] = slots[i] = i;
+    for (int32_t i = 0; i <= n / bs; i++)
+        bt[i] = i;
+    for (int32_t start = 0; start < n; start += chunk) {
+        int32_t q = n - start < chunk ? n - start : chunk;
+        int32_t qs[2] = {0, q}, len = start + q, row = q - 1;
+        step_batch b = {.num_tokens = q, .num_seqs = 1, .block_size = bs,
+                        .token_ids = ids + start, .positions = pos + start,
+                        .slots = slots + start, .query_start = qs, .seq_lens = &len,
+                        .block_tables = bt, .block_table_stride = n / bs + 1,
+                        .max_seq_len = len, .max_query_len = q, .num_logits = 1,
+                        .logits_rows = &row};
+        pg_error err;
+        int rc = model_forward(m, &b, logits, &err);
+        if (rc)
+            fail_msg("model_forward: %s", err.msg);
+    }
+    free(pos);
+    free(slots);
+    free(bt);
+}
+
+static void check_logits(fixture *f, int precision, double tol)
+{
+    const int32_t V = f->cfg.vocab_size, bs = 16;
+    model_params mp = {.num_kv_blocks = 32, .block_size = bs, .max_num_batched_tokens = 512,
+                       .max_num_seqs = 4};
+    executor *ex = make_cuda(precision);
+    model *m = open_model(f, ex, &mp);
+    float *got = malloc((size_t)V * sizeof(float));
+    assert_non_null(got);
+    for (int k = 0; k < f->n_lg; k++) {
+        logits_golden *g = &f->lg[k];
+        assert_int_equal(g->n_logits, V);
+        /* the margin between the golden's best and second-best logit */
+        float top1 = -INFINITY, top2 = -INFINITY;
+        double maxabs = 0;
+        for (int32_t v = 0; v < V; v++) {
+            float x = g->logits[v];
+            if (x > top1) {
+                top2 = top1;
+                top1 = x;
+            } else if (x > top2) {
+                top2 = x;
+            }
+            maxabs = fabs((double)x) > maxabs ? fabs((double)x) : maxabs;
+        }
+        const int32_t chunks[] = {g->n_prompt, 1, 3};
+        for (int c = 0; c < 3; c++) {
+            run_prompt(m, g->prompt_ids, g->n_prompt, chunks[c], bs, got);
+            double maxdiff = 0;
+            int32_t am = 0;
+            for (int32_t v = 0; v < V; v++) {
+                double d = fabs((double)got[v] - (double)g->logits[v]);
+                maxdiff = d > maxdiff || d != d ? d : maxdiff;
+                if (got[v] > got[am])
+                    am = v;
+            }
+            printf("    %s logits golden %d, chunk %d: max |diff| %.3g, rel %.3g (bound %.0e), "
+                   "argmax %d (golden %d, margin %.3g)\n", precision ? "f32" : "bf16", k,
+                   (int)chunks[c], maxdiff, maxdiff / maxabs, tol, (int)am, (int)g->argmax,
+                   (double)(top1 - top2));
+            assert_true(maxdiff <= tol * maxabs);
+            if ((double)(top1 - top2) > 2.0 * tol * maxabs)
+                assert_int_equal(am, g->argmax);
+        }
+    }
+    free(got);
+    model_destroy(m);
+    ex->op->destroy(ex);
+}
+
+static void test_logits_f32(void **state) { check_logits(*state, 1, 1e-4); }
+static void test_logits_bf16(void **state) { check_logits(*state, 0, 5e-2); }
+
+typedef struct run_cfg {
+    const char *name;
+    int32_t block_size, num_blocks, max_num_seqs, max_num_batched_tokens;
+    bool prefix_caching;
+} run_cfg;
+
+/* All goldens through a fresh engine on a CUDA executor; ids[i] / n[i] get
+ * each completion (malloc'd). */
+static void run_engine(fixture *f, int precision, const run_cfg *c, int32_t **ids, int32_t *n,
+                       engine_stats *stats)
+{
+    model_params mp = {.num_kv_blocks = c->num_blocks, .block_size = c->block_size,
+                       .max_num_batched_tokens = c->max_num_batched_tokens,
+                       .max_num_seqs = c->max_num_seqs};
+    executor *ex = make_cuda(precision);
+    model *m = open_model(f, ex, &mp);
+    engine_params ep = engine_params_default();
+    ep.block_size = c->block_size;
+    ep.num_blocks = c->num_blocks;
+    ep.max_num_seqs = c->max_num_seqs;
+    ep.max_num_batched_tokens = c->max_num_batched_tokens;
+    ep.max_model_len = f->cfg.max_position_embeddings;
+    ep.prefix_caching = c->prefix_caching;
+    ep.check_invariants = true;
+    ep.eos_token_ids = f->cfg.eos_token_ids;
+    ep.n_eos_token_ids = f->cfg.n_eos_token_ids;
+    engine_backend be = model_backend(m);
+    engine *e = NULL;
+    pg_error err;
+    if (engine_create(&e, &ep, &be, NULL, &err))
+        fail_msg("engine_create: %s", err.msg);
+    for (int i = 0; i < f->n_g; i++) {
+        sampling_params sp = sampling_params_default();
+        sp.temperature = 0.0f;
+        sp.max_tokens = f->g[i].max_new_tokens;
+        uint64_t id;
+        if (engine_add_request(e, f->g[i].prompt_ids, f->g[i].n_prompt, &sp,
+                               (void *)(intptr_t)i, &id, &err))
+            fail_msg("request %d: %s", i, err.msg);
+    }
+    int finished = 0;
+    while (engine_has_unfinished(e)) {
+        if (engine_step(e, &err))
+            fail_msg("%s: step: %s", c->name, err.msg);
+        request_output *o;
+        while (engine_pop_finished(e, &o)) {
+            int i = (int)(intptr_t)o->user;
+            assert_true(i >= 0 && i < f->n_g && o->n_outputs == 1);
+            n[i] = o->outputs[0].n_tokens;
+            ids[i] = malloc(((size_t)n[i] + 1) * sizeof(int32_t));
+            assert_non_null(ids[i]);
+            memcpy(ids[i], o->outputs[0].token_ids, (size_t)n[i] * sizeof(int32_t));
+            request_output_free(o);
+            finished++;
+        }
+    }
+    assert_int_equal(finished, f->n_g);
+    engine_get_stats(e, stats);
+    engine_destroy(e);
+    model_destroy(m);
+    ex->op->destroy(ex);
+}
+
+static const run_cfg cfgs[] = {
+    {"batch, bs 16", 16, 256, 256, 2048, true},
+    {"tiny pool (preemption), bs 16", 16, 24, 256, 2048, true},
+    {"chunked prefill, bs 1", 1, 4096, 256, 64, false},
+};
+
+/* tokens equal to the golden before the first difference */
+static int32_t agree(const golden *g, const int32_t *ids, int32_t n)
+{
+    int32_t k = 0;
+    while (k < n && k < g->n_completion && ids[k] == g->completion_ids[k])
+        k++;
+    return k;
+}
+
+static void test_greedy_f32(void **state)
+{
+    fixture *f = *state;
+    bool all = true;
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        int32_t *ids[MAX_GOLDENS] = {0}, n[MAX_GOLDENS] = {0};
+        engine_stats st;
+        run_engine(f, 1, &cfgs[c], ids, n, &st);
+        for (int i = 0; i < f->n_g; i++) {
+            bool same = n[i] == f->g[i].n_completion &&
+                        memcmp(ids[i], f->g[i].completion_ids, (size_t)n[i] * sizeof(int32_t)) == 0;
+            if (!same)
+                printf("    [f32, %s] golden %d MISMATCH: %d tokens (want %d), first diff at %d\n",
+                       cfgs[c].name, i, (int)n[i], (int)f->g[i].n_completion,
+                       (int)agree(&f->g[i], ids[i], n[i]));
+            all = all && same;
+            free(ids[i]);
+        }
+        printf("    [f32, %s] steps %llu, preemptions %llu\n", cfgs[c].name,
+               (unsigned long long)st.steps, (unsigned long long)st.preemptions);
+    }
+    assert_true(all);
+}
+
+static void test_greedy_bf16(void **state)
+{
+    fixture *f = *state;
+    int32_t *a[MAX_GOLDENS] = {0}, na[MAX_GOLDENS] = {0};
+    int32_t *b[MAX_GOLDENS] = {0}, nb[MAX_GOLDENS] = {0};
+    engine_stats st;
+    run_engine(f, 0, &cfgs[0], a, na, &st);
+    run_engine(f, 0, &cfgs[0], b, nb, &st);
+    for (int i = 0; i < f->n_g; i++) {
+        printf("    [bf16] golden %d: %d of %d tokens agree with the f32 golden before the first "
+               "difference\n", i, (int)agree(&f->g[i], a[i], na[i]), (int)f->g[i].n_completion);
+        assert_int_equal(na[i], nb[i]);
+        assert_memory_equal(a[i], b[i], (size_t)na[i] * sizeof(int32_t));
+        free(a[i]);
+        free(b[i]);
+    }
+}
+
+int main(void)
+{
+    if (cuda_device_count() == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    const struct CMUnitTest attn[] = {
+        cmocka_unit_test(test_long_attention),
+    };
+    const struct CMUnitTest goldens[] = {
+        cmocka_unit_test(test_logits_f32),
+        cmocka_unit_test(test_logits_bf16),
+        cmocka_unit_test(test_greedy_f32),
+        cmocka_unit_test(test_greedy_bf16),
+    };
+    int rc = cmocka_run_group_tests(attn, NULL, NULL);
+    rc |= cmocka_run_group_tests(goldens, setup, teardown);
+    return rc;
+}
+#endif /* PG_HAVE_CUDA */
