@@ -12,9 +12,12 @@
  *
  * Determinism: the same schedule gives the same bits run after run. Unlike
  * the CPU executor, a row's result may change in the last bits with the
- * batch it runs in, because cuBLAS picks its kernel by M (see cuda_gemm.c);
- * every kernel of gpu/ itself is batch-invariant (a row's reduction order
- * depends only on that row's sequence).
+ * batch it runs in, because cuBLAS picks its kernel by M (see cuda_gemm.c).
+ * The kernels of gpu/ are batch-invariant: a row's reduction order depends
+ * only on its own sequence and query length (a one-token query goes to the
+ * decode kernel, a longer chunk to the prefill kernel, whatever else is in
+ * the step); the two attention kernels sum in different orders, so the
+ * same token computed in a chunk of 1 or of 5 may differ in the last bits.
  *
  * One process, one device: the executor calls cudaSetDevice(device) at
  * creation and assumes it stays current on the calling thread. Ops are
