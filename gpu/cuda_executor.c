@@ -98,7 +98,7 @@ int cuda_device_count(void)
 
 cuda_executor_params cuda_executor_params_default(void)
 {
-    cuda_executor_params p = {0, 0, 0};
+    cuda_executor_params p = {0, 0, 0, 0};
     return p;
 }
 
@@ -749,6 +749,7 @@ int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error
         pg_error_wrap(err, rc, "cuda executor on device %d", (int)p->device);
         goto fail;
     }
+    cuda_gemm_set_fixed_rows(c->gemm, p->fast_gemm ? 0 : CUDA_GEMM_FIXED_ROWS);
     *out = &c->base;
     return 0;
 fail:

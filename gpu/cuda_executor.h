@@ -10,10 +10,11 @@
  *     the f32 goldens (stories260K) and the CPU twin to tight tolerances.
  * Every reduction (GEMM, norm, softmax, attention) accumulates in f32.
  *
- * Determinism: the same schedule gives the same bits run after run. Unlike
- * the CPU executor, a row's result may change in the last bits with the
- * batch it runs in, because cuBLAS picks its kernel by M (see cuda_gemm.c).
- * The kernels of gpu/ are batch-invariant: a row's reduction order depends
+ * Determinism: the same schedule gives the same bits run after run. By
+ * default the GEMMs run in fixed-size calls so that cuBLAS picks the same
+ * kernel whatever the batch, and a row's result does not depend on the other
+ * rows (cuda_gemm.c); with fast_gemm = 1 it may change in the last bits. The
+ * kernels of gpu/ are batch-invariant: a row's reduction order depends
  * only on its own sequence and query length (a one-token query goes to the
  * decode kernel, a longer chunk to the prefill kernel, whatever else is in
  * the step); the two attention kernels sum in different orders, so the
@@ -48,6 +49,10 @@ typedef struct cuda_executor_params {
     int32_t device;       /* CUDA device ordinal, 0 .. cuda_device_count()-1 */
     int kv_dtype;         /* 0 bf16, 1 fp16 (precision 0); ignored with precision 1 (f32) */
     int precision;        /* 0 bf16 activations and weights (default), 1 f32 everything */
+    int fast_gemm;        /* 0 (default): batch-invariant GEMMs in calls of exactly
+                             CUDA_GEMM_FIXED_ROWS (128) rows (cuda_gemm.h); 1: one cuBLAS
+                             call of M rows — faster prefill, but a row's last bits may
+                             depend on the batch */
 } cuda_executor_params;
 
 /* The defaults: device 0, bf16 KV, bf16 precision. */

@@ -20,12 +20,14 @@
  * as here (cuBLAS docs, "Results reproducibility"). It does NOT promise that
  * row m of y is the same for different M: its heuristics pick a different
  * kernel (tile shape, split-K) as M changes, which changes the summation
- * order. So on CUDA a sequence's logits may differ in the last bits between
- * a step where it runs alone and one where it runs in a batch of 64; the
- * CPU executor's batch-invariance guarantee (executor.h) does not hold here,
- * and the CUDA executor only promises run-to-run reproducibility of the same
- * schedule. Closing the gap needs a batch-invariant GEMM (a fixed kernel and
- * split for every M: cuBLASLt with a pinned algorithm, or our own); not yet.
+ * order. So with one call of M rows a sequence's logits may differ in the
+ * last bits between a step where it runs alone and one where it runs in a
+ * batch of 64. The fixed-rows mode (the executor's default) closes the gap:
+ * every call has exactly fixed_rows rows, so for a given (N, K) cuBLAS
+ * always runs the same kernel with the same split of K, and an output row
+ * is the same sum in the same order whatever the other rows are (rows of a
+ * GEMM never mix). Untested on hardware so far: tests/ops/test_invariance
+ * checks exactly this on a device.
  */
 #include "cuda_gemm.h"
 
@@ -40,7 +42,15 @@ struct cuda_gemm {
     cublasHandle_t handle;
     cudaStream_t stream;
     void *workspace;        /* CUDA_GEMM_WORKSPACE_BYTES, device */
+    int32_t fixed_rows;     /* 0 = off */
+    void *x_pad, *y_pad;    /* [fixed_rows][K] in, [fixed_rows][N] out (device, grown) */
+    size_t x_pad_bytes, y_pad_bytes;
 };
+
+void cuda_gemm_set_fixed_rows(cuda_gemm *g, int32_t fixed_rows)
+{
+    g->fixed_rows = fixed_rows > 0 ? fixed_rows : 0;
+}
 
 static int gemm_cublas_fail(pg_error *err, const char *what, cublasStatus_t s)
 {
@@ -99,12 +109,58 @@ void cuda_gemm_destroy(cuda_gemm *g)
         cublasDestroy(g->handle);
     if (g->workspace)
         cudaFree(g->workspace);
+    if (g->x_pad)
+        cudaFree(g->x_pad);
+    if (g->y_pad)
+        cudaFree(g->y_pad);
     free(g);
 }
 
 static cudaDataType_t gemm_type(int dt)
 {
     return dt == PGK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* One cublasGemmEx call: y [M][N] = x [M][K] . w [N][K]^T. */
+static int gemm_call(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w, int in_dt,
+                     int32_t M, int32_t N, int32_t K, pg_error *err)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    /* y^T[N][M] (col-major) = op_T(w) [N][K] . x^T [K][M]; see the top comment */
+    cublasStatus_t s = cublasGemmEx(g->handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha,
+                                    w, gemm_type(in_dt), K,
+                                    x, gemm_type(in_dt), K, &beta,
+                                    y, gemm_type(y_dt), N,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof what, "cublasGemmEx M %d N %d K %d", (int)M, (int)N, (int)K);
+        return gemm_cublas_fail(err, what, s);
+    }
+    return 0;
+}
+
+static int grow(cuda_gemm *g, void **p, size_t *cap, size_t bytes, pg_error *err)
+{
+    if (*cap >= bytes)
+        return 0;
+    if (*p)
+        cudaFree(*p); /* waits for the work that used it */
+    *p = NULL;
+    *cap = 0;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return pg_error_set(err, PG_ENOMEM, "gemm: padding buffer of %zu bytes: %s: %s", bytes,
+                            cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    *cap = bytes;
+    /* defined padding rows (their results are dropped) */
+    e = cudaMemsetAsync(*p, 0, bytes, g->stream);
+    if (e != cudaSuccess)
+        return pg_error_set(err, PG_EDEVICE, "gemm: padding buffer clear: %s: %s",
+                            cudaGetErrorName(e), cudaGetErrorString(e));
+    return 0;
 }
 
 int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w, int in_dt,
@@ -117,17 +173,38 @@ int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w,
         return pg_error_set(err, PG_EINVAL,
                             "gemm: dtypes in %s, out %s: expected bf16->bf16, bf16->f32 or f32->f32",
                             pgk_dtype_name(in_dt), pgk_dtype_name(y_dt));
-    const float alpha = 1.0f, beta = 0.0f;
-    /* y^T[N][M] (col-major) = op_T(w) [N][K] . x^T [K][M]; see the top comment */
-    cublasStatus_t s = cublasGemmEx(g->handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha,
-                                    w, gemm_type(in_dt), K,
-                                    x, gemm_type(in_dt), K, &beta,
-                                    y, gemm_type(y_dt), N,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        char what[96];
-        snprintf(what, sizeof what, "cublasGemmEx M %d N %d K %d", (int)M, (int)N, (int)K);
-        return gemm_cublas_fail(err, what, s);
+    const int32_t mc = g->fixed_rows;
+    if (mc == 0)
+        return gemm_call(g, y, y_dt, x, w, in_dt, M, N, K, err);
+    const size_t xb = pgk_dtype_bytes(in_dt), yb = pgk_dtype_bytes(y_dt);
+    for (int32_t m0 = 0; m0 < M; m0 += mc) {
+        const int32_t rows = M - m0 < mc ? M - m0 : mc;
+        const char *xs = (const char *)x + (size_t)m0 * (size_t)K * xb;
+        char *ys = (char *)y + (size_t)m0 * (size_t)N * yb;
+        int rc;
+        if (rows == mc) {
+            rc = gemm_call(g, ys, y_dt, xs, w, in_dt, mc, N, K, err);
+            if (rc)
+                return rc;
+            continue;
+        }
+        /* the last, partial chunk: through [mc] row buffers (the padding
+         * rows hold zeros or older rows; rows of a GEMM never mix) */
+        size_t xbytes = (size_t)rows * (size_t)K * xb, ybytes = (size_t)rows * (size_t)N * yb;
+        if ((rc = grow(g, &g->x_pad, &g->x_pad_bytes, (size_t)mc * (size_t)K * xb, err)) ||
+            (rc = grow(g, &g->y_pad, &g->y_pad_bytes, (size_t)mc * (size_t)N * yb, err)))
+            return rc;
+        cudaError_t e = cudaMemcpyAsync(g->x_pad, xs, xbytes, cudaMemcpyDeviceToDevice, g->stream);
+        if (e != cudaSuccess)
+            return pg_error_set(err, PG_EDEVICE, "gemm: padding copy: %s: %s", cudaGetErrorName(e),
+                                cudaGetErrorString(e));
+        rc = gemm_call(g, g->y_pad, y_dt, g->x_pad, w, in_dt, mc, N, K, err);
+        if (rc)
+            return rc;
+        e = cudaMemcpyAsync(ys, g->y_pad, ybytes, cudaMemcpyDeviceToDevice, g->stream);
+        if (e != cudaSuccess)
+            return pg_error_set(err, PG_EDEVICE, "gemm: result copy: %s: %s", cudaGetErrorName(e),
+                                cudaGetErrorString(e));
     }
     return 0;
 }

@@ -26,6 +26,19 @@ typedef struct cuda_gemm cuda_gemm;
 int cuda_gemm_create(cuda_gemm **out, cudaStream_t st, pg_error *err);
 void cuda_gemm_destroy(cuda_gemm *g); /* accepts NULL */
 
+/* Rows per cuBLAS call in the batch-invariant mode (cuda_gemm_set_fixed_rows). */
+#define CUDA_GEMM_FIXED_ROWS 128
+
+/* fixed_rows > 0: every product is computed in calls of exactly fixed_rows
+ * rows (the last chunk padded through a scratch buffer), so cuBLAS sees one
+ * shape per (N, K) and picks the same kernel whatever M is: a row's result
+ * no longer depends on the batch (executor.h "Determinism"). The price:
+ * decode steps compute fixed_rows rows (free while the GEMM is bound by
+ * reading the weights, which it is up to ~300 rows on an H100), and a
+ * prefill of M rows reads the weights ceil(M / fixed_rows) times.
+ * 0: one call of M rows (fastest; cuBLAS may pick a kernel by M). */
+void cuda_gemm_set_fixed_rows(cuda_gemm *g, int32_t fixed_rows);
+
 /* y[M][N] = x[M][K] . w[N][K]^T   (PyTorch nn.Linear, all row-major)
  * x and w: in_dt (PGK_BF16 or PGK_F32, both the same); y: y_dt (in_dt, or
  * PGK_F32 for logits). Accumulation is f32 (CUBLAS_COMPUTE_32F; no TF32).
