@@ -95,16 +95,38 @@ static void put_logprobs_jsonl(json_buf *b, const seq_output *s)
     json_buf_puts(b, "]");
 }
 
-static void put_token_string(json_buf *b, const tokenizer *tok, int32_t id)
+/* The text one token adds after a BOS (so a leading space is kept, as in
+ * the completion text): decode([bos, id]) - decode([bos]). */
+static void put_token_string(json_buf *b, const tokenizer *tok, int32_t id, size_t *len_out)
 {
-    char *txt = NULL;
-    size_t len = 0;
-    if (tok && tok_decode(tok, &id, 1, false, &txt, &len, NULL) == PG_OK) {
-        json_buf_string(b, txt, len);
-        free(txt);
-    } else {
-        json_buf_printf(b, "\"%d\"", (int)id);
+    tok_stream *st = NULL;
+    int32_t bos = tok ? tok_bos_id(tok) : -1;
+    const char *t1 = NULL, *t2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    if (tok && tok_stream_create(&st, tok, false, &bos, bos >= 0 ? 1 : 0, NULL) == PG_OK &&
+        tok_stream_push(st, id, &t1, &n1, NULL) == PG_OK) {
+        char *joined = malloc(n1 + 1);
+        if (joined) {
+            memcpy(joined, t1, n1);
+            if (tok_stream_finish(st, &t2, &n2, NULL) != PG_OK)
+                n2 = 0;
+            char *all = realloc(joined, n1 + n2 + 1);
+            if (all) {
+                memcpy(all + n1, t2, n2);
+                json_buf_string(b, all, n1 + n2);
+                if (len_out)
+                    *len_out = n1 + n2;
+                free(all);
+                tok_stream_free(st);
+                return;
+            }
+            free(joined);
+        }
     }
+    tok_stream_free(st);
+    json_buf_printf(b, "\"%d\"", (int)id);
+    if (len_out)
+        *len_out = 0;
 }
 
 /* OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset. */
@@ -114,7 +136,7 @@ static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_
     for (int32_t t = 0; t < s->n_tokens; t++) {
         if (t)
             json_buf_puts(b, ",");
-        put_token_string(b, c->tok, s->token_ids[t]);
+        put_token_string(b, c->tok, s->token_ids[t], NULL);
     }
     json_buf_puts(b, "],\"token_logprobs\":[");
     for (int32_t t = 0; t < s->n_tokens; t++) {
@@ -129,7 +151,7 @@ static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_
             size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
             if (k)
                 json_buf_puts(b, ",");
-            put_token_string(b, c->tok, s->top_ids[at]);
+            put_token_string(b, c->tok, s->top_ids[at], NULL);
             json_buf_puts(b, ":");
             put_logprob(b, s->top_logprobs[at]);
         }
@@ -137,15 +159,14 @@ static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_
     }
     json_buf_puts(b, "],\"text_offset\":[");
     size_t off = 0;
+    json_buf scratch = {0};
     for (int32_t t = 0; t < s->n_tokens; t++) {
         json_buf_printf(b, t ? ",%zu" : "%zu", off);
-        char *txt = NULL;
         size_t len = 0;
-        if (c->tok && tok_decode(c->tok, &s->token_ids[t], 1, true, &txt, &len, NULL) == PG_OK) {
-            off += len;
-            free(txt);
-        }
+        put_token_string(&scratch, c->tok, s->token_ids[t], &len);
+        off += len;
     }
+    json_buf_free(&scratch);
     json_buf_puts(b, "]}");
 }
 
@@ -174,6 +195,12 @@ static void openai_hash(char out[17], const char *id_json, int64_t line)
         int n = snprintf(buf, sizeof buf, "line:%lld", (long long)line);
         h = cli_hash64(buf, (size_t)n);
     }
+    /* splitmix64's finalizer: FNV alone leaves similar ids with similar hashes */
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebull;
+    h ^= h >> 31;
     snprintf(out, 17, "%016llx", (unsigned long long)h);
 }
 

@@ -15,6 +15,7 @@ typedef struct cli_progress_counts {
     int64_t total;      /* requests this run will answer or skip; -1 = unknown (pipe) */
     int64_t ok, failed; /* records written (or finished) this run */
     int64_t skipped;    /* answered by an earlier run (--resume) */
+    int64_t skipped_failed; /* of which error records */
 } cli_progress_counts;
 
 typedef struct cli_progress cli_progress;

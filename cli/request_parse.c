@@ -100,6 +100,12 @@ static int type_error(pctx *c, const char *field, int i, const char *expected)
                         describe(c->d, i, b, sizeof b));
 }
 
+static int not_object(pctx *c)
+{
+    char b[64];
+    return pg_error_set(c->err, PG_EINVAL, "expected a JSON object, found %s", describe(c->d, 0, b, sizeof b));
+}
+
 static int get_i64(pctx *c, const char *field, int i, int64_t lo, int64_t hi, int64_t *out)
 {
     if (!json_is_number(c->d, i))
@@ -408,7 +414,7 @@ static int parse_jsonl(pctx *c)
 {
     const json_doc *d = c->d;
     if (!json_is_object(d, 0))
-        return type_error(c, "line", 0, "a JSON object");
+        return not_object(c);
     int idv = json_obj_get(d, 0, "id");
     if (idv >= 0 && !json_is_null(d, idv)) {
         if (json_is_string(d, idv)) {
@@ -510,7 +516,7 @@ static int parse_openai(pctx *c)
 {
     const json_doc *d = c->d;
     if (!json_is_object(d, 0))
-        return type_error(c, "line", 0, "a JSON object");
+        return not_object(c);
     int cid = json_obj_get(d, 0, "custom_id");
     if (cid < 0)
         return pg_error_set(c->err, PG_EINVAL, "missing 'custom_id'");

@@ -136,15 +136,15 @@ int cli_resume_load(cli_resume **out, const char *path, pg_error *err)
     return PG_OK;
 }
 
-bool cli_resume_answered(const cli_resume *r, const char *id_key, size_t key_len, int64_t line)
+int cli_resume_lookup(const cli_resume *r, const char *id_key, size_t key_len, int64_t line)
 {
     if (!r)
-        return false;
+        return CLI_RESUME_NEW;
     if (id_key && cli_id_set_has(r->keys, id_key, key_len))
-        return true;
+        return CLI_RESUME_RESULT;
     char buf[32];
     int n = snprintf(buf, sizeof buf, "L:%lld", (long long)line);
-    return cli_id_set_has(r->keys, buf, (size_t)n);
+    return cli_id_set_has(r->keys, buf, (size_t)n) ? CLI_RESUME_ERROR : CLI_RESUME_NEW;
 }
 
 int64_t cli_resume_records(const cli_resume *r) { return r ? r->records : 0; }

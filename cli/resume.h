@@ -23,8 +23,13 @@ typedef struct cli_resume cli_resume;
 int cli_resume_load(cli_resume **out, const char *path, pg_error *err);
 void cli_resume_destroy(cli_resume *r); /* accepts NULL */
 
-/* id_key as cli_request.id_key (may be NULL), line 1-based. */
-bool cli_resume_answered(const cli_resume *r, const char *id_key, size_t key_len, int64_t line);
+enum cli_resume_answer {
+    CLI_RESUME_NEW = 0,        /* not in the file: run it */
+    CLI_RESUME_RESULT,         /* a result record with this id */
+    CLI_RESUME_ERROR,          /* an error record for this line */
+};
+/* id_key as cli_request.id_key (NULL: look up the line only), line 1-based. */
+int cli_resume_lookup(const cli_resume *r, const char *id_key, size_t key_len, int64_t line);
 int64_t cli_resume_records(const cli_resume *r);        /* complete records found */
 int64_t cli_resume_cut_bytes(const cli_resume *r);      /* bytes of the partial line removed */
 

@@ -221,8 +221,10 @@ static void take_line(run_state *s, const char *line, size_t len, int64_t line_n
         cli_request_free(&r);
         return;
     }
-    if (s->resume && cli_resume_answered(s->resume, rc == PG_OK ? r.id_key : NULL, r.id_key_len, line_no)) {
+    int prior = cli_resume_lookup(s->resume, rc == PG_OK ? r.id_key : NULL, r.id_key_len, line_no);
+    if (prior != CLI_RESUME_NEW) {
         s->counts.skipped++;
+        s->counts.skipped_failed += prior == CLI_RESUME_ERROR;
         cli_request_free(&r);
         return;
     }
@@ -593,7 +595,9 @@ int cli_run_generate(const cli_options *o)
         s->exit_code = CLI_EXIT_INTERRUPTED;
 done:;
     int code = s->exit_code;
-    if (code == CLI_EXIT_OK && s->counts.failed > 0)
+    /* error records kept from an earlier run count: a resumed run exits
+     * like the uninterrupted run would have */
+    if (code == CLI_EXIT_OK && s->counts.failed + s->counts.skipped_failed > 0)
         code = CLI_EXIT_LINES_FAILED;
     teardown(s);
     return code;
