@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "file_io.h"
 #include "safetensors.h"
 #include "test_support.h"
 
@@ -502,6 +503,51 @@ static void test_open_errors(void **state)
     tmp_remove(&d, files);
 }
 
+/* file_io: the checked reader every weights/ file goes through */
+static void test_file_io(void **state)
+{
+    (void)state;
+    tmpdir d;
+    tmp_make(&d);
+    static const char *const files[] = {"f.txt", "empty", NULL};
+    write_file(tmp_file(&d, "f.txt"), "abc\0def", 7);
+    char *buf = NULL;
+    size_t len = 0;
+    pg_error e;
+    assert_int_equal(pg_read_file(tmp_file(&d, "f.txt"), 7, &buf, &len, &e), PG_OK);
+    assert_int_equal(len, 7);
+    assert_memory_equal(buf, "abc\0def", 8); /* NUL-terminated, inner NUL kept */
+    pg_file_free(buf);
+    assert_int_equal(pg_read_file(tmp_file(&d, "f.txt"), 6, &buf, &len, &e), PG_EFORMAT);
+    assert_null(buf);
+    assert_int_equal(len, 0);
+    assert_true(contains(e.msg, "f.txt: file is 7 bytes, expected at most 6"));
+    assert_int_equal(pg_read_file(d.path, 100, &buf, &len, &e), PG_EIO);
+    assert_true(contains(e.msg, "expected a regular file, found a directory"));
+    assert_int_equal(pg_read_file(tmp_file(&d, "missing"), 100, &buf, &len, &e), PG_EIO);
+    assert_true(contains(e.msg, "missing: cannot open"));
+    write_file(tmp_file(&d, "empty"), "", 0);
+    assert_int_equal(pg_read_file(tmp_file(&d, "empty"), 0, &buf, &len, &e), PG_OK);
+    assert_int_equal(len, 0);
+    assert_int_equal(buf[0], '\0');
+    pg_file_free(buf);
+    pg_file_free(NULL);
+
+    pg_map m;
+    assert_int_equal(pg_map_file(tmp_file(&d, "f.txt"), &m, &e), PG_OK);
+    assert_int_equal(m.size, 7);
+    assert_memory_equal(m.data, "abc\0def", 7);
+    pg_unmap_file(&m);
+    assert_null(m.data);
+    assert_int_equal(pg_map_file(tmp_file(&d, "empty"), &m, &e), PG_OK);
+    assert_int_equal(m.size, 0);
+    pg_unmap_file(&m);
+    assert_int_equal(pg_map_file(d.path, &m, &e), PG_EIO);
+    assert_true(pg_file_exists(tmp_file(&d, "f.txt")) && !pg_file_exists(d.path));
+    assert_true(pg_dir_exists(d.path) && !pg_dir_exists(tmp_file(&d, "f.txt")));
+    tmp_remove(&d, files);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -514,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_codellama_index_without_shards),
         cmocka_unit_test(test_sharded_checkpoint),
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_file_io),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
