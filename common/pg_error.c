@@ -25,8 +25,19 @@ int pg_error_wrap(pg_error *err, int status, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(prefix, sizeof prefix, fmt, ap);
         va_end(ap);
+        /* Build "prefix: old" by hand: the result is cut at the buffer's end,
+         * which snprintf would warn about (-Wformat-truncation). */
         memcpy(old, err->msg, sizeof old);
-        snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+        old[sizeof old - 1] = '\0';
+        size_t np = strlen(prefix), no = strlen(old), cap = sizeof err->msg - 1;
+        size_t k = 0;
+        for (size_t i = 0; i < np && k < cap; i++)
+            err->msg[k++] = prefix[i];
+        for (size_t i = 0; i < 2 && k < cap; i++)
+            err->msg[k++] = ": "[i];
+        for (size_t i = 0; i < no && k < cap; i++)
+            err->msg[k++] = old[i];
+        err->msg[k] = '\0';
     }
     return status;
 }
