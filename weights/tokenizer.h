@@ -32,13 +32,21 @@ bool tok_is_special(const tokenizer *t, int32_t id);
 /* The vocabulary string of id (borrowed, valid until tok_free), NULL if out of range. */
 const char *tok_piece(const tokenizer *t, int32_t id);
 
-/* Encodes len bytes of UTF-8 text (invalid UTF-8 is an error). With
- * add_special the post-processor's tokens (BOS) are added. On success *ids is
+/* Encodes len bytes of UTF-8 text (invalid UTF-8 is an error, PG_EINVAL).
+ * Text that spells an added token (e.g. "<s>") becomes that token's id even
+ * without add_special, as in HF (added tokens are split out first). With
+ * add_special the post-processor's tokens (BOS) are added; for the Llama
+ * tokenizer classes tokenizer_config.json's add_bos_token/add_eos_token
+ * decide them, as transformers' LlamaTokenizerFast does. On success *ids is
  * malloc'd (caller frees) with *n_ids entries. */
 int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special,
                int32_t **ids, size_t *n_ids, pg_error *err);
 
-/* Decodes ids to UTF-8 (invalid byte sequences become U+FFFD, as HF does).
+/* Decodes ids to UTF-8 (invalid byte sequences become U+FFFD, as HF does:
+ * a ByteFallback run of <0xHH> tokens that is not valid UTF-8 gives one
+ * U+FFFD per byte, Rust tokenizers' rule; ByteLevel bytes are decoded like
+ * String::from_utf8_lossy). Ids without a piece (out of range) are skipped,
+ * as HF skips them. Added tokens go through the decoder like any piece.
  * *text is malloc'd and NUL-terminated; *len excludes the NUL. */
 int tok_decode(const tokenizer *t, const int32_t *ids, size_t n_ids, bool skip_special,
                char **text, size_t *len, pg_error *err);
@@ -61,7 +69,13 @@ bool tok_cleanup_default(const tokenizer *t);
  * emits equals decode(prompt + generated) minus decode(prompt) (so a leading
  * space the decoder would strip at the start of a text is kept), and it never
  * emits part of a UTF-8 sequence: bytes of an unfinished character are held
- * back until a later token completes them, or until tok_stream_finish. */
+ * back until a later token completes them, or until tok_stream_finish.
+ * With byte fallback (Llama 2) a run of <0xHH> tokens is emitted when the
+ * next non-byte token (or finish) closes it, since one bad byte turns the
+ * whole run into U+FFFDs. If the prompt itself ends inside such a run or
+ * character and generation changes how it decodes (half an emoji completed),
+ * decode(prompt) is not a prefix of the whole decode; the stream then emits
+ * that completed text too (what the prompt held back is not lost). */
 typedef struct tok_stream tok_stream;
 int tok_stream_create(tok_stream **out, const tokenizer *t, bool skip_special,
                       const int32_t *prompt_ids, size_t n_prompt, pg_error *err);
