@@ -77,21 +77,28 @@ static inline float v_hsum(vf a) { return (a[0] + a[2]) + (a[1] + a[3]); }
 
 #define TILE_MAX_NR 6
 
-/* One register tile; mr, nr are compile-time constants at every call site. */
+/* One register tile; mr, nr are compile-time constants at every call site,
+ * and the loops over them are unrolled (also at -O2) so that acc and wv live
+ * in registers. */
 static inline __attribute__((always_inline)) void
 gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, const int mr, const int nr)
 {
     vf acc[MR][TILE_MAX_NR];
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++)
             acc[i][j] = v_zero();
     int32_t k = 0;
     for (; k + VL <= K; k += VL) {
         vf wv[TILE_MAX_NR];
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++)
             wv[j] = v_load(w + (int64_t)j * K + k);
+#pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             vf xv = v_load(x + (int64_t)i * K + k);
+#pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 acc[i][j] = v_fma(xv, wv[j], acc[i][j]);
         }
@@ -99,15 +106,20 @@ gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, cons
     if (k < K) {
         int32_t rem = K - k;
         vf wv[TILE_MAX_NR];
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++)
             wv[j] = v_load_tail(w + (int64_t)j * K + k, rem);
+#pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             vf xv = v_load_tail(x + (int64_t)i * K + k, rem);
+#pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 acc[i][j] = v_fma(xv, wv[j], acc[i][j]);
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++)
             y[(int64_t)i * ldy + j] = v_hsum(acc[i][j]);
 }
@@ -155,21 +167,22 @@ const char *cpu_gemm_isa(void)
 void cpu_gemm_cols(float *y, int64_t ldy, const float *x, const float *w,
                    int32_t M, int32_t K, int32_t n0, int32_t n1)
 {
-    /* A panel of nc rows of w (about 256 KiB) stays in L2 while every row
-     * tile of x passes over it; w is read from memory once per call. */
-    int32_t nc = (int32_t)((256 * 1024 / 4) / (K > 0 ? K : 1));
-    nc = nc / NR * NR;
-    if (nc < NR)
-        nc = NR;
-    for (int32_t nb = n0; nb < n1; nb += nc) {
-        int32_t ne = nb + nc < n1 ? nb + nc : n1;
-        for (int32_t m = 0; m < M; m += MR) {
-            int32_t mr = M - m < MR ? M - m : MR;
-            const float *xm = x + (int64_t)m * K;
-            float *ym = y + (int64_t)m * ldy;
-            for (int32_t n = nb; n < ne; n += NR) {
-                int32_t nr = ne - n < NR ? ne - n : NR;
-                gemm_tiles[mr][nr](ym + n, ldy, xm, w + (int64_t)n * K, K);
+    /* A block of mc rows of x (about 512 KiB) stays in L2 while each tile
+     * of NR rows of w (<= NR * K * 4 bytes) sits in L1 and the row tiles of
+     * the block pass over it; w is streamed from memory once per block
+     * (once in all for M <= mc). */
+    int32_t mc = (int32_t)((512 * 1024 / 4) / (K > 0 ? K : 1));
+    mc = mc / MR * MR;
+    if (mc < MR)
+        mc = MR;
+    for (int32_t mb = 0; mb < M; mb += mc) {
+        int32_t me = mb + mc < M ? mb + mc : M;
+        for (int32_t n = n0; n < n1; n += NR) {
+            int32_t nr = n1 - n < NR ? n1 - n : NR;
+            const float *wn = w + (int64_t)n * K;
+            for (int32_t m = mb; m < me; m += MR) {
+                int32_t mr = me - m < MR ? me - m : MR;
+                gemm_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, x + (int64_t)m * K, wn, K);
             }
         }
     }

@@ -17,9 +17,9 @@
  * its sgemv and sgemm paths and its M-dependent blocking round
  * differently; see bench/gemm_bench.c.)
  *
- * Speed: tiles of MR x NR outputs (4 x 6 AVX-512, 4 x 3 AVX2) keep x rows
- * in L1 and stream a panel of w rows from L2; at M = 1 the kernel streams w
- * once. Work is split over columns (N) across the pool.
+ * Speed: tiles of MR x NR outputs (4 x 6 AVX-512, 4 x 3 AVX2): a tile of
+ * w rows stays in L1 while a block of x rows streams past it from L2; at
+ * M = 1 the kernel streams w once. Work is split over columns (N) across the pool.
  */
 #ifndef PG_CPU_GEMM_H
 #define PG_CPU_GEMM_H

@@ -12,8 +12,26 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
-#define CPU_POOL_SPIN 20000
+/* How long a worker spins for the next job, and the caller for the
+ * workers, before sleeping / yielding (a pause costs 10 to 140 cycles
+ * depending on the core, so the budget is in time, not iterations). */
+#define CPU_POOL_SPIN_NS 100000
+
+static int64_t pool_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void pool_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
 
 typedef struct cpu_pool_worker {
     cpu_pool *pool;
@@ -45,11 +63,14 @@ static void *cpu_pool_main(void *arg)
     uint_fast64_t seen = 0;
     for (;;) {
         uint_fast64_t gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
-        for (int spin = 0; gen == seen && spin < CPU_POOL_SPIN; spin++) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-            gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        if (gen == seen) {
+            const int64_t t0 = pool_now_ns();
+            for (int spin = 0; gen == seen; spin++) {
+                pool_pause();
+                gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+                if ((spin & 63) == 63 && pool_now_ns() - t0 > CPU_POOL_SPIN_NS)
+                    break;
+            }
         }
         if (gen == seen) {
             pthread_mutex_lock(&pool->mu);
@@ -143,11 +164,13 @@ void cpu_pool_run(cpu_pool *pool, int32_t n_workers, cpu_pool_fn fn, void *ctx)
 
     fn(ctx, 0, n_workers);
 
+    const int64_t t0 = pool_now_ns();
+    int spinning = 1;
     for (int spin = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spin++) {
-        if (spin < CPU_POOL_SPIN) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
+        if (spinning) {
+            pool_pause();
+            if ((spin & 63) == 63 && pool_now_ns() - t0 > CPU_POOL_SPIN_NS)
+                spinning = 0;
         } else {
             sched_yield();
         }

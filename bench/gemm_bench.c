@@ -1,0 +1,169 @@
+/* gemm_bench: the CPU executor's GEMM (cpu/cpu_gemm.c) against OpenBLAS on
+ * the 110m model's shapes, with the machine's ceiling beside the figures.
+ *
+ *   gemm_bench [threads]      (default: all online cores, for both)
+ *
+ * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
+ * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
+ * cpu_gemm as a fraction of the measured sgemm peak (a large square
+ * product). At M = 1 it also prints GB/s of weight streamed. Then whether
+ * OpenBLAS itself is batch-invariant here (row 0 of an M = 64 sgemm vs the
+ * same row alone through sgemm and through sgemv), which is why pagedgen
+ * does not use it for its matmuls. Fixed seed, warm-up, best of timed
+ * repetitions within ~0.3 s per point.
+ */
+#include <cblas.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_gemm.h"
+#include "cpu_pool.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static float *rand_buf(size_t n, uint64_t *state)
+{
+    float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "gemm_bench: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (float)((double)(*state >> 40) / (double)(1ull << 24)) - 0.5f;
+    }
+    return p;
+}
+
+typedef enum { IMPL_MINE, IMPL_SGEMM, IMPL_SGEMV } impl;
+
+static void run_once(impl which, cpu_pool *pool, float *y, const float *x, const float *w, int M, int N, int K)
+{
+    switch (which) {
+    case IMPL_MINE:
+        cpu_gemm(pool, y, N, x, w, M, N, K);
+        break;
+    case IMPL_SGEMM:
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+        break;
+    case IMPL_SGEMV:
+        for (int m = 0; m < M; m++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x + (size_t)m * K, 1, 0.0f,
+                        y + (size_t)m * N, 1);
+        break;
+    }
+}
+
+/* GFLOP/s: warm-up, then the best of repetitions within ~0.3 s */
+static double gflops(impl which, cpu_pool *pool, float *y, const float *x, const float *w, int M, int N, int K)
+{
+    run_once(which, pool, y, x, w, M, N, K);
+    double best = 1e30, start = now_s();
+    int reps = 0;
+    do {
+        double t0 = now_s();
+        int inner = 0;
+        double t;
+        do {
+            run_once(which, pool, y, x, w, M, N, K);
+            inner++;
+        } while ((t = now_s() - t0) < 0.02);
+        if (t / inner < best)
+            best = t / inner;
+        reps++;
+    } while (now_s() - start < 0.3 || reps < 3);
+    return 2.0 * M * N * K / best * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = argc > 1 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1)
+        threads = 1;
+    cpu_pool *pool = NULL;
+    if (cpu_pool_create(&pool, threads, NULL) != 0) {
+        fprintf(stderr, "gemm_bench: cannot start %d threads\n", threads);
+        return 1;
+    }
+    openblas_set_num_threads(threads);
+    uint64_t seed = 12345;
+
+    /* the ceiling: a large square sgemm */
+    const int P = 2048;
+    float *pa = rand_buf((size_t)P * P, &seed), *pb = rand_buf((size_t)P * P, &seed);
+    float *pc = rand_buf((size_t)P * P, &seed);
+    double peak = gflops(IMPL_SGEMM, pool, pc, pa, pb, P, P, P);
+    double mine_sq = gflops(IMPL_MINE, pool, pc, pa, pb, P, P, P);
+    free(pa);
+    free(pb);
+    free(pc);
+    printf("gemm_bench: %d threads, cpu_gemm isa %s (%d lanes), OpenBLAS %s\n", threads, cpu_gemm_isa(),
+           (int)cpu_gemm_lanes(), openblas_get_config());
+    printf("ceiling: OpenBLAS sgemm %dx%dx%d = %.1f GFLOP/s (cpu_gemm on it: %.1f, %.0f%%)\n\n", P, P, P, peak,
+           mine_sq, 100.0 * mine_sq / peak);
+
+    const struct { const char *name; int N, K; } shapes[] = {
+        {"qkv", 2304, 768}, {"o", 768, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
+    };
+    const int Ms[] = {1, 8, 32, 64, 128, 256};
+    printf("%-8s %5s %5s %4s | %9s %9s %9s | %7s %7s | %s\n", "shape", "N", "K", "M", "cpu_gemm", "sgemm", "sgemv",
+           "/sgemm", "/peak", "M=1 weight GB/s (cpu_gemm, sgemv)");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int N = shapes[s].N, K = shapes[s].K;
+        float *w = rand_buf((size_t)N * K, &seed), *x = rand_buf((size_t)256 * K, &seed);
+        float *y = rand_buf((size_t)256 * N, &seed);
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            const int M = Ms[mi];
+            double g_mine = gflops(IMPL_MINE, pool, y, x, w, M, N, K);
+            double g_blas = gflops(IMPL_SGEMM, pool, y, x, w, M, N, K);
+            double g_gemv = M == 1 ? gflops(IMPL_SGEMV, pool, y, x, w, M, N, K) : 0.0;
+            printf("%-8s %5d %5d %4d | %9.1f %9.1f ", shapes[s].name, N, K, M, g_mine, g_blas);
+            if (M == 1)
+                printf("%9.1f | %6.0f%% %6.0f%% | %.1f, %.1f\n", g_gemv, 100.0 * g_mine / g_blas, 100.0 * g_mine / peak,
+                       g_mine * 2.0, g_gemv * 2.0); /* 2 flops per 4-byte weight: GB/s = 2 x GFLOP/s */
+            else
+                printf("%9s | %6.0f%% %6.0f%% |\n", "", 100.0 * g_mine / g_blas, 100.0 * g_mine / peak);
+        }
+        free(w);
+        free(x);
+        free(y);
+    }
+
+    /* Is OpenBLAS batch-invariant? Row 0 at M = 64 vs the same row alone. */
+    {
+        const int N = 2304, K = 768, M = 64;
+        float *w = rand_buf((size_t)N * K, &seed), *x = rand_buf((size_t)M * K, &seed);
+        float *y64 = rand_buf((size_t)M * N, &seed), *y1 = rand_buf((size_t)N, &seed), *yv = rand_buf((size_t)N, &seed);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y64, N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 1, N, K, 1.0f, x, K, w, K, 0.0f, y1, N);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x, 1, 0.0f, yv, 1);
+        int diff_gemm = 0, diff_gemv = 0;
+        for (int n = 0; n < N; n++) {
+            diff_gemm += memcmp(&y64[n], &y1[n], sizeof(float)) != 0;
+            diff_gemv += memcmp(&y64[n], &yv[n], sizeof(float)) != 0;
+        }
+        cpu_gemm(pool, y64, N, x, w, M, N, K);
+        cpu_gemm(pool, y1, N, x, w, 1, N, K);
+        int diff_mine = 0;
+        for (int n = 0; n < N; n++)
+            diff_mine += memcmp(&y64[n], &y1[n], sizeof(float)) != 0;
+        printf("\nbatch invariance, N=%d K=%d, row 0 of M=%d vs alone: OpenBLAS sgemm(M=1) differs in %d of %d outputs, "
+               "sgemv in %d; cpu_gemm in %d\n", N, K, M, diff_gemm, N, diff_gemv, diff_mine);
+        free(w);
+        free(x);
+        free(y64);
+        free(y1);
+        free(yv);
+    }
+    cpu_pool_destroy(pool);
+    return 0;
+}
