@@ -121,11 +121,10 @@ static int replace_all(tok_enc *e, const tok_norm *nm, const char *s, size_t n, 
             if (!tok_buf_put(out, s + pos, ov[0] - pos) || !tok_buf_put(out, nm->b, nm->b_len))
                 return PG_ENOMEM;
             if (ov[1] == ov[0]) { /* empty match: copy one char and go on */
-                if (ov[0] >= n)
-                    {
-                        pos = n + 1;
-                        break;
-                    }
+                if (ov[0] >= n) {
+                    pos = n + 1;
+                    break;
+                }
                 size_t cl = tok_utf8_len((unsigned char)s[ov[0]]);
                 if (!tok_buf_put(out, s + ov[0], cl))
                     return PG_ENOMEM;
