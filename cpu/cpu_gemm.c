@@ -34,6 +34,25 @@ static inline float v_hsum(vf a)
     __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
     return _mm_cvtss_f32(s1);
 }
+/* Sixteen v_hsum at once, bit-identical to v_hsum: every output lane sees
+ * the same pairings in the same order, (l, l+8), (l, l+4), (l, l+2),
+ * (l, l+1) — IEEE addition is commutative, so operand order does not
+ * matter. Lane 4c+j of the result is the sum of a[4j+c]. */
+#define GEMM_HSUM16 1
+static inline vf v_hsum16(const vf *a)
+{
+    vf r[8], q[4], p[2];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        p[i] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(p[0], p[1], 0x88), _mm512_shuffle_ps(p[0], p[1], 0xDD));
+}
 #elif defined(__AVX2__) && defined(__FMA__) && !defined(PG_GEMM_FORCE_GENERIC)
 #include <immintrin.h>
 #define GEMM_ISA "avx2"
@@ -117,6 +136,29 @@ gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, cons
                 acc[i][j] = v_fma(xv, wv[j], acc[i][j]);
         }
     }
+#if defined(GEMM_HSUM16)
+    if (mr * nr >= 8) {
+        /* the reductions of up to 16 accumulators share one shuffle network */
+#pragma GCC unroll 2
+        for (int g = 0; g < mr * nr; g += 16) {
+            vf in[16];
+            float out[16];
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++) {
+                const int a = g + l; /* accumulator a = row a / nr, column a % nr */
+                in[4 * (l % 4) + l / 4] = a < mr * nr ? acc[a / nr][a % nr] : v_zero();
+            }
+            _mm512_storeu_ps(out, v_hsum16(in));
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++) {
+                const int a = g + l;
+                if (a < mr * nr)
+                    y[(int64_t)(a / nr) * ldy + a % nr] = out[l];
+            }
+        }
+        return;
+    }
+#endif
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 8
