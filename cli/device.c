@@ -20,8 +20,7 @@ int cli_device_open(const char *device, int32_t threads, executor **out, pg_erro
     if (want_cuda) {
         if (cuda_device_count() <= 0)
             return pg_error_set(err, PG_EUNSUPPORTED, "--device cuda: no CUDA device found");
-        cuda_executor_params cp;
-        memset(&cp, 0, sizeof cp);
+        cuda_executor_params cp = cuda_executor_params_default();
         return cuda_executor_create(out, &cp, err);
     }
 #else
