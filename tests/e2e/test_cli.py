@@ -318,6 +318,30 @@ def case_shard():
         check(sorted(got) == want, f"shard union: {len(got)} records vs {len(want)}")
 
 
+def case_progress():
+    """stderr: the KV/concurrency banner, periodic log lines off a TTY, the
+    summary; nothing with --quiet. --metrics adds per-request timings."""
+    req = "".join(json.dumps({"prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": True}) + "\n"
+                  for _ in range(200)).encode()
+    rc, out, err = run(["-m", MODEL, "--log-interval", "0.05", "--max-num-seqs", "4", "--metrics"],
+                       stdin_bytes=req)
+    text = err.decode()
+    check(rc == 0, f"exit {rc}")
+    check("Maximum concurrency for 512 tokens per request:" in text, "no concurrency line")
+    check("KV cache:" in text and "blocks of 16 tokens" in text, "no KV line")
+    check(text.count("/? requests") >= 2, "no periodic progress lines on a non-TTY stderr")
+    for w in ("200 requests ok", "prefix cache:", "preemptions", "gen tok/s", "utilization"):
+        check(w in text, f"summary lacks {w!r}")
+    recs = [json.loads(l) for l in lines_of(out)]
+    m = recs[0]["metrics"]
+    check(all(k in m for k in ("queue_ms", "first_token_ms", "total_ms", "preemptions")), "metrics keys")
+    check(m["total_ms"] >= m["first_token_ms"] >= 0, "metrics values")
+    three = b"".join(req.splitlines(keepends=True)[:3])
+    rc, out, err = gen([], stdin_bytes=three)
+    check(rc == 0 and len(lines_of(out)) == 3, f"--quiet run: exit {rc}")
+    check(err == b"", f"--quiet printed {err[:200]!r}")
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
