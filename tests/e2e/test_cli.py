@@ -215,10 +215,10 @@ def case_tokenize():
 
 
 def resume_input(path):
-    """~150 requests: mixed lengths, greedy and sampled, two bad lines."""
+    """240 requests: mixed lengths, greedy and sampled, two bad lines."""
     prompts = ["Once upon a time", "Tom and his dog", "She said", "The little bird", "Lily went to"]
     with open(path, "w") as f:
-        for i in range(150):
+        for i in range(240):
             if i == 37:
                 f.write('{"id": "bad-json", "prompt": \n')
                 continue
@@ -269,17 +269,17 @@ def case_resume():
         rc, _, err = run(["-m", MODEL, "-q", "-i", inp, "-o", ref] + RESUME_FLAGS)
         check(rc == 1, f"reference run: exit {rc}: {err.decode()[-1000:]}")
         want = sorted(lines_of(open(ref, "rb").read()))
-        check(len(want) == 150, f"reference has {len(want)} records")
+        check(len(want) == 240, f"reference has {len(want)} records")
 
         out = os.path.join(tmp, "out.jsonl")
         killed = 0
-        for k, at in enumerate([5, 40, 90, 130]):
+        for k, at in enumerate([5, 50, 110, 180]):
             rc, alive, err = start_and_kill(inp, out, at, signal.SIGKILL, ["--resume"] if k else [])
             killed += alive
             if k == 1:
                 # a torn write, as a kill in the middle of write() would leave
                 with open(out, "ab") as f:
-                    f.write(b'{"id":"r140","outputs":[{"index":0,"te')
+                    f.write(b'{"id":"r200","outputs":[{"index":0,"te')
         check(killed >= 3, f"only {killed} of 4 runs were still going when killed (too fast?)")
         rc, _, err = run(["-m", MODEL, "-i", inp, "-o", out, "--resume"] + RESUME_FLAGS)
         check(rc == 1, f"final resume: exit {rc}: {err.decode()[-1000:]}")
