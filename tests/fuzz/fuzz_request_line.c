@@ -1,0 +1,61 @@
+/* fuzz_request_line: cli_request_parse over arbitrary bytes in every input
+ * format; an accepted request must be well formed (one prompt, valid
+ * params, arrays as long as they claim), and an error must come with a
+ * message. The record writer is then run on the id it found. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "output.h"
+#include "request_parse.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    /* the reader hands out NUL-terminated lines */
+    char *line = malloc(size + 1);
+    if (!line)
+        return 0;
+    memcpy(line, data, size);
+    line[size] = '\0';
+    sampling_params def = sampling_params_default();
+    const char *stops[] = {"END"};
+    def.stop = stops;
+    def.n_stop = 1;
+    const cli_format fmts[] = {CLI_FORMAT_TEXT, CLI_FORMAT_JSONL, CLI_FORMAT_OPENAI,
+                               cli_detect_format(line, size)};
+    for (size_t k = 0; k < sizeof fmts / sizeof fmts[0]; k++) {
+        cli_request r;
+        pg_error err;
+        err.msg[0] = '\0';
+        int rc = cli_request_parse(&r, line, size, fmts[k], 3, 4, &def, 9, &err);
+        if (rc == PG_OK) {
+            if ((r.prompt == NULL) == (r.prompt_ids == NULL))
+                abort();
+            if (r.prompt && r.prompt_len == 0)
+                abort();
+            if (r.prompt_ids && r.n_prompt_ids <= 0)
+                abort();
+            for (int32_t i = 0; i < r.n_prompt_ids; i++)
+                if (r.prompt_ids[i] < 0)
+                    abort();
+            if (sampling_params_validate(&r.sp, NULL) != PG_OK || !r.id_json)
+                abort();
+            for (size_t i = 0; i < r.sp.n_stop; i++)
+                if (!r.sp.stop[i][0])
+                    abort();
+        } else if (!err.msg[0]) {
+            abort();
+        }
+        cli_output_ctx ctx = {.fmt = fmts[k]};
+        json_buf b = {0};
+        cli_output_error(&b, &ctx, r.id_json, r.line, err.msg);
+        if (!b.oom && (b.len == 0 || b.data[b.len - 1] != '\n' || memchr(b.data, '\n', b.len) != b.data + b.len - 1))
+            abort(); /* one record = one line */
+        json_buf_free(&b);
+        cli_request_free(&r);
+    }
+    free(line);
+    return 0;
+}
