@@ -27,47 +27,16 @@
 
 #include <cmocka.h>
 
-#include "config.h"
 #include "cpu_executor.h"
 #include "engine.h"
-#include "json.h"
+#include "golden_support.h"
 #include "model.h"
-#include "safetensors.h"
 #include "test_support.h"
 #include "tokenizer.h"
 
-#define MAX_GOLDENS 16
-
-typedef struct golden {
-    char *prompt;
-    size_t prompt_len;
-    int32_t *prompt_ids;
-    int32_t n_prompt;
-    int32_t *completion_ids;
-    int32_t n_completion;
-    char *completion_text;
-    size_t completion_text_len;
-    int32_t max_new_tokens;
-    bool stop;               /* finish_reason "stop" (else "length") */
-    int32_t stop_token_id;   /* -1 for length */
-} golden;
-
-typedef struct logits_golden {
-    int32_t *prompt_ids;
-    int32_t n_prompt;
-    int32_t argmax;
-    float *logits;           /* [V] */
-    int32_t n_logits;
-} logits_golden;
-
 typedef struct fixture {
-    llama_config cfg;
-    st_file *st;
+    pg_golden_set set;  /* the model and the goldens */
     tokenizer *tok;
-    golden g[MAX_GOLDENS];
-    int n_g;
-    logits_golden lg[MAX_GOLDENS];
-    int n_lg;
 } fixture;
 
 /* One finished sequence as the engine gave it. */
@@ -87,139 +56,26 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* ---- reading the goldens -------------------------------------------------- */
-
-static void get_ids(const json_doc *d, int obj, const char *key, int32_t **out, int32_t *n)
-{
-    pg_error err;
-    int a = json_obj_get(d, obj, key);
-    assert_true(a >= 0 && json_is_array(d, a));
-    *n = json_size(d, a);
-    *out = malloc(((size_t)*n + 1) * sizeof **out);
-    assert_non_null(*out);
-    int i = a + 1;
-    for (int k = 0; k < *n; k++, i = json_skip(d, i)) {
-        int64_t v;
-        assert_int_equal(json_get_int(d, i, 0, INT32_MAX, &v, &err), 0);
-        (*out)[k] = (int32_t)v;
-    }
-}
-
-static int64_t get_int(const json_doc *d, int obj, const char *key)
-{
-    pg_error err;
-    int64_t v;
-    int i = json_obj_get(d, obj, key);
-    assert_true(i >= 0);
-    assert_int_equal(json_get_int(d, i, INT64_MIN, INT64_MAX, &v, &err), 0);
-    return v;
-}
-
-static char *get_str(const json_doc *d, int obj, const char *key, size_t *len)
-{
-    pg_error err;
-    char *s = NULL;
-    int i = json_obj_get(d, obj, key);
-    assert_true(i >= 0);
-    assert_int_equal(json_get_string(d, i, &s, len, &err), 0);
-    return s;
-}
-
-/* Calls fn(fixture, doc) for every non-empty line of a JSONL file. */
-static void for_each_line(fixture *f, const char *rel, void (*fn)(fixture *, const json_doc *))
-{
-    size_t len;
-    char *text = pg_test_read_file(pg_test_shared_path(rel), &len);
-    assert_non_null(text);
-    char *line = text;
-    while (line < text + len) {
-        char *nl = memchr(line, '\n', (size_t)(text + len - line));
-        size_t ll = nl ? (size_t)(nl - line) : (size_t)(text + len - line);
-        if (ll > 0) {
-            json_doc d;
-            pg_error err;
-            assert_int_equal(json_parse(&d, line, ll, rel, &err), 0);
-            fn(f, &d);
-            json_doc_free(&d);
-        }
-        line += ll + 1;
-    }
-    free(text);
-}
-
-static void add_greedy(fixture *f, const json_doc *d)
-{
-    assert_true(f->n_g < MAX_GOLDENS);
-    golden *g = &f->g[f->n_g++];
-    g->prompt = get_str(d, 0, "prompt", &g->prompt_len);
-    get_ids(d, 0, "prompt_token_ids", &g->prompt_ids, &g->n_prompt);
-    get_ids(d, 0, "completion_token_ids", &g->completion_ids, &g->n_completion);
-    g->completion_text = get_str(d, 0, "completion_text", &g->completion_text_len);
-    g->max_new_tokens = (int32_t)get_int(d, 0, "max_new_tokens");
-    size_t fl;
-    char *fr = get_str(d, 0, "finish_reason", &fl);
-    g->stop = strcmp(fr, "stop") == 0;
-    assert_true(g->stop || strcmp(fr, "length") == 0);
-    free(fr);
-    int st = json_obj_get(d, 0, "stop_token_id");
-    g->stop_token_id = json_is_null(d, st) ? -1 : (int32_t)get_int(d, 0, "stop_token_id");
-}
-
-static void add_logits(fixture *f, const json_doc *d)
-{
-    assert_true(f->n_lg < MAX_GOLDENS);
-    logits_golden *g = &f->lg[f->n_lg++];
-    get_ids(d, 0, "prompt_token_ids", &g->prompt_ids, &g->n_prompt);
-    g->argmax = (int32_t)get_int(d, 0, "argmax");
-    int a = json_obj_get(d, 0, "logits");
-    assert_true(a >= 0 && json_is_array(d, a));
-    g->n_logits = json_size(d, a);
-    g->logits = malloc((size_t)g->n_logits * sizeof(float));
-    assert_non_null(g->logits);
-    int i = a + 1;
-    for (int k = 0; k < g->n_logits; k++, i = json_skip(d, i)) {
-        double v;
-        pg_error err;
-        assert_int_equal(json_get_double(d, i, &v, &err), 0);
-        g->logits[k] = (float)v;
-    }
-}
-
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
     assert_non_null(f);
+    *state = f;
+    if (pg_golden_set_load(&f->set))
+        return -1;
     pg_error err;
-    const char *dir = pg_test_shared_path("models/stories260K");
-    char model_dir[4096];
-    snprintf(model_dir, sizeof model_dir, "%s", dir);
-    if (llama_config_load(&f->cfg, model_dir, &err) || st_open(&f->st, model_dir, &err) ||
-        tok_load(&f->tok, model_dir, &err)) {
-        fprintf(stderr, "loading %s: %s\n", model_dir, err.msg);
+    if (tok_load(&f->tok, f->set.model_dir, &err)) {
+        fprintf(stderr, "loading %s: %s\n", f->set.model_dir, err.msg);
         return -1;
     }
-    for_each_line(f, "goldens/stories260K-greedy.jsonl", add_greedy);
-    for_each_line(f, "goldens/stories260K-logits.jsonl", add_logits);
-    assert_true(f->n_g >= 8 && f->n_lg >= 4);
-    *state = f;
     return 0;
 }
 
 static int teardown(void **state)
 {
     fixture *f = *state;
-    for (int i = 0; i < f->n_g; i++) {
-        free(f->g[i].prompt);
-        free(f->g[i].prompt_ids);
-        free(f->g[i].completion_ids);
-        free(f->g[i].completion_text);
-    }
-    for (int i = 0; i < f->n_lg; i++) {
-        free(f->lg[i].prompt_ids);
-        free(f->lg[i].logits);
-    }
     tok_free(f->tok);
-    st_close(f->st);
+    pg_golden_set_free(&f->set);
     free(f);
     return 0;
 }
@@ -239,7 +95,7 @@ static void rig_open(rig *r, fixture *f, int threads, const model_params *mp)
     if (rc)
         fprintf(stderr, "%s\n", err.msg);
     assert_int_equal(rc, 0);
-    rc = model_create(&r->m, r->ex, &f->cfg, f->st, mp, &err);
+    rc = model_create(&r->m, r->ex, &f->set.cfg, f->set.st, mp, &err);
     if (rc)
         fprintf(stderr, "%s\n", err.msg);
     assert_int_equal(rc, 0);
@@ -253,42 +109,10 @@ static void rig_close(rig *r)
 
 /* ---- logits --------------------------------------------------------------- */
 
-/* Runs ids[0..n) as one prefill (chunk = n) or one token per step (chunk = 1)
- * on blocks 0, 1, 2, ... and returns the logits after the last token. */
-static void run_prompt(model *m, const int32_t *ids, int32_t n, int32_t chunk, int32_t bs,
-                       float *logits)
-{
-    int32_t *pos = malloc((size_t)n * sizeof *pos), *slots = malloc((size_t)n * sizeof *slots);
-    int32_t *bt = malloc(((size_t)n / (size_t)bs + 1) * sizeof *bt);
-    assert_true(pos && slots && bt);
-    for (int32_t i = 0; i < n; i++)
-        pos[i] = slots[i] = i;
-    for (int32_t i = 0; i <= n / bs; i++)
-        bt[i] = i;
-    for (int32_t start = 0; start < n; start += chunk) {
-        int32_t q = n - start < chunk ? n - start : chunk;
-        int32_t qs[2] = {0, q}, len = start + q, row = q - 1;
-        step_batch b = {.num_tokens = q, .num_seqs = 1, .block_size = bs,
-                        .token_ids = ids + start, .positions = pos + start,
-                        .slots = slots + start, .query_start = qs, .seq_lens = &len,
-                        .block_tables = bt, .block_table_stride = n / bs + 1,
-                        .max_seq_len = len, .max_query_len = q, .num_logits = 1,
-                        .logits_rows = &row};
-        pg_error err;
-        int rc = model_forward(m, &b, logits, &err);
-        if (rc)
-            fprintf(stderr, "%s\n", err.msg);
-        assert_int_equal(rc, 0);
-    }
-    free(pos);
-    free(slots);
-    free(bt);
-}
-
 static void test_logits_goldens(void **state)
 {
     fixture *f = *state;
-    const int32_t V = f->cfg.vocab_size, bs = 16;
+    const int32_t V = f->set.cfg.vocab_size, bs = 16;
     model_params mp = {.num_kv_blocks = 32, .block_size = bs, .max_num_batched_tokens = 512,
                        .max_num_seqs = 4};
     rig r;
@@ -296,11 +120,11 @@ static void test_logits_goldens(void **state)
     float *prefill = malloc((size_t)V * sizeof(float)), *inc = malloc((size_t)V * sizeof(float));
     assert_true(prefill && inc);
     double worst_rel = 0;
-    for (int k = 0; k < f->n_lg; k++) {
-        logits_golden *g = &f->lg[k];
+    for (int k = 0; k < f->set.n_lg; k++) {
+        pg_logits_golden *g = &f->set.lg[k];
         assert_int_equal(g->n_logits, V);
         double t0 = now_ms();
-        run_prompt(r.m, g->prompt_ids, g->n_prompt, g->n_prompt, bs, prefill);
+        pg_golden_run_prompt(r.m, g->prompt_ids, g->n_prompt, g->n_prompt, bs, prefill);
         double t1 = now_ms();
         double maxabs = 0, maxdiff = 0;
         int32_t am = 0;
@@ -326,10 +150,10 @@ static void test_logits_goldens(void **state)
         assert_true(maxdiff <= 1e-4 * maxabs);
         assert_int_equal(am, g->argmax);
         /* the same prompt one token per step: bit-identical (executor contract) */
-        run_prompt(r.m, g->prompt_ids, g->n_prompt, 1, bs, inc);
+        pg_golden_run_prompt(r.m, g->prompt_ids, g->n_prompt, 1, bs, inc);
         assert_memory_equal(prefill, inc, (size_t)V * sizeof(float));
         /* and in uneven chunks of 7 */
-        run_prompt(r.m, g->prompt_ids, g->n_prompt, 7, bs, inc);
+        pg_golden_run_prompt(r.m, g->prompt_ids, g->n_prompt, 7, bs, inc);
         assert_memory_equal(prefill, inc, (size_t)V * sizeof(float));
     }
     printf("    logits: worst relative error %.3g (bound 1e-4)\n", worst_rel);
@@ -343,8 +167,7 @@ static void test_logits_goldens(void **state)
 typedef struct run_cfg {
     const char *name;
     int threads;
-    int32_t block_size, num_blocks, max_num_seqs, max_num_batched_tokens;
-    bool prefix_caching;
+    pg_golden_pool pool;
     bool expect_preemption;
 } run_cfg;
 
@@ -362,21 +185,10 @@ static void run_engine(fixture *f, const run_cfg *c, const int32_t *const *promp
                        const int32_t *n_prompts, const sampling_params *sps, int n_req,
                        int n_samples, result *res, engine_stats *stats)
 {
-    model_params mp = {.num_kv_blocks = c->num_blocks, .block_size = c->block_size,
-                       .max_num_batched_tokens = c->max_num_batched_tokens,
-                       .max_num_seqs = c->max_num_seqs};
+    model_params mp = pg_golden_model_params(&c->pool);
     rig r;
     rig_open(&r, f, c->threads, &mp);
-    engine_params ep = engine_params_default();
-    ep.block_size = c->block_size;
-    ep.num_blocks = c->num_blocks;
-    ep.max_num_seqs = c->max_num_seqs;
-    ep.max_num_batched_tokens = c->max_num_batched_tokens;
-    ep.max_model_len = f->cfg.max_position_embeddings;
-    ep.prefix_caching = c->prefix_caching;
-    ep.check_invariants = true;
-    ep.eos_token_ids = f->cfg.eos_token_ids;
-    ep.n_eos_token_ids = f->cfg.n_eos_token_ids;
+    engine_params ep = pg_golden_engine_params(&f->set, &c->pool);
     engine_backend be = model_backend(r.m);
     engine *e = NULL;
     pg_error err;
@@ -441,28 +253,28 @@ static void run_engine(fixture *f, const run_cfg *c, const int32_t *const *promp
 }
 
 static const run_cfg greedy_cfgs[] = {
-    /* name                               thr  bs  blocks seqs batched prefix preempt */
-    {"batch, bs 16, 1 thread", 1, 16, 256, 256, 2048, true, false},
-    {"batch, bs 1, 2 threads, chunked", 2, 1, 4096, 256, 64, true, false},
-    {"one by one, bs 32, 2 threads", 2, 32, 64, 1, 2048, false, false},
-    {"one by one, bs 16, no prefix", 1, 16, 32, 1, 2048, false, false},
-    {"tiny pool, bs 16, 1 thread", 1, 16, 24, 256, 2048, true, true},
-    {"small pool, bs 16, no prefix, 1 thr", 1, 16, 40, 256, 64, false, true},
-    {"tiny pool, bs 1, 2 threads", 2, 1, 300, 256, 2048, false, true},
-    {"tiny pool, bs 32, prefix, 2 thr", 2, 32, 12, 256, 2048, true, true},
+    /* name                               thr {bs  blocks seqs batched prefix} preempt */
+    {"batch, bs 16, 1 thread", 1, {16, 256, 256, 2048, true}, false},
+    {"batch, bs 1, 2 threads, chunked", 2, {1, 4096, 256, 64, true}, false},
+    {"one by one, bs 32, 2 threads", 2, {32, 64, 1, 2048, false}, false},
+    {"one by one, bs 16, no prefix", 1, {16, 32, 1, 2048, false}, false},
+    {"tiny pool, bs 16, 1 thread", 1, {16, 24, 256, 2048, true}, true},
+    {"small pool, bs 16, no prefix, 1 thr", 1, {16, 40, 256, 64, false}, true},
+    {"tiny pool, bs 1, 2 threads", 2, {1, 300, 256, 2048, false}, true},
+    {"tiny pool, bs 32, prefix, 2 thr", 2, {32, 12, 256, 2048, true}, true},
 };
 
 static void test_greedy_goldens(void **state)
 {
     fixture *f = *state;
-    int n = f->n_g;
-    const int32_t *prompts[MAX_GOLDENS];
-    int32_t n_prompts[MAX_GOLDENS];
-    sampling_params sps[MAX_GOLDENS];
+    int n = f->set.n_g;
+    const int32_t *prompts[PG_GOLDEN_MAX];
+    int32_t n_prompts[PG_GOLDEN_MAX];
+    sampling_params sps[PG_GOLDEN_MAX];
 
     /* the prompts' ids are the tokenizer's */
     for (int i = 0; i < n; i++) {
-        golden *g = &f->g[i];
+        pg_golden *g = &f->set.g[i];
         int32_t *ids;
         size_t n_ids;
         pg_error err;
@@ -483,22 +295,23 @@ static void test_greedy_goldens(void **state)
     assert_non_null(passed);
     double t0 = now_ms();
     for (int c = 0; c < n_cfg; c++) {
-        result res[MAX_GOLDENS];
+        result res[PG_GOLDEN_MAX];
         memset(res, 0, sizeof res);
         engine_stats st;
         run_engine(f, &greedy_cfgs[c], prompts, n_prompts, sps, n, 1, res, &st);
         if (greedy_cfgs[c].expect_preemption)
             assert_true(st.preemptions > 0);
         for (int i = 0; i < n; i++) {
-            golden *g = &f->g[i];
+            pg_golden *g = &f->set.g[i];
             result *r = &res[i];
             bool ids_ok = r->n == g->n_completion &&
                           memcmp(r->ids, g->completion_ids,
                                  (size_t)r->n * sizeof(int32_t)) == 0;
             bool text_ok = r->text_len == g->completion_text_len &&
                            memcmp(r->text, g->completion_text, r->text_len) == 0;
-            bool finish_ok = g->stop ? (r->finish == FINISH_STOP && r->stop_token_id == 1)
-                                     : r->finish == FINISH_LENGTH;
+            /* stop: the eos id that stopped it; length: no stop id (-1) */
+            bool finish_ok = r->finish == (g->stop ? FINISH_STOP : FINISH_LENGTH) &&
+                             r->stop_token_id == g->stop_token_id;
             if (!(ids_ok && text_ok && finish_ok)) {
                 int32_t first = 0;
                 while (first < r->n && first < g->n_completion &&
@@ -530,8 +343,8 @@ static void test_greedy_goldens(void **state)
     bool all = true;
     for (int i = 0; i < n; i++) {
         printf("    golden %d (%d prompt + %d completion tokens, %s): %d/%d configurations\n", i,
-               (int)f->g[i].n_prompt, (int)f->g[i].n_completion,
-               f->g[i].stop ? "stop" : "length", passed[i], n_cfg);
+               (int)f->set.g[i].n_prompt, (int)f->set.g[i].n_completion,
+               f->set.g[i].stop ? "stop" : "length", passed[i], n_cfg);
         all = all && passed[i] == n_cfg;
     }
     free(passed);
@@ -543,7 +356,7 @@ static void test_parallel_sampling(void **state)
 {
     fixture *f = *state;
     enum { NS = 4, MAXT = 48 };
-    const golden *g = &f->g[4 < f->n_g ? 4 : 0];
+    const pg_golden *g = &f->set.g[4 < f->set.n_g ? 4 : 0];
     sampling_params sp = sampling_params_default();
     sp.n = NS;
     sp.temperature = 1.0f;
@@ -552,10 +365,10 @@ static void test_parallel_sampling(void **state)
     const int32_t *prompts[1] = {g->prompt_ids};
     int32_t n_prompts[1] = {g->n_prompt};
     const run_cfg cfgs[] = {
-        {"n=4, bs 16, 1 thread", 1, 16, 64, 16, 2048, true, false},
-        {"n=4 again, bs 16, 1 thread", 1, 16, 64, 16, 2048, true, false},
-        {"n=4, bs 4, no prefix, 2 threads", 2, 4, 128, 16, 2048, false, false},
-        {"n=4, bs 16, 24 blocks, 2 threads", 2, 16, 24, 16, 2048, true, false},
+        {"n=4, bs 16, 1 thread", 1, {16, 64, 16, 2048, true}, false},
+        {"n=4 again, bs 16, 1 thread", 1, {16, 64, 16, 2048, true}, false},
+        {"n=4, bs 4, no prefix, 2 threads", 2, {4, 128, 16, 2048, false}, false},
+        {"n=4, bs 16, 24 blocks, 2 threads", 2, {16, 24, 16, 2048, true}, false},
     };
     result first[NS];
     memset(first, 0, sizeof first);
@@ -573,7 +386,7 @@ static void test_parallel_sampling(void **state)
                                         (size_t)res[a].n * sizeof(int32_t)) == 0);
             /* the prompt's blocks were shared: fewer blocks at peak than four
              * private copies of prompt + output would need */
-            int32_t bs = cfgs[c].block_size, private_blocks = 0;
+            int32_t bs = cfgs[c].pool.block_size, private_blocks = 0;
             for (int s = 0; s < NS; s++)
                 private_blocks += (g->n_prompt + res[s].n + bs - 1) / bs;
             printf("    n=4: peak blocks %d, private copies would need %d; cow %llu, prefix "

@@ -35,38 +35,15 @@ int main(void)
 
 #include <cmocka.h>
 
-#include "config.h"
 #include "cpu_executor.h"
 #include "cuda_executor.h"
 #include "engine.h"
-#include "json.h"
+#include "golden_support.h"
 #include "model.h"
-#include "safetensors.h"
 #include "test_support.h"
 
-#define MAX_GOLDENS 16
-
-typedef struct golden {
-    int32_t *prompt_ids, n_prompt;
-    int32_t *completion_ids, n_completion;
-    int32_t max_new_tokens;
-} golden;
-
-typedef struct logits_golden {
-    int32_t *prompt_ids, n_prompt;
-    int32_t argmax;
-    float *logits;
-    int32_t n_logits;
-} logits_golden;
-
-typedef struct fixture {
-    llama_config cfg;
-    st_file *st;
-    golden g[MAX_GOLDENS];
-    int n_g;
-    logits_golden lg[MAX_GOLDENS];
-    int n_lg;
-} fixture;
+/* The goldens' fixture: the stories260K model and goldens (golden_support.h). */
+typedef pg_golden_set fixture;
 
 /* ---- executors ------------------------------------------------------------ */
 
@@ -241,104 +218,18 @@ static void test_long_attention(void **state)
 
 /* ---- goldens --------------------------------------------------------------- */
 
-static void get_ids(const json_doc *d, const char *key, int32_t **out, int32_t *n)
-{
-    pg_error err;
-    int a = json_obj_get(d, 0, key);
-    assert_true(a >= 0 && json_is_array(d, a));
-    *n = json_size(d, a);
-    *out = malloc(((size_t)*n + 1) * sizeof **out);
-    assert_non_null(*out);
-    int i = a + 1;
-    for (int k = 0; k < *n; k++, i = json_skip(d, i)) {
-        int64_t v;
-        assert_int_equal(json_get_int(d, i, 0, INT32_MAX, &v, &err), 0);
-        (*out)[k] = (int32_t)v;
-    }
-}
-
-static int64_t get_int(const json_doc *d, const char *key)
-{
-    pg_error err;
-    int64_t v;
-    int i = json_obj_get(d, 0, key);
-    assert_true(i >= 0);
-    assert_int_equal(json_get_int(d, i, INT64_MIN, INT64_MAX, &v, &err), 0);
-    return v;
-}
-
-static void read_jsonl(fixture *f, const char *rel, bool logits)
-{
-    size_t len;
-    char *text = pg_test_read_file(pg_test_shared_path(rel), &len);
-    assert_non_null(text);
-    for (char *line = text; line < text + len;) {
-        char *nl = memchr(line, '\n', (size_t)(text + len - line));
-        size_t ll = nl ? (size_t)(nl - line) : (size_t)(text + len - line);
-        if (ll > 0) {
-            json_doc d;
-            pg_error err;
-            assert_int_equal(json_parse(&d, line, ll, rel, &err), 0);
-            if (logits) {
-                assert_true(f->n_lg < MAX_GOLDENS);
-                logits_golden *g = &f->lg[f->n_lg++];
-                get_ids(&d, "prompt_token_ids", &g->prompt_ids, &g->n_prompt);
-                g->argmax = (int32_t)get_int(&d, "argmax");
-                int a = json_obj_get(&d, 0, "logits");
-                assert_true(a >= 0 && json_is_array(&d, a));
-                g->n_logits = json_size(&d, a);
-                g->logits = malloc((size_t)g->n_logits * sizeof(float));
-                assert_non_null(g->logits);
-                int i = a + 1;
-                for (int k = 0; k < g->n_logits; k++, i = json_skip(&d, i)) {
-                    double v;
-                    assert_int_equal(json_get_double(&d, i, &v, &err), 0);
-                    g->logits[k] = (float)v;
-                }
-            } else {
-                assert_true(f->n_g < MAX_GOLDENS);
-                golden *g = &f->g[f->n_g++];
-                get_ids(&d, "prompt_token_ids", &g->prompt_ids, &g->n_prompt);
-                get_ids(&d, "completion_token_ids", &g->completion_ids, &g->n_completion);
-                g->max_new_tokens = (int32_t)get_int(&d, "max_new_tokens");
-            }
-            json_doc_free(&d);
-        }
-        line += ll + 1;
-    }
-    free(text);
-}
-
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
     assert_non_null(f);
-    pg_error err;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", pg_test_shared_path("models/stories260K"));
-    if (llama_config_load(&f->cfg, dir, &err) || st_open(&f->st, dir, &err)) {
-        fprintf(stderr, "loading %s: %s\n", dir, err.msg);
-        return -1;
-    }
-    read_jsonl(f, "goldens/stories260K-greedy.jsonl", false);
-    read_jsonl(f, "goldens/stories260K-logits.jsonl", true);
-    assert_true(f->n_g >= 8 && f->n_lg >= 4);
     *state = f;
-    return 0;
+    return pg_golden_set_load(f);
 }
 
 static int teardown(void **state)
 {
     fixture *f = *state;
-    for (int i = 0; i < f->n_g; i++) {
-        free(f->g[i].prompt_ids);
-        free(f->g[i].completion_ids);
-    }
-    for (int i = 0; i < f->n_lg; i++) {
-        free(f->lg[i].prompt_ids);
-        free(f->lg[i].logits);
-    }
-    st_close(f->st);
+    pg_golden_set_free(f);
     free(f);
     return 0;
 }
@@ -353,36 +244,6 @@ static model *open_model(fixture *f, executor *ex, const model_params *mp)
     return m;
 }
 
-/* ids[0..n) in chunks of `chunk` tokens on blocks 0, 1, ...; logits of the last. */
-static void run_prompt(model *m, const int32_t *ids, int32_t n, int32_t chunk, int32_t bs,
-                       float *logits)
-{
-    int32_t *pos = malloc((size_t)n * sizeof *pos), *slots = malloc((size_t)n * sizeof *slots);
-    int32_t *bt = malloc(((size_t)n / (size_t)bs + 1) * sizeof *bt);
-    assert_true(pos && slots && bt);
-    for (int32_t i = 0; i < n; i++)
-        pos[i] = slots[i] = i;
-    for (int32_t i = 0; i <= n / bs; i++)
-        bt[i] = i;
-    for (int32_t start = 0; start < n; start += chunk) {
-        int32_t q = n - start < chunk ? n - start : chunk;
-        int32_t qs[2] = {0, q}, len = start + q, row = q - 1;
-        step_batch b = {.num_tokens = q, .num_seqs = 1, .block_size = bs,
-                        .token_ids = ids + start, .positions = pos + start,
-                        .slots = slots + start, .query_start = qs, .seq_lens = &len,
-                        .block_tables = bt, .block_table_stride = n / bs + 1,
-                        .max_seq_len = len, .max_query_len = q, .num_logits = 1,
-                        .logits_rows = &row};
-        pg_error err;
-        int rc = model_forward(m, &b, logits, &err);
-        if (rc)
-            fail_msg("model_forward: %s", err.msg);
-    }
-    free(pos);
-    free(slots);
-    free(bt);
-}
-
 static void check_logits(fixture *f, int precision, double tol)
 {
     const int32_t V = f->cfg.vocab_size, bs = 16;
@@ -393,7 +254,7 @@ static void check_logits(fixture *f, int precision, double tol)
     float *got = malloc((size_t)V * sizeof(float));
     assert_non_null(got);
     for (int k = 0; k < f->n_lg; k++) {
-        logits_golden *g = &f->lg[k];
+        pg_logits_golden *g = &f->lg[k];
         assert_int_equal(g->n_logits, V);
         /* the margin between the golden's best and second-best logit */
         float top1 = -INFINITY, top2 = -INFINITY;
@@ -410,7 +271,7 @@ static void check_logits(fixture *f, int precision, double tol)
         }
         const int32_t chunks[] = {g->n_prompt, 1, 3};
         for (int c = 0; c < 3; c++) {
-            run_prompt(m, g->prompt_ids, g->n_prompt, chunks[c], bs, got);
+            pg_golden_run_prompt(m, g->prompt_ids, g->n_prompt, chunks[c], bs, got);
             double maxdiff = 0;
             int32_t am = 0;
             for (int32_t v = 0; v < V; v++) {
@@ -438,8 +299,7 @@ static void test_logits_bf16(void **state) { check_logits(*state, 0, 5e-2); }
 
 typedef struct run_cfg {
     const char *name;
-    int32_t block_size, num_blocks, max_num_seqs, max_num_batched_tokens;
-    bool prefix_caching;
+    pg_golden_pool pool;
 } run_cfg;
 
 /* All goldens through a fresh engine on a CUDA executor; ids[i] / n[i] get
@@ -447,21 +307,10 @@ typedef struct run_cfg {
 static void run_engine(fixture *f, int precision, const run_cfg *c, int32_t **ids, int32_t *n,
                        engine_stats *stats)
 {
-    model_params mp = {.num_kv_blocks = c->num_blocks, .block_size = c->block_size,
-                       .max_num_batched_tokens = c->max_num_batched_tokens,
-                       .max_num_seqs = c->max_num_seqs};
+    model_params mp = pg_golden_model_params(&c->pool);
     executor *ex = make_cuda(precision);
     model *m = open_model(f, ex, &mp);
-    engine_params ep = engine_params_default();
-    ep.block_size = c->block_size;
-    ep.num_blocks = c->num_blocks;
-    ep.max_num_seqs = c->max_num_seqs;
-    ep.max_num_batched_tokens = c->max_num_batched_tokens;
-    ep.max_model_len = f->cfg.max_position_embeddings;
-    ep.prefix_caching = c->prefix_caching;
-    ep.check_invariants = true;
-    ep.eos_token_ids = f->cfg.eos_token_ids;
-    ep.n_eos_token_ids = f->cfg.n_eos_token_ids;
+    engine_params ep = pg_golden_engine_params(f, &c->pool);
     engine_backend be = model_backend(m);
     engine *e = NULL;
     pg_error err;
@@ -500,13 +349,14 @@ static void run_engine(fixture *f, int precision, const run_cfg *c, int32_t **id
 }
 
 static const run_cfg cfgs[] = {
-    {"batch, bs 16", 16, 256, 256, 2048, true},
-    {"tiny pool (preemption), bs 16", 16, 24, 256, 2048, true},
-    {"chunked prefill, bs 1", 1, 4096, 256, 64, false},
+    /* name                              {bs  blocks seqs batched prefix} */
+    {"batch, bs 16", {16, 256, 256, 2048, true}},
+    {"tiny pool (preemption), bs 16", {16, 24, 256, 2048, true}},
+    {"chunked prefill, bs 1", {1, 4096, 256, 64, false}},
 };
 
 /* tokens equal to the golden before the first difference */
-static int32_t agree(const golden *g, const int32_t *ids, int32_t n)
+static int32_t agree(const pg_golden *g, const int32_t *ids, int32_t n)
 {
     int32_t k = 0;
     while (k < n && k < g->n_completion && ids[k] == g->completion_ids[k])
@@ -519,7 +369,7 @@ static void test_greedy_f32(void **state)
     fixture *f = *state;
     bool all = true;
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
-        int32_t *ids[MAX_GOLDENS] = {0}, n[MAX_GOLDENS] = {0};
+        int32_t *ids[PG_GOLDEN_MAX] = {0}, n[PG_GOLDEN_MAX] = {0};
         engine_stats st;
         run_engine(f, 1, &cfgs[c], ids, n, &st);
         for (int i = 0; i < f->n_g; i++) {
@@ -541,8 +391,8 @@ static void test_greedy_f32(void **state)
 static void test_greedy_bf16(void **state)
 {
     fixture *f = *state;
-    int32_t *a[MAX_GOLDENS] = {0}, na[MAX_GOLDENS] = {0};
-    int32_t *b[MAX_GOLDENS] = {0}, nb[MAX_GOLDENS] = {0};
+    int32_t *a[PG_GOLDEN_MAX] = {0}, na[PG_GOLDEN_MAX] = {0};
+    int32_t *b[PG_GOLDEN_MAX] = {0}, nb[PG_GOLDEN_MAX] = {0};
     engine_stats st;
     run_engine(f, 0, &cfgs[0], a, na, &st);
     run_engine(f, 0, &cfgs[0], b, nb, &st);
