@@ -214,7 +214,7 @@ static int cpu_matmul(executor *ex, void *y, const void *x, const void *w, int32
     CPU_REQUIRE(y && x && w, "matmul: NULL argument");
     CPU_REQUIRE(M >= 0 && N >= 1 && K >= 1, "matmul: expected M >= 0, N, K >= 1, got %d, %d, %d",
                 (int)M, (int)N, (int)K);
-    cpu_gemm(ce->pool, y, N, x, w, M, N, K);
+    cpu_gemm_with((cpu_gemm_variant)ce->gemm_variant, ce->pool, y, N, x, w, M, N, K);
     return PG_OK;
 }
 
@@ -279,7 +279,7 @@ static int cpu_logits(executor *ex, float *logits_host, const void *x, const voi
     CPU_REQUIRE(logits_host && x && w, "logits: NULL argument");
     CPU_REQUIRE(L >= 0 && V >= 1 && H >= 1, "logits: expected L >= 0, V, H >= 1, got %d, %d, %d",
                 (int)L, (int)V, (int)H);
-    cpu_gemm(ce->pool, logits_host, V, x, w, L, V, H);
+    cpu_gemm_with((cpu_gemm_variant)ce->gemm_variant, ce->pool, logits_host, V, x, w, L, V, H);
     return PG_OK;
 }
 
@@ -325,15 +325,25 @@ int cpu_executor_create(executor **out, const cpu_executor_params *p, pg_error *
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n < 1 ? 1 : (n > 1024 ? 1024 : (int32_t)n);
     }
+    const int32_t variant = p ? p->gemm_variant : CPU_GEMM_AUTO;
+    if (variant < 0 || variant >= CPU_GEMM_VARIANT_COUNT)
+        return pg_error_set(err, PG_EINVAL, "cpu executor: expected gemm_variant 0..%d, got %d",
+                            (int)CPU_GEMM_VARIANT_COUNT - 1, (int)variant);
+    if (!cpu_gemm_variant_available((cpu_gemm_variant)variant))
+        return pg_error_set(err, PG_EUNSUPPORTED, "cpu executor: gemm variant %s: expected a CPU that runs it, this one does not",
+                            cpu_gemm_variant_name((cpu_gemm_variant)variant));
     cpu_exec *ce = calloc(1, sizeof *ce);
     if (!ce)
         return pg_error_set(err, PG_ENOMEM, "cpu executor: out of memory");
     ce->base.op = &cpu_ops_table;
-    ce->base.name = "cpu";
+    /* a forced GEMM variant shows in the name (same bits, other speed) */
+    static const char *const names[CPU_GEMM_VARIANT_COUNT] = {"cpu", "cpu-generic", "cpu-avx2", "cpu-avx512"};
+    ce->base.name = names[variant];
     ce->base.act_bytes = 4;
     ce->base.wt_bytes = 4;
     ce->base.kv_bytes = 4;
     ce->n_threads = threads;
+    ce->gemm_variant = variant;
     ce->scratch = calloc((size_t)threads, sizeof *ce->scratch);
     if (!ce->scratch) {
         cpu_destroy(&ce->base);

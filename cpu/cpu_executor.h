@@ -20,6 +20,10 @@
 
 typedef struct cpu_executor_params {
     int32_t threads; /* worker threads; 0 = all online cores */
+    /* GEMM kernel variant (cpu_gemm.h cpu_gemm_variant): 0 = the fastest
+     * this CPU runs. Every variant gives the same bits; choosing one is for
+     * tests and benchmarks. One this CPU cannot run: PG_EUNSUPPORTED. */
+    int32_t gemm_variant;
 } cpu_executor_params;
 
 /* Creates a CPU executor; destroy with (*out)->op->destroy(*out).

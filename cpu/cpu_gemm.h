@@ -1,25 +1,35 @@
 /* cpu_gemm: the CPU executor's matrix multiply, y = x @ w^T, written so that
- * every output element is computed the same way whatever the batch.
+ * every output element is computed the same way whatever the batch, the
+ * thread count and the machine's instruction set.
  *
  *   y [M][N] f32, x [M][K] f32, w [N][K] f32 (PyTorch nn.Linear layout,
  *   row-major, w not repacked: the embedding table doubles as lm_head).
  *
- * Reduction order (the batch-invariance contract). y[m][n] is the dot
- * product of row m of x with row n of w, accumulated in VL f32 lanes
- * (VL = 16 with AVX-512, 8 with AVX2+FMA, 4 otherwise): lane l holds
- * sum over k = l, l+VL, l+2VL, ... in increasing k, one fused multiply-add
- * per step (plain multiply then add in the portable build); the tail of K
- * is read zero-padded into the last step; the lanes are then summed by one
- * fixed tree. Register tiles of several rows x several columns only decide
- * which accumulators live in registers together; they never change that
- * sequence, so y[m][n] is bit-identical for every M, every other row, every
- * column split, and every thread count. (OpenBLAS does not promise this:
- * its sgemv and sgemm paths and its M-dependent blocking round
- * differently; see bench/gemm_bench.c.)
+ * The canonical reduction order (the invariance contract). y[m][n] is the
+ * dot product of row m of x with row n of w, accumulated in 16 f32 lanes:
+ * lane l (0..15) holds the sum over k = l, l+16, l+32, ... in increasing k,
+ * one fused multiply-add (fmaf, single rounding) per step, starting from
+ * +0; the tail of K is read zero-padded into the last step (a real fma of
+ * 0 * 0 into lanes past K). The lanes are then summed by one fixed tree:
+ *   s8[i] = l[i] + l[i+8], s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2],
+ *   y = s2[0] + s2[1].
+ * Every variant (cpu_gemm_kernel.c: AVX-512 with one zmm per output, AVX2
+ * with two ymm, generic with 16 scalar fmaf lanes) runs exactly this
+ * sequence, so results are bit-identical across x86-64 machines; register
+ * tiles of several rows x several columns only decide which accumulators
+ * live in registers together. Hence y[m][n] is bit-identical for every M,
+ * every other row, every column split, every thread count and every
+ * variant (tests/ops/test_cpu_gemm.c, tests/ops/test_isa_identity.c).
+ * OpenBLAS does not promise this: its sgemv and sgemm paths and its
+ * M-dependent blocking round differently; see bench/gemm_bench.c.
  *
- * Speed: tiles of MR x NR outputs (4 x 6 AVX-512, 4 x 3 AVX2): a tile of
- * w rows stays in L1 while a block of x rows streams past it from L2; at
- * M = 1 the kernel streams w once. Work is split over columns (N) across the pool.
+ * The variant is chosen at run time (__builtin_cpu_supports), not by the
+ * build's -march: a portable build is as fast as a native one.
+ *
+ * Speed: register tiles (4 x 6 outputs AVX-512, 2 x 3 AVX2); a tile of w
+ * rows stays in L1 while a block of x rows streams past it from L2; at
+ * M = 1 the kernel streams w once. Work is split over columns (N) across
+ * the pool.
  */
 #ifndef PG_CPU_GEMM_H
 #define PG_CPU_GEMM_H
@@ -28,20 +38,42 @@
 
 #include "cpu_pool.h"
 
-/* Columns [n0, n1) of y for all M rows, on the calling thread.
- * ldy: row stride of y in elements (>= N; the logits op writes into a
- * caller's [L][V] array). */
+/* The kernel variants; CPU_GEMM_AUTO = the fastest this CPU runs. */
+typedef enum cpu_gemm_variant {
+    CPU_GEMM_AUTO = 0,
+    CPU_GEMM_GENERIC,
+    CPU_GEMM_AVX2,
+    CPU_GEMM_AVX512,
+    CPU_GEMM_VARIANT_COUNT
+} cpu_gemm_variant;
+
+/* 1 if this build has the variant and this CPU (and OS) can run it. */
+int cpu_gemm_variant_available(cpu_gemm_variant v);
+/* What CPU_GEMM_AUTO resolves to here. */
+cpu_gemm_variant cpu_gemm_variant_best(void);
+/* "auto", "generic", "avx2", "avx512"; NULL for an out-of-range value. */
+const char *cpu_gemm_variant_name(cpu_gemm_variant v);
+
+/* Columns [n0, n1) of y for all M rows, on the calling thread, with the
+ * best variant. ldy: row stride of y in elements (>= N; the logits op
+ * writes into a caller's [L][V] array). */
 void cpu_gemm_cols(float *y, int64_t ldy, const float *x, const float *w,
                    int32_t M, int32_t K, int32_t n0, int32_t n1);
 
-/* The whole product, split over columns across pool (pool may be NULL:
- * single-threaded). Results do not depend on the pool size. */
+/* The whole product with the best variant, split over columns across pool
+ * (pool may be NULL: single-threaded). Results do not depend on the pool
+ * size. */
 void cpu_gemm(cpu_pool *pool, float *y, int64_t ldy, const float *x, const float *w,
               int32_t M, int32_t N, int32_t K);
 
-/* Lanes of the accumulation (for documentation, tests and the bench). */
+/* cpu_gemm with a chosen variant, which must be available (checked with an
+ * assert; CPU_GEMM_AUTO is always available). Same bits as cpu_gemm. */
+void cpu_gemm_with(cpu_gemm_variant v, cpu_pool *pool, float *y, int64_t ldy, const float *x,
+                   const float *w, int32_t M, int32_t N, int32_t K);
+
+/* Lanes of the canonical accumulation: 16, whatever the variant. */
 int32_t cpu_gemm_lanes(void);
-/* "avx512", "avx2", "generic" */
+/* Name of the best variant: "avx512", "avx2", "generic". */
 const char *cpu_gemm_isa(void);
 
 #endif /* PG_CPU_GEMM_H */

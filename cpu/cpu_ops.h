@@ -20,6 +20,7 @@ typedef struct cpu_exec {
     executor base; /* first: executor * <-> cpu_exec * */
     cpu_pool *pool;
     int32_t n_threads;
+    int32_t gemm_variant;   /* cpu_gemm_variant of matmul and logits */
     cpu_scratch *scratch;   /* [n_threads] */
     int32_t *tok_seq;       /* [tok_seq_cap] sequence of each token (attention) */
     size_t tok_seq_cap;

@@ -1,0 +1,296 @@
+/* cpu_gemm_kernel: one instruction-set variant of the GEMM column kernel,
+ * compiled once per variant (cpu/meson.build builds this file into one small
+ * static library per ISA, each with its own -m flags and
+ * -DCPU_GEMM_VARIANT=<name>); cpu_gemm.c picks one at run time. Only the
+ * function cpu_gemm_cols_<name> is exported; everything else is static, so
+ * no code compiled for a wider ISA can leak into a path a narrower machine
+ * runs.
+ *
+ * The canonical reduction order (cpu_gemm.h), identical in every variant:
+ *   acc[l] = 0 for the 16 lanes l = 0..15;
+ *   for k0 = 0, 16, 32, ... < K, for every lane l:
+ *       acc[l] = fma(x[k0 + l], w[k0 + l], acc[l])     (x, w read as 0 past K)
+ *   s8[i] = acc[i] + acc[i + 8]   (i < 8)
+ *   s4[i] = s8[i]  + s8[i + 4]    (i < 4)
+ *   s2[i] = s4[i]  + s4[i + 2]    (i < 2)
+ *   y     = s2[0]  + s2[1]
+ * Index equations of a tile: it covers rows m..m+mr-1 of x and rows
+ * n..n+nr-1 of w (= columns of y); acc[i][j][h] is vector h of the VPS
+ * vectors of VL lanes (VPS * VL = 16) that hold the 16 lanes of output
+ * y[m+i][n+j]: lane l lives in vector l / VL, element l % VL.
+ *
+ *   variant  vectors             VPS x VL  tile MR x NR   needs
+ *   avx512   one zmm             1 x 16    4 x 6          AVX-512F (+ FMA)
+ *   avx2     two ymm             2 x 8     2 x 3          AVX2 + FMA
+ *   generic  16 scalar floats    16 x 1    2 x 4          fmaf() only
+ * The padded tail is a real fused multiply-add of 0 * 0 in every variant
+ * (it can turn an accumulator of -0 into +0, so skipping it would not be
+ * the same order). The generic variant exists for machines without FMA
+ * (fmaf is then glibc's exact software fma: correct, slow) and for non-x86
+ * builds (where fmaf is one instruction and the lanes vectorize).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_gemm_kernel.h"
+
+#define GEMM_LANES 16
+
+#if !defined(CPU_GEMM_VARIANT)
+#error "cpu_gemm_kernel.c is compiled with -DCPU_GEMM_VARIANT=avx512|avx2|generic (cpu/meson.build)"
+#endif
+#define GEMM_CAT2(a, b) a##b
+#define GEMM_CAT(a, b) GEMM_CAT2(a, b)
+#define GEMM_COLS_FN GEMM_CAT(cpu_gemm_cols_, CPU_GEMM_VARIANT)
+
+/* which variant: compare the macro's spelling */
+#define GEMM_ID_avx512 1
+#define GEMM_ID_avx2 2
+#define GEMM_ID_generic 3
+#define GEMM_ID GEMM_CAT(GEMM_ID_, CPU_GEMM_VARIANT)
+
+#if GEMM_ID == GEMM_ID_avx512
+#if !defined(__AVX512F__) || !defined(__FMA__)
+#error "the avx512 variant is compiled with -mavx512f -mfma"
+#endif
+#include <immintrin.h>
+#define VL 16
+#define VPS 1
+#define MR 4
+#define NR 6
+typedef __m512 vf;
+static inline vf v_zero(void) { return _mm512_setzero_ps(); }
+static inline vf v_load(const float *p) { return _mm512_loadu_ps(p); }
+/* elements [0, n) of p, zeros after (n may be <= 0 or >= VL) */
+static inline vf v_load_tail(const float *p, int32_t n)
+{
+    return n >= VL ? v_load(p) : _mm512_maskz_loadu_ps((__mmask16)((1u << (n > 0 ? n : 0)) - 1u), p);
+}
+static inline vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+/* the canonical tree over the 16 lanes of a[0] */
+static inline float v_hsum(const vf *a)
+{
+    __m256 lo = _mm512_castps512_ps256(a[0]);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[0]), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi);                                                /* (l, l+8) */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* (l, l+4) */
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                               /* (l, l+2) */
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));                          /* (0, 1) */
+    return _mm_cvtss_f32(s1);
+}
+/* Sixteen v_hsum at once, bit-identical to v_hsum: every output lane sees
+ * the same pairings in the same order, (l, l+8), (l, l+4), (l, l+2),
+ * (l, l+1) — IEEE addition is commutative, so operand order does not
+ * matter. Lane 4c+j of the result is the sum of a[4j+c]. */
+#define GEMM_HSUM16 1
+static inline vf v_hsum16(const vf *a)
+{
+    vf r[8], q[4], p[2];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        p[i] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(p[0], p[1], 0x88), _mm512_shuffle_ps(p[0], p[1], 0xDD));
+}
+
+#elif GEMM_ID == GEMM_ID_avx2
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "the avx2 variant is compiled with -mavx2 -mfma"
+#endif
+#include <immintrin.h>
+#define VL 8
+#define VPS 2
+#define MR 2
+#define NR 3
+typedef __m256 vf;
+static inline vf v_zero(void) { return _mm256_setzero_ps(); }
+static inline vf v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vf v_load_tail(const float *p, int32_t n)
+{
+    static const int32_t mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (n >= VL)
+        return v_load(p);
+    if (n <= 0)
+        return v_zero();
+    return _mm256_maskload_ps(p, _mm256_loadu_si256((const __m256i *)(mask + VL - n)));
+}
+static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+/* lanes 0..7 in a[0], 8..15 in a[1]: the canonical tree */
+static inline float v_hsum(const vf *a)
+{
+    __m256 s8 = _mm256_add_ps(a[0], a[1]);                                            /* (l, l+8) */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* (l, l+4) */
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                               /* (l, l+2) */
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));                          /* (0, 1) */
+    return _mm_cvtss_f32(s1);
+}
+
+#elif GEMM_ID == GEMM_ID_generic
+#include <math.h>
+#define VL 1
+#define VPS 16
+#define MR 2
+#define NR 4
+typedef float vf;
+static inline vf v_zero(void) { return 0.0f; }
+static inline vf v_load(const float *p) { return *p; }
+static inline vf v_load_tail(const float *p, int32_t n) { return n > 0 ? *p : 0.0f; }
+static inline vf v_fma(vf a, vf b, vf c) { return fmaf(a, b, c); }
+static inline float v_hsum(const vf *a)
+{
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++)
+        s8[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++)
+        s4[i] = s8[i] + s8[i + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+#else
+#error "unknown CPU_GEMM_VARIANT (expected avx512, avx2 or generic)"
+#endif
+
+_Static_assert(VL * VPS == GEMM_LANES, "a variant holds exactly the 16 canonical lanes");
+
+/* One register tile; mr, nr are compile-time constants at every call site,
+ * and the loops over them are unrolled (also at -O2) so that acc and wv live
+ * in registers. */
+static inline __attribute__((always_inline)) void
+gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, const int mr, const int nr)
+{
+    vf acc[MR][NR][VPS];
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++)
+#pragma GCC unroll 16
+            for (int h = 0; h < VPS; h++)
+                acc[i][j][h] = v_zero();
+    int32_t k = 0;
+    for (; k + GEMM_LANES <= K; k += GEMM_LANES) {
+#pragma GCC unroll 16
+        for (int h = 0; h < VPS; h++) {
+            vf wv[NR];
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                wv[j] = v_load(w + (int64_t)j * K + k + h * VL);
+#pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) {
+                vf xv = v_load(x + (int64_t)i * K + k + h * VL);
+#pragma GCC unroll 8
+                for (int j = 0; j < nr; j++)
+                    acc[i][j][h] = v_fma(xv, wv[j], acc[i][j][h]);
+            }
+        }
+    }
+    if (k < K) {
+        const int32_t rem = K - k; /* 1..15 lanes left, the rest read as 0 */
+#pragma GCC unroll 16
+        for (int h = 0; h < VPS; h++) {
+            vf wv[NR];
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                wv[j] = v_load_tail(w + (int64_t)j * K + k + h * VL, rem - h * VL);
+#pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) {
+                vf xv = v_load_tail(x + (int64_t)i * K + k + h * VL, rem - h * VL);
+#pragma GCC unroll 8
+                for (int j = 0; j < nr; j++)
+                    acc[i][j][h] = v_fma(xv, wv[j], acc[i][j][h]);
+            }
+        }
+    }
+#if defined(GEMM_HSUM16)
+    if (mr * nr >= 8) {
+        /* the reductions of up to 16 accumulators share one shuffle network */
+#pragma GCC unroll 2
+        for (int g = 0; g < mr * nr; g += 16) {
+            vf in[16];
+            float out[16];
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++) {
+                const int a = g + l; /* accumulator a = row a / nr, column a % nr */
+                in[4 * (l % 4) + l / 4] = a < mr * nr ? acc[a / nr][a % nr][0] : v_zero();
+            }
+            _mm512_storeu_ps(out, v_hsum16(in));
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++) {
+                const int a = g + l;
+                if (a < mr * nr)
+                    y[(int64_t)(a / nr) * ldy + a % nr] = out[l];
+            }
+        }
+        return;
+    }
+#endif
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++)
+            y[(int64_t)i * ldy + j] = v_hsum(acc[i][j]);
+}
+
+typedef void (*gemm_tile_fn)(float *y, int64_t ldy, const float *x, const float *w, int32_t K);
+
+#define GEMM_DEF(mr, nr)                                                                    \
+    static void gemm_tile_##mr##_##nr(float *y, int64_t ldy, const float *x, const float *w, \
+                                      int32_t K)                                            \
+    {                                                                                       \
+        gemm_tile(y, ldy, x, w, K, mr, nr);                                                 \
+    }
+
+/* gemm_tiles[mr][nr] for 1 <= mr <= MR, 1 <= nr <= NR */
+#if MR == 4 && NR == 6
+#define GEMM_DEF_ROW(mr) GEMM_DEF(mr, 1) GEMM_DEF(mr, 2) GEMM_DEF(mr, 3) GEMM_DEF(mr, 4) GEMM_DEF(mr, 5) GEMM_DEF(mr, 6)
+#define GEMM_ROW(mr)                                                                                           \
+    {NULL, gemm_tile_##mr##_1, gemm_tile_##mr##_2, gemm_tile_##mr##_3, gemm_tile_##mr##_4, gemm_tile_##mr##_5, \
+     gemm_tile_##mr##_6}
+GEMM_DEF_ROW(1)
+GEMM_DEF_ROW(2)
+GEMM_DEF_ROW(3)
+GEMM_DEF_ROW(4)
+static const gemm_tile_fn gemm_tiles[MR + 1][NR + 1] = {{NULL}, GEMM_ROW(1), GEMM_ROW(2), GEMM_ROW(3), GEMM_ROW(4)};
+#elif MR == 2 && NR == 3
+#define GEMM_DEF_ROW(mr) GEMM_DEF(mr, 1) GEMM_DEF(mr, 2) GEMM_DEF(mr, 3)
+#define GEMM_ROW(mr) {NULL, gemm_tile_##mr##_1, gemm_tile_##mr##_2, gemm_tile_##mr##_3}
+GEMM_DEF_ROW(1)
+GEMM_DEF_ROW(2)
+static const gemm_tile_fn gemm_tiles[MR + 1][NR + 1] = {{NULL}, GEMM_ROW(1), GEMM_ROW(2)};
+#elif MR == 2 && NR == 4
+#define GEMM_DEF_ROW(mr) GEMM_DEF(mr, 1) GEMM_DEF(mr, 2) GEMM_DEF(mr, 3) GEMM_DEF(mr, 4)
+#define GEMM_ROW(mr) {NULL, gemm_tile_##mr##_1, gemm_tile_##mr##_2, gemm_tile_##mr##_3, gemm_tile_##mr##_4}
+GEMM_DEF_ROW(1)
+GEMM_DEF_ROW(2)
+static const gemm_tile_fn gemm_tiles[MR + 1][NR + 1] = {{NULL}, GEMM_ROW(1), GEMM_ROW(2)};
+#else
+#error "add the tile table for this MR x NR"
+#endif
+
+void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K, int32_t n0,
+                  int32_t n1)
+{
+    /* A block of mc rows of x (about 512 KiB) stays in L2 while each tile
+     * of NR rows of w (<= NR * K * 4 bytes) sits in L1 and the row tiles of
+     * the block pass over it; w is streamed from memory once per block
+     * (once in all for M <= mc). */
+    int32_t mc = (int32_t)((512 * 1024 / 4) / (K > 0 ? K : 1));
+    mc = mc / MR * MR;
+    if (mc < MR)
+        mc = MR;
+    for (int32_t mb = 0; mb < M; mb += mc) {
+        int32_t me = mb + mc < M ? mb + mc : M;
+        for (int32_t n = n0; n < n1; n += NR) {
+            int32_t nr = n1 - n < NR ? n1 - n : NR;
+            const float *wn = w + (int64_t)n * K;
+            for (int32_t m = mb; m < me; m += MR) {
+                int32_t mr = me - m < MR ? me - m : MR;
+                gemm_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, x + (int64_t)m * K, wn, K);
+            }
+        }
+    }
+}

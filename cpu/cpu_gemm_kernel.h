@@ -1,0 +1,32 @@
+/* cpu_gemm_kernel: internal to cpu/ — the per-ISA column kernels that
+ * cpu_gemm.c dispatches to (and tests/ops/test_isa_identity.c compares).
+ * All of them compute columns [n0, n1) of y = x @ w^T for all M rows in the
+ * canonical reduction order of cpu_gemm.h, so they return the same bits;
+ * they differ only in speed and in the instructions they need:
+ *
+ *   cpu_gemm_cols_avx512   AVX-512F + FMA   (x86-64 builds only)
+ *   cpu_gemm_cols_avx2     AVX2 + FMA       (x86-64 builds only)
+ *   cpu_gemm_cols_generic  any machine      (fmaf per lane; slow without FMA hardware)
+ *
+ * Calling a variant the CPU does not support is undefined (SIGILL): use
+ * cpu_gemm_variant_available() first. Layouts as in cpu_gemm_cols().
+ */
+#ifndef PG_CPU_GEMM_KERNEL_H
+#define PG_CPU_GEMM_KERNEL_H
+
+#include <stdint.h>
+
+/* y [M][ldy], x [M][K], w [N][K] f32, columns [n0, n1) */
+typedef void (*cpu_gemm_cols_fn)(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K,
+                                 int32_t n0, int32_t n1);
+
+#if defined(PG_GEMM_X86)
+void cpu_gemm_cols_avx512(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K, int32_t n0,
+                          int32_t n1);
+void cpu_gemm_cols_avx2(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K, int32_t n0,
+                        int32_t n1);
+#endif
+void cpu_gemm_cols_generic(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K, int32_t n0,
+                           int32_t n1);
+
+#endif /* PG_CPU_GEMM_KERNEL_H */

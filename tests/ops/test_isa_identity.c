@@ -1,0 +1,244 @@
+/* test_isa_identity: the CPU GEMM gives the same bits on every instruction
+ * set (cpu_gemm.h "canonical reduction order"). Every kernel variant built
+ * into the library (cpu_gemm_kernel.c compiled for AVX-512, AVX2 and
+ * generic) that this CPU can run is compared, bit for bit, with the
+ * canonical order written out below in plain C (16 fmaf lanes, zero-padded
+ * tail, fixed tree), on fresh random inputs over awkward shapes (K around
+ * multiples of 16, N = 1, M = 1..130, odd column splits, 1 and 2 threads)
+ * and on inputs whose sums depend on the order (a wide exponent range,
+ * signed zeros, products that underflow). A variant the CPU cannot run is
+ * reported as SKIP. Reordering any variant's reduction fails here. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cpu_gemm.h"
+#include "cpu_gemm_kernel.h"
+#include "cpu_pool.h"
+#include "test_support.h"
+
+/* The contract, spelled out: y = dot(x, w) over K in the canonical order. */
+static float canonical_dot(const float *x, const float *w, int32_t K)
+{
+    float acc[16];
+    for (int l = 0; l < 16; l++)
+        acc[l] = 0.0f;
+    for (int32_t k0 = 0; k0 < K; k0 += 16)
+        for (int l = 0; l < 16; l++) {
+            const int32_t k = k0 + l;
+            acc[l] = fmaf(k < K ? x[k] : 0.0f, k < K ? w[k] : 0.0f, acc[l]); /* padded: fma(0, 0, acc) */
+        }
+    float s8[8], s4[4], s2[2];
+    for (int i = 0; i < 8; i++)
+        s8[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++)
+        s4[i] = s8[i] + s8[i + 4];
+    for (int i = 0; i < 2; i++)
+        s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+
+/* Values whose sum depends on the order: mostly [-1, 1), scaled by 2^e
+ * for e in [-24, 24], with exact +-0 and products small enough to
+ * underflow mixed in. */
+static void fill_awkward(pg_test_rng *rng, float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const int kind = pg_test_rng_int(rng, 0, 19);
+        float v = pg_test_rng_uniform(rng, -1.0f, 1.0f);
+        if (kind == 0)
+            v = 0.0f;
+        else if (kind == 1)
+            v = -0.0f;
+        else if (kind == 2)
+            v = ldexpf(v, -70); /* tiny: a product of two underflows */
+        else if (kind < 10)
+            v = ldexpf(v, pg_test_rng_int(rng, -24, 24));
+        p[i] = v;
+    }
+}
+
+static float *alloc_floats(size_t n)
+{
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    assert_non_null(p);
+    return p;
+}
+
+/* The variants to check: every one but AUTO (an alias of the best). */
+static const cpu_gemm_variant variants[] = {CPU_GEMM_GENERIC, CPU_GEMM_AVX2, CPU_GEMM_AVX512};
+#define N_VARIANTS ((int)(sizeof variants / sizeof variants[0]))
+
+static int variant_runs(cpu_gemm_variant v)
+{
+    if (cpu_gemm_variant_available(v))
+        return 1;
+    print_message("SKIP gemm variant %s: not built for or not supported by this CPU\n", cpu_gemm_variant_name(v));
+    return 0;
+}
+
+/* memcmp of y [M][ldy] (first N columns) against the canonical reference */
+static void expect_canonical(const char *what, cpu_gemm_variant v, const float *y, int64_t ldy, const float *ref,
+                             int32_t M, int32_t N, int32_t K)
+{
+    for (int32_t m = 0; m < M; m++)
+        for (int32_t n = 0; n < N; n++) {
+            const float got = y[(size_t)m * ldy + n], want = ref[(size_t)m * N + n];
+            if (memcmp(&got, &want, sizeof got) != 0)
+                fail_msg("gemm variant %s (%s) M=%d N=%d K=%d: y[%d][%d] = %a, canonical order gives %a",
+                         cpu_gemm_variant_name(v), what, (int)M, (int)N, (int)K, (int)m, (int)n, (double)got,
+                         (double)want);
+        }
+}
+
+static void test_variants_match_canonical(void **state)
+{
+    (void)state;
+    pg_test_rng rng = {2024};
+    cpu_pool *pool = NULL;
+    assert_int_equal(cpu_pool_create(&pool, 2, NULL), 0);
+    const int32_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 13, 64, 129, 130};
+    const int32_t Ns[] = {1, 2, 3, 5, 6, 7, 12, 13, 25, 37};
+    const int32_t Ks[] = {1, 7, 15, 16, 17, 31, 33, 100, 257, 769};
+    int runs[N_VARIANTS];
+    for (int v = 0; v < N_VARIANTS; v++)
+        runs[v] = variant_runs(variants[v]);
+    long checked = 0;
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                const int32_t M = Ms[mi], N = Ns[ni], K = Ks[ki];
+                /* the big shapes only for a few N, to keep the generic variant quick */
+                if (M > 13 && N > 13 && K > 100)
+                    continue;
+                const int64_t ldy = N + pg_test_rng_int(&rng, 0, 2);
+                float *x = alloc_floats((size_t)M * K), *w = alloc_floats((size_t)N * K);
+                float *y = alloc_floats((size_t)M * ldy), *ref = alloc_floats((size_t)M * N);
+                if ((mi + ni + ki) % 2)
+                    fill_awkward(&rng, x, (size_t)M * K), fill_awkward(&rng, w, (size_t)N * K);
+                else
+                    pg_test_fill_uniform(&rng, x, (size_t)M * K, -1.0f, 1.0f),
+                        pg_test_fill_uniform(&rng, w, (size_t)N * K, -1.0f, 1.0f);
+                for (int32_t m = 0; m < M; m++)
+                    for (int32_t n = 0; n < N; n++)
+                        ref[(size_t)m * N + n] = canonical_dot(x + (size_t)m * K, w + (size_t)n * K, K);
+                for (int v = 0; v < N_VARIANTS; v++) {
+                    if (!runs[v])
+                        continue;
+                    memset(y, 0xff, (size_t)M * ldy * sizeof *y);
+                    cpu_gemm_with(variants[v], (mi + ni) % 2 ? pool : NULL, y, ldy, x, w, M, N, K);
+                    expect_canonical("whole product", variants[v], y, ldy, ref, M, N, K);
+                    checked++;
+                }
+                free(x);
+                free(w);
+                free(y);
+                free(ref);
+            }
+    cpu_pool_destroy(pool);
+    print_message("checked %ld products bit for bit\n", checked);
+}
+
+/* The column kernels called directly on arbitrary column ranges (the split
+ * the pool makes never changes a value, and neither does a variant). */
+static void test_kernels_on_column_ranges(void **state)
+{
+    (void)state;
+    cpu_gemm_cols_fn fns[N_VARIANTS] = {cpu_gemm_cols_generic, NULL, NULL};
+#if defined(PG_GEMM_X86)
+    fns[1] = cpu_gemm_cols_avx2;
+    fns[2] = cpu_gemm_cols_avx512;
+#endif
+    pg_test_rng rng = {99};
+    for (int it = 0; it < 60; it++) {
+        const int32_t M = pg_test_rng_int(&rng, 1, it < 30 ? 6 : 130), N = pg_test_rng_int(&rng, 1, 40);
+        const int32_t K = pg_test_rng_int(&rng, 1, it % 3 ? 70 : 600);
+        float *x = alloc_floats((size_t)M * K), *w = alloc_floats((size_t)N * K);
+        float *y = alloc_floats((size_t)M * N), *ref = alloc_floats((size_t)M * N);
+        fill_awkward(&rng, x, (size_t)M * K);
+        fill_awkward(&rng, w, (size_t)N * K);
+        for (int32_t m = 0; m < M; m++)
+            for (int32_t n = 0; n < N; n++)
+                ref[(size_t)m * N + n] = canonical_dot(x + (size_t)m * K, w + (size_t)n * K, K);
+        for (int v = 0; v < N_VARIANTS; v++) {
+            if (!fns[v] || !cpu_gemm_variant_available(variants[v]))
+                continue;
+            memset(y, 0xff, (size_t)M * N * sizeof *y);
+            const int32_t cut1 = pg_test_rng_int(&rng, 0, N), cut2 = pg_test_rng_int(&rng, cut1, N);
+            fns[v](y, N, x, w, M, K, 0, cut1);
+            fns[v](y, N, x, w, M, K, cut1, cut2);
+            fns[v](y, N, x, w, M, K, cut2, N);
+            expect_canonical("column ranges", variants[v], y, N, ref, M, N, K);
+        }
+        free(x);
+        free(w);
+        free(y);
+        free(ref);
+    }
+}
+
+/* The zero-padded tail is a real fma(0, 0, acc): with every product an
+ * underflow to -0, the lanes past K turn -0 into +0, so y = +0. A variant
+ * that skipped the padded lanes (or summed lanes in another order than the
+ * tree, or used a separate multiply and add) would give -0 here. */
+static void test_signed_zero_tail(void **state)
+{
+    (void)state;
+    for (int32_t K = 1; K <= 48; K++) {
+        float *x = alloc_floats((size_t)K), *w = alloc_floats((size_t)K);
+        for (int32_t k = 0; k < K; k++) {
+            x[k] = -0x1p-80f;
+            w[k] = 0x1p-80f; /* product -2^-160: rounds to -0 */
+        }
+        const float want = canonical_dot(x, w, K);
+        if (K % 16 != 0)
+            assert_false(signbit(want)); /* the padded lanes make it +0 */
+        else
+            assert_true(signbit(want)); /* no padding: every lane stays -0 */
+        for (int v = 0; v < N_VARIANTS; v++) {
+            if (!cpu_gemm_variant_available(variants[v]))
+                continue;
+            float y = 1.0f;
+            cpu_gemm_with(variants[v], NULL, &y, 1, x, w, 1, 1, K);
+            if (memcmp(&y, &want, sizeof y) != 0)
+                fail_msg("gemm variant %s K=%d: signed-zero sum is %a, canonical order gives %a",
+                         cpu_gemm_variant_name(variants[v]), (int)K, (double)y, (double)want);
+        }
+        free(x);
+        free(w);
+    }
+}
+
+/* AUTO is the best available variant, names and availability are sane. */
+static void test_variant_table(void **state)
+{
+    (void)state;
+    assert_true(cpu_gemm_variant_available(CPU_GEMM_AUTO));
+    assert_true(cpu_gemm_variant_available(CPU_GEMM_GENERIC));
+    assert_false(cpu_gemm_variant_available(CPU_GEMM_VARIANT_COUNT));
+    const cpu_gemm_variant best = cpu_gemm_variant_best();
+    assert_true(best != CPU_GEMM_AUTO && cpu_gemm_variant_available(best));
+    for (int v = (int)best + 1; v < (int)CPU_GEMM_VARIANT_COUNT; v++)
+        assert_false(cpu_gemm_variant_available((cpu_gemm_variant)v));
+    assert_string_equal(cpu_gemm_isa(), cpu_gemm_variant_name(best));
+    assert_int_equal(cpu_gemm_lanes(), 16);
+    assert_null(cpu_gemm_variant_name(CPU_GEMM_VARIANT_COUNT));
+    print_message("best gemm variant here: %s\n", cpu_gemm_variant_name(best));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_variant_table),
+        cmocka_unit_test(test_signed_zero_tail),
+        cmocka_unit_test(test_variants_match_canonical),
+        cmocka_unit_test(test_kernels_on_column_ranges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
