@@ -1,34 +1,53 @@
-/* device: executor choice and KV pool sizing (see device.h). */
+/* device: executor choice, KV pool sizing and model creation (see device.h). */
 #include "device.h"
 
 #include <string.h>
 #include <unistd.h>
 
 #include "cpu_executor.h"
-#include "model.h"
 #ifdef PG_HAVE_CUDA
 #include "cuda_executor.h"
+#include "cuda_plan.h"
 #endif
 
-int cli_device_open(const char *device, int32_t threads, executor **out, pg_error *err)
+int cli_device_open(const cli_options *o, executor **out, pg_error *err)
 {
     *out = NULL;
-    bool want_cuda = strcmp(device, "cuda") == 0;
+    bool want_cuda = strcmp(o->device, "cuda") == 0;
 #ifdef PG_HAVE_CUDA
-    if (strcmp(device, "auto") == 0 && cuda_device_count() > 0)
+    if (strcmp(o->device, "auto") == 0 && cuda_device_count() > 0)
         want_cuda = true;
     if (want_cuda) {
-        if (cuda_device_count() <= 0)
+        int n = cuda_device_count();
+        if (n <= 0)
             return pg_error_set(err, PG_EUNSUPPORTED, "--device cuda: no CUDA device found");
+        if (o->cuda_device >= n)
+            return pg_error_set(err, PG_EINVAL, "--cuda-device %d: expected 0 .. %d (%d device%s found)",
+                                (int)o->cuda_device, n - 1, n, n == 1 ? "" : "s");
+        int rc = cli_options_check_dtypes(o, "cuda", err);
+        if (rc != PG_OK)
+            return rc;
         cuda_executor_params cp = cuda_executor_params_default();
-        return cuda_executor_create(out, &cp, err);
+        cp.device = o->cuda_device;
+        cp.precision = o->dtype == CLI_DTYPE_F32 ? 1 : 0;
+        cp.kv_dtype = o->kv_cache_dtype == CLI_KV_DTYPE_FP16 ? 1 : 0; /* ignored with precision 1 */
+        cp.fast_gemm = o->fast_gemm ? 1 : 0;
+        rc = cuda_executor_create(out, &cp, err);
+        /* the flags were checked above: any failure is the device's */
+        return rc == PG_EINVAL ? PG_EDEVICE : rc;
     }
 #else
     if (want_cuda)
         return pg_error_set(err, PG_EUNSUPPORTED,
                             "--device cuda: this pagedgen was built without CUDA (meson -Dcuda=enabled)");
 #endif
-    cpu_executor_params p = {.threads = threads};
+    int rc = cli_options_check_dtypes(o, "cpu", err);
+    if (rc != PG_OK) {
+        if (strcmp(o->device, "auto") == 0)
+            pg_error_wrap(err, rc, "--device auto picked the cpu (no CUDA device)");
+        return rc;
+    }
+    cpu_executor_params p = {.threads = o->threads};
     return cpu_executor_create(out, &p, err);
 }
 
@@ -44,12 +63,29 @@ int32_t cli_kv_blocks_for(uint64_t budget_bytes, size_t bytes_per_block, int64_t
     return (int32_t)n;
 }
 
+static int64_t blocks_per_seq(const cli_options *o, int32_t max_model_len)
+{
+    return ((int64_t)max_model_len + o->block_size - 1) / o->block_size;
+}
+
+static int too_small(const cli_kv_plan *plan, const cli_options *o, int32_t max_model_len,
+                     pg_error *err)
+{
+    int64_t per_seq = blocks_per_seq(o, max_model_len);
+    return pg_error_set(err, PG_EINVAL,
+                        "kv cache: %s gives %d blocks of %d tokens, but one %d-token sequence needs %lld "
+                        "(%.1f MiB); raise --kv-cache-memory or lower --max-model-len",
+                        plan->source, (int)plan->num_blocks, (int)o->block_size, (int)max_model_len,
+                        (long long)per_seq,
+                        (double)per_seq * (double)plan->bytes_per_block / 1048576.0);
+}
+
 int cli_kv_plan_make(cli_kv_plan *plan, const cli_options *o, executor *ex,
                      const llama_config *cfg, int32_t max_model_len, pg_error *err)
 {
     memset(plan, 0, sizeof *plan);
     plan->bytes_per_block = model_kv_bytes_per_block(cfg, ex, o->block_size);
-    int64_t per_seq = ((int64_t)max_model_len + o->block_size - 1) / o->block_size;
+    int64_t per_seq = blocks_per_seq(o, max_model_len);
     if (o->num_kv_blocks > 0) {
         plan->num_blocks = o->num_kv_blocks;
         plan->source = "--num-kv-blocks";
@@ -59,31 +95,168 @@ int cli_kv_plan_make(cli_kv_plan *plan, const cli_options *o, executor *ex,
     if (o->kv_cache_bytes > 0) {
         plan->budget_bytes = o->kv_cache_bytes;
         plan->source = "--kv-cache-memory";
-    } else {
+    } else if (strcmp(ex->name, "cpu") == 0) {
         size_t free_b = 0, total_b = 0;
         if (ex->op->mem_info(ex, &free_b, &total_b) != PG_OK)
             return pg_error_set(err, PG_EDEVICE, "%s: cannot read free memory: %s (give --kv-cache-memory)",
                                 ex->name, ex->op->last_error(ex));
         cap = (int64_t)o->max_num_seqs * per_seq;
-        if (strcmp(ex->name, "cpu") == 0) {
-            plan->budget_bytes = (uint64_t)((double)free_b * CLI_CPU_KV_FRACTION);
-            plan->source = "40% of MemAvailable";
-        } else {
-            double usable = (double)free_b * CLI_CUDA_MEM_FRACTION;
-            double rest = usable - (double)model_weight_bytes(cfg, ex) - (double)CLI_CUDA_RESERVE_BYTES;
-            plan->budget_bytes = rest > 0 ? (uint64_t)rest : 0;
-            plan->source = "90% of free device memory after weights";
-        }
+        plan->budget_bytes = (uint64_t)((double)free_b * CLI_CPU_KV_FRACTION);
+        plan->source = "40% of MemAvailable";
+    } else {
+        return pg_error_set(err, PG_EINVAL,
+                            "kv cache on %s: the default size is measured while loading the model "
+                            "(cli_model_create)", ex->name);
     }
     plan->num_blocks = cli_kv_blocks_for(plan->budget_bytes, plan->bytes_per_block, cap);
     if (cap > 0 && plan->num_blocks == cap)
         plan->capped_to = (int32_t)cap;
     if (plan->num_blocks < per_seq)
-        return pg_error_set(err, PG_EINVAL,
-                            "kv cache: %s gives %d blocks of %d tokens, but one %d-token sequence needs %lld "
-                            "(%.1f MiB); raise --kv-cache-memory or lower --max-model-len",
-                            plan->source, (int)plan->num_blocks, (int)o->block_size, (int)max_model_len,
-                            (long long)per_seq,
-                            (double)per_seq * (double)plan->bytes_per_block / 1048576.0);
+        return too_small(plan, o, max_model_len, err);
     return PG_OK;
+}
+
+#ifdef PG_HAVE_CUDA
+/* The capacity device_grow (gpu/cuda_executor.c) ends at for `bytes`:
+ * doubling from 4096. */
+static uint64_t grown_bytes(uint64_t bytes)
+{
+    uint64_t cap = 4096;
+    while (cap < bytes)
+        cap *= 2;
+    return cap;
+}
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+uint64_t cli_cuda_reserve_bytes(const llama_config *cfg, const executor *ex, const cli_options *o,
+                                int32_t max_model_len)
+{
+    const uint64_t S = (uint64_t)o->max_num_seqs, T = (uint64_t)o->max_num_batched_tokens;
+    const uint64_t H = (uint64_t)cfg->hidden_size, I = (uint64_t)cfg->intermediate_size;
+    const uint64_t nh = (uint64_t)cfg->num_attention_heads, nkv = (uint64_t)cfg->num_key_value_heads;
+    const uint64_t hd = (uint64_t)cfg->head_dim, V = (uint64_t)cfg->vocab_size;
+    const uint64_t act = ex->act_bytes, stride = (uint64_t)blocks_per_seq(o, max_model_len);
+    uint64_t total = CLI_CUDA_SLACK_BYTES;
+
+    /* logits [L][V] f32, L <= S rows sample in a step (cuda_logits) */
+    total += grown_bytes(S * V * 4u);
+    /* decode attention split workspace: S x nh x partitions x (hd + 2) f32
+     * (pgk_decode_workspace_floats), only when a sequence spans more than
+     * one partition */
+    cuda_decode_plan dp;
+    pg_error ignored;
+    if (nkv > 0 && cuda_plan_decode(&dp, (int32_t)hd, (int32_t)(nh / nkv), max_model_len,
+                                    CUDA_PLAN_SMEM_DEFAULT_BYTES, &ignored) == 0 &&
+        dp.max_partitions > 1)
+        total += grown_bytes(S * nh * (uint64_t)dp.max_partitions * (hd + 2u) * 4u);
+    /* step metadata: 3T + (S + 1) + S + S x stride + L int32 (cuda_begin_step) */
+    total += grown_bytes((3u * T + 2u * S + 1u + S * stride + S) * 4u);
+    /* GEMM padding (cuda_gemm.c, batch-invariant mode): x [128][K] act for
+     * the largest K, y [128][N] for the largest N (act, or the logits' f32) */
+    if (!o->fast_gemm) {
+        uint64_t k_max = max_u64(max_u64(H, I), nh * hd);
+        uint64_t n_max = max_u64(max_u64((nh + 2u * nkv) * hd, 2u * I), H);
+        total += 128u * k_max * act;
+        total += 128u * max_u64(n_max * act, V * 4u);
+    }
+    return total;
+}
+
+/* The cuda default: load the model with a one-block probe pool, read the
+ * free memory, destroy the probe and plan with cuda_plan_kv_blocks. */
+static int plan_cuda_measured(cli_kv_plan *plan, const cli_options *o, executor *ex,
+                              const llama_config *cfg, const st_file *weights,
+                              const model_params *final_params, int32_t max_model_len, pg_error *err)
+{
+    int64_t per_seq = blocks_per_seq(o, max_model_len);
+    size_t free_before = 0, free_after = 0, total = 0;
+    if (ex->op->mem_info(ex, &free_before, &total) != PG_OK)
+        return pg_error_set(err, PG_EDEVICE, "cuda: cannot read free memory: %s (give --kv-cache-memory)",
+                            ex->op->last_error(ex));
+    model_params probe_params = *final_params;
+    probe_params.num_kv_blocks = 1;
+    model *probe = NULL;
+    int rc = model_create(&probe, ex, cfg, weights, &probe_params, err);
+    if (rc != PG_OK)
+        return pg_error_wrap(err, rc, "loading the model to measure device memory (%.1f MiB free of %.1f MiB)",
+                             (double)free_before / 1048576.0, (double)total / 1048576.0);
+    rc = ex->op->sync(ex);
+    if (rc == PG_OK)
+        rc = ex->op->mem_info(ex, &free_after, &total);
+    model_destroy(probe);
+    if (rc != PG_OK)
+        return pg_error_set(err, PG_EDEVICE, "cuda: cannot read free memory after loading: %s",
+                            ex->op->last_error(ex));
+
+    plan->measured = 1;
+    plan->total_bytes = total;
+    plan->free_after_load_bytes = free_after;
+    plan->load_bytes = free_before > free_after ? free_before - free_after : 0;
+    plan->reserve_bytes = cli_cuda_reserve_bytes(cfg, ex, o, max_model_len);
+    plan->source = "--gpu-memory-utilization";
+    cuda_mem_plan_in in = {
+        .total_bytes = total,
+        .free_bytes = free_after,
+        .utilization = o->gpu_memory_utilization,
+        .reserve_bytes = (size_t)plan->reserve_bytes,
+        .kv_bytes_per_block = plan->bytes_per_block,
+        .min_blocks = per_seq > INT32_MAX ? INT32_MAX : (int32_t)per_seq,
+    };
+    int32_t n = 0;
+    rc = cuda_plan_kv_blocks(&n, &in, err);
+    if (rc != PG_OK)
+        return pg_error_wrap(err, rc,
+                             "kv cache on cuda device %d (total %.1f MiB, free %.1f MiB after loading "
+                             "%.1f MiB: weights %.1f MiB + workspaces; utilization %.2f; one %d-token "
+                             "sequence needs %lld blocks)",
+                             (int)o->cuda_device, (double)total / 1048576.0,
+                             (double)free_after / 1048576.0, (double)plan->load_bytes / 1048576.0,
+                             (double)model_weight_bytes(cfg, ex) / 1048576.0, o->gpu_memory_utilization,
+                             (int)max_model_len, (long long)per_seq);
+    double allowed = (double)total * o->gpu_memory_utilization - (double)(total - free_after) -
+                     (double)plan->reserve_bytes;
+    plan->budget_bytes = allowed > 0.0 ? (uint64_t)allowed : 0;
+    int64_t cap = (int64_t)o->max_num_seqs * per_seq;
+    plan->num_blocks = n;
+    if (n >= cap) {
+        plan->num_blocks = (int32_t)(cap > INT32_MAX ? INT32_MAX : cap);
+        plan->capped_to = plan->num_blocks;
+    }
+    return PG_OK;
+}
+#endif
+
+int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, executor *ex,
+                     const llama_config *cfg, const st_file *weights, int32_t max_model_len,
+                     pg_error *err)
+{
+    *out = NULL;
+    model_params mp = {
+        .num_kv_blocks = 0,
+        .block_size = o->block_size,
+        .max_num_batched_tokens = o->max_num_batched_tokens,
+        .max_num_seqs = o->max_num_seqs,
+    };
+    int rc;
+    bool measure = strcmp(ex->name, "cpu") != 0 && o->num_kv_blocks == 0 && o->kv_cache_bytes == 0;
+    if (measure) {
+#ifdef PG_HAVE_CUDA
+        memset(plan, 0, sizeof *plan);
+        plan->bytes_per_block = model_kv_bytes_per_block(cfg, ex, o->block_size);
+        rc = plan_cuda_measured(plan, o, ex, cfg, weights, &mp, max_model_len, err);
+#else
+        rc = pg_error_set(err, PG_EUNSUPPORTED, "kv cache: no default size for the %s executor",
+                          ex->name);
+#endif
+    } else {
+        rc = cli_kv_plan_make(plan, o, ex, cfg, max_model_len, err);
+    }
+    if (rc != PG_OK)
+        return rc;
+    mp.num_kv_blocks = plan->num_blocks;
+    return model_create(out, ex, cfg, weights, &mp, err);
 }

@@ -16,6 +16,7 @@ enum {
     OPT_IGNORE_EOS, OPT_MIN_TOKENS, OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_LOGPROBS,
     OPT_INCLUDE_PROMPT, OPT_UNORDERED, OPT_RESUME, OPT_METRICS, OPT_LOG_INTERVAL, OPT_SHARD,
     OPT_NO_SPECIAL, OPT_VERSION,
+    OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM,
 };
 
 static const struct option generate_opts[] = {
@@ -36,6 +37,11 @@ static const struct option generate_opts[] = {
     {"seed", required_argument, NULL, OPT_SEED},
     {"kv-layout", required_argument, NULL, OPT_KV_LAYOUT},
     {"check-invariants", no_argument, NULL, OPT_CHECK_INV},
+    {"gpu-memory-utilization", required_argument, NULL, OPT_GPU_UTIL},
+    {"kv-cache-dtype", required_argument, NULL, OPT_KV_DTYPE},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"cuda-device", required_argument, NULL, OPT_CUDA_DEVICE},
+    {"fast-gemm", no_argument, NULL, OPT_FAST_GEMM},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
     {"temperature", required_argument, NULL, OPT_TEMPERATURE},
     {"top-p", required_argument, NULL, OPT_TOP_P},
@@ -97,9 +103,9 @@ static const char *const generate_help[] = {
 "      --threads N            CPU threads [default: 0 = one per online core]\n"
 "      --block-size N         tokens per KV block, power of two <= 256 [default: 16]\n"
 "      --kv-cache-memory SIZE KV cache size, e.g. 2GiB, 512MiB (KiB/MiB/GiB = 1024^k,\n"
-"                             KB/MB/GB = 1000^k) [default: cpu: 40% of MemAvailable,\n"
-"                             cuda: 90% of free device memory after the weights; both\n"
-"                             capped to max-num-seqs x max-model-len tokens]\n"
+"                             KB/MB/GB = 1000^k) [default: cpu: 40% of MemAvailable;\n"
+"                             cuda: from --gpu-memory-utilization; both capped to\n"
+"                             max-num-seqs x max-model-len tokens]\n"
 "      --num-kv-blocks N      KV pool size in blocks (overrides --kv-cache-memory)\n"
 "                             [default: from --kv-cache-memory]\n"
 "      --max-num-seqs N       most sequences in one step [default: 256]\n"
@@ -112,6 +118,24 @@ static const char *const generate_help[] = {
 "      --kv-layout L          paged|contiguous [default: paged]\n"
 "      --check-invariants     check the block pool after every step (slow; debugging)\n"
 "                             [default: off]\n"
+"\n"
+"CUDA (vLLM names; see cli/README.md):\n"
+"      --gpu-memory-utilization X  share of the device's total memory pagedgen may\n"
+"                             use, (0, 1]: the KV cache gets X x total minus what is\n"
+"                             in use after loading the weights (measured) minus the\n"
+"                             buffers still to grow [default: 0.9; cuda only]\n"
+"      --kv-cache-dtype T     auto|bf16|fp16|f32 [default: auto = the compute dtype:\n"
+"                             bf16 on cuda, f32 with --dtype float32 and on the cpu;\n"
+"                             the cpu takes only auto or f32, f32 on cuda needs\n"
+"                             --dtype float32]\n"
+"      --dtype T              compute precision of weights and activations on cuda:\n"
+"                             auto|bfloat16|float32 [default: auto = bfloat16; the\n"
+"                             cpu always computes in float32 and takes only auto or\n"
+"                             float32]\n"
+"      --cuda-device N        CUDA device ordinal [default: 0]\n"
+"      --fast-gemm            one cuBLAS call per matmul: faster prefill, but a row's\n"
+"                             last bits may depend on the batch, so outputs are no\n"
+"                             longer independent of batching [default: off]\n"
 "\n"
 ,
 "Default sampling (for lines that do not set their own; vLLM semantics):\n"
@@ -233,6 +257,10 @@ void cli_options_init(cli_options *o)
     o->max_num_batched_tokens = 2048;
     o->prefix_caching = true;
     o->layout = KV_LAYOUT_PAGED;
+    o->gpu_memory_utilization = 0.9;
+    o->kv_cache_dtype = CLI_KV_DTYPE_AUTO;
+    o->dtype = CLI_DTYPE_AUTO;
+    o->cuda_device = 0;
     o->sampling = sampling_params_default();
     o->sampling.max_tokens = CLI_DEFAULT_MAX_TOKENS;
     o->log_interval_s = 10.0;
@@ -247,6 +275,27 @@ const char *cli_format_name(cli_format f)
     case CLI_FORMAT_TEXT: return "text";
     case CLI_FORMAT_JSONL: return "jsonl";
     case CLI_FORMAT_OPENAI: return "openai";
+    }
+    return "?";
+}
+
+const char *cli_kv_dtype_name(cli_kv_dtype d)
+{
+    switch (d) {
+    case CLI_KV_DTYPE_AUTO: return "auto";
+    case CLI_KV_DTYPE_BF16: return "bf16";
+    case CLI_KV_DTYPE_FP16: return "fp16";
+    case CLI_KV_DTYPE_F32: return "f32";
+    }
+    return "?";
+}
+
+const char *cli_dtype_name(cli_dtype d)
+{
+    switch (d) {
+    case CLI_DTYPE_AUTO: return "auto";
+    case CLI_DTYPE_BF16: return "bfloat16";
+    case CLI_DTYPE_F32: return "float32";
     }
     return "?";
 }
@@ -360,6 +409,30 @@ bad:
     return pg_error_set(err, PG_EINVAL, "--shard: expected K/N with 0 <= K < N, got '%s'", s);
 }
 
+int cli_options_check_dtypes(const cli_options *o, const char *device, pg_error *err)
+{
+    bool cpu = strcmp(device, "cpu") == 0, cuda = strcmp(device, "cuda") == 0;
+    cli_kv_dtype kv = o->kv_cache_dtype;
+    /* errors on every device first, then the ones of a known device */
+    if (o->dtype == CLI_DTYPE_F32 && (kv == CLI_KV_DTYPE_BF16 || kv == CLI_KV_DTYPE_FP16))
+        return pg_error_set(err, PG_EINVAL,
+                            "--kv-cache-dtype %s: with --dtype float32 the kv cache is f32 "
+                            "(expected auto or f32)", cli_kv_dtype_name(kv));
+    if (kv == CLI_KV_DTYPE_F32 && (o->dtype == CLI_DTYPE_BF16 || (cuda && o->dtype == CLI_DTYPE_AUTO)))
+        return pg_error_set(err, PG_EINVAL,
+                            "--kv-cache-dtype f32: on cuda an f32 kv cache needs --dtype float32 "
+                            "(--dtype %s computes in bfloat16)", cli_dtype_name(o->dtype));
+    if (cpu && (kv == CLI_KV_DTYPE_BF16 || kv == CLI_KV_DTYPE_FP16))
+        return pg_error_set(err, PG_EINVAL,
+                            "--kv-cache-dtype %s: the cpu executor keeps the kv cache in f32 "
+                            "(expected auto or f32)", cli_kv_dtype_name(kv));
+    if (cpu && o->dtype == CLI_DTYPE_BF16)
+        return pg_error_set(err, PG_EINVAL,
+                            "--dtype bfloat16: the cpu executor computes in float32 "
+                            "(expected auto or float32)");
+    return PG_OK;
+}
+
 /* One option of either command. */
 static int apply(cli_options *o, int c, const char *arg, pg_error *err)
 {
@@ -403,6 +476,34 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         else return pg_error_set(err, PG_EINVAL, "--kv-layout: expected paged or contiguous, got '%s'", arg);
         break;
     case OPT_CHECK_INV: o->check_invariants = true; break;
+    case OPT_GPU_UTIL:
+        rc = cli_parse_double(arg, 0.0, 1.0, "--gpu-memory-utilization", &o->gpu_memory_utilization,
+                              err);
+        if (rc == PG_OK && o->gpu_memory_utilization <= 0.0)
+            rc = pg_error_set(err, PG_EINVAL,
+                              "--gpu-memory-utilization: expected a number in (0, 1], got '%s'", arg);
+        break;
+    case OPT_KV_DTYPE:
+        /* vLLM spells them auto, bfloat16, fp16/float16, fp32/float32 in
+         * places; take those spellings too */
+        if (strcmp(arg, "auto") == 0) o->kv_cache_dtype = CLI_KV_DTYPE_AUTO;
+        else if (strcmp(arg, "bf16") == 0 || strcmp(arg, "bfloat16") == 0) o->kv_cache_dtype = CLI_KV_DTYPE_BF16;
+        else if (strcmp(arg, "fp16") == 0 || strcmp(arg, "float16") == 0) o->kv_cache_dtype = CLI_KV_DTYPE_FP16;
+        else if (strcmp(arg, "f32") == 0 || strcmp(arg, "fp32") == 0 || strcmp(arg, "float32") == 0)
+            o->kv_cache_dtype = CLI_KV_DTYPE_F32;
+        else
+            return pg_error_set(err, PG_EINVAL, "--kv-cache-dtype: expected auto, bf16, fp16 or f32, got '%s'",
+                                arg);
+        break;
+    case OPT_DTYPE:
+        if (strcmp(arg, "auto") == 0) o->dtype = CLI_DTYPE_AUTO;
+        else if (strcmp(arg, "bfloat16") == 0 || strcmp(arg, "bf16") == 0) o->dtype = CLI_DTYPE_BF16;
+        else if (strcmp(arg, "float32") == 0 || strcmp(arg, "f32") == 0) o->dtype = CLI_DTYPE_F32;
+        else
+            return pg_error_set(err, PG_EINVAL, "--dtype: expected auto, bfloat16 or float32, got '%s'", arg);
+        break;
+    case OPT_CUDA_DEVICE: rc = parse_i32(arg, 0, 1023, "--cuda-device", &o->cuda_device, err); break;
+    case OPT_FAST_GEMM: o->fast_gemm = true; break;
     case OPT_MAX_TOKENS:
         rc = parse_i32(arg, -1, INT32_MAX, "--max-tokens", &sp->max_tokens, err);
         if (rc == PG_OK && sp->max_tokens == 0)
@@ -541,6 +642,9 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
             return pg_error_set(err, PG_EINVAL, "generate: -m MODEL_DIR is required (see --help)");
         if (o->resume && strcmp(o->output_path, "-") == 0)
             return pg_error_set(err, PG_EINVAL, "--resume needs -o FILE (not stdout)");
+        int rc = cli_options_check_dtypes(o, o->device, err);
+        if (rc != PG_OK)
+            return rc;
     } else if (o->cmd == CLI_CMD_TOKENIZE) {
         if (!o->tokenizer_dir)
             o->tokenizer_dir = o->model_dir;

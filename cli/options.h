@@ -23,6 +23,24 @@ typedef enum cli_command {
     CLI_CMD_VERSION,
 } cli_command;
 
+/* --kv-cache-dtype: the element type of the KV cache. AUTO follows the
+ * compute dtype (bf16 with --dtype bfloat16 on cuda, f32 with --dtype
+ * float32 and on the cpu). */
+typedef enum cli_kv_dtype {
+    CLI_KV_DTYPE_AUTO = 0,
+    CLI_KV_DTYPE_BF16,
+    CLI_KV_DTYPE_FP16,
+    CLI_KV_DTYPE_F32,
+} cli_kv_dtype;
+
+/* --dtype: the compute precision of activations and weights. AUTO is
+ * bfloat16 on cuda; the cpu always computes in float32. */
+typedef enum cli_dtype {
+    CLI_DTYPE_AUTO = 0,
+    CLI_DTYPE_BF16,
+    CLI_DTYPE_F32,
+} cli_dtype;
+
 typedef enum cli_format {
     CLI_FORMAT_AUTO = 0, /* decided from the first non-blank line */
     CLI_FORMAT_TEXT,     /* one prompt per line */
@@ -63,6 +81,13 @@ typedef struct cli_options {
     kv_layout layout;              /* paged */
     bool check_invariants;         /* hidden: engine pool checks after every step */
 
+    /* cuda (accepted everywhere; checked against the device in device.c) */
+    double gpu_memory_utilization; /* (0, 1]; 0.9 */
+    cli_kv_dtype kv_cache_dtype;   /* auto */
+    cli_dtype dtype;               /* auto */
+    int32_t cuda_device;           /* 0 */
+    bool fast_gemm;                /* false: batch-invariant GEMMs */
+
     /* default sampling (applies to lines that do not set their own) */
     unsigned sampling_set;         /* cli_sampling_flag bits */
     sampling_params sampling;      /* values of the flags in sampling_set */
@@ -85,6 +110,12 @@ void cli_options_init(cli_options *o);
  * wrong ("--block-size: expected a power of two in [1, 256], got 12"). */
 int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err);
 
+/* The --dtype / --kv-cache-dtype combinations device ("cpu", "cuda", or
+ * "auto" = not known yet: only the combinations no device accepts) cannot
+ * run, as PG_EINVAL with a message naming the flag. cli_options_parse calls
+ * it with --device; cli_device_open again with the device it picked. */
+int cli_options_check_dtypes(const cli_options *o, const char *device, pg_error *err);
+
 /* Writes the help of `cmd` (GENERATE, TOKENIZE, or HELP for the overview). */
 void cli_options_help(FILE *f, cli_command cmd);
 
@@ -104,5 +135,7 @@ int cli_parse_double(const char *s, double lo, double hi, const char *what, doub
                      pg_error *err);
 
 const char *cli_format_name(cli_format f);
+const char *cli_kv_dtype_name(cli_kv_dtype d); /* "auto", "bf16", "fp16", "f32" */
+const char *cli_dtype_name(cli_dtype d);       /* "auto", "bfloat16", "float32" */
 
 #endif /* PG_CLI_OPTIONS_H */

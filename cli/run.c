@@ -388,27 +388,19 @@ static int load_model(run_state *s)
     }
     if (resolve_defaults(s) != PG_OK)
         return -1;
-    int rc = cli_device_open(o->device, o->threads, &s->ex, &s->err);
+    int rc = cli_device_open(o, &s->ex, &s->err);
     if (rc != PG_OK) {
-        fail(s, rc == PG_EUNSUPPORTED ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, "device");
+        fail(s, rc == PG_EUNSUPPORTED || rc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, "device");
         return -1;
     }
     if (st_open(&s->weights, o->model_dir, &s->err) != PG_OK) {
         fail(s, CLI_EXIT_MODEL, NULL);
         return -1;
     }
+    /* plans the KV pool (on cuda by measuring a first load) and loads */
     cli_kv_plan plan;
-    if (cli_kv_plan_make(&plan, o, s->ex, &s->cfg, s->max_model_len, &s->err) != PG_OK) {
-        fail(s, CLI_EXIT_MODEL, NULL);
-        return -1;
-    }
-    model_params mp = {
-        .num_kv_blocks = plan.num_blocks,
-        .block_size = o->block_size,
-        .max_num_batched_tokens = o->max_num_batched_tokens,
-        .max_num_seqs = o->max_num_seqs,
-    };
-    if (model_create(&s->mdl, s->ex, &s->cfg, s->weights, &mp, &s->err) != PG_OK) {
+    if (cli_model_create(&s->mdl, &plan, o, s->ex, &s->cfg, s->weights, s->max_model_len,
+                         &s->err) != PG_OK) {
         fail(s, CLI_EXIT_MODEL, o->model_dir);
         return -1;
     }
@@ -435,9 +427,23 @@ static int load_model(run_state *s)
     if (!o->quiet) {
         int64_t tokens = (int64_t)plan.num_blocks * o->block_size;
         double mib = (double)plan.num_blocks * (double)plan.bytes_per_block / 1048576.0;
+        char dev[96];
+        if (strcmp(s->ex->name, "cpu") == 0)
+            snprintf(dev, sizeof dev, "%s", s->ex->name);
+        else
+            snprintf(dev, sizeof dev, "%s:%d (%s, kv cache %s)", s->ex->name, (int)o->cuda_device,
+                     s->ex->act_bytes == 4 ? "float32" : "bfloat16",
+                     s->ex->kv_bytes == 4 ? "f32" : (o->kv_cache_dtype == CLI_KV_DTYPE_FP16 ? "fp16" : "bf16"));
         fprintf(stderr, "pagedgen: model %s: %d layers, hidden %d, vocab %d, max_model_len %d; device %s\n",
                 s->model_name, (int)s->cfg.num_hidden_layers, (int)s->cfg.hidden_size,
-                (int)s->cfg.vocab_size, (int)s->max_model_len, s->ex->name);
+                (int)s->cfg.vocab_size, (int)s->max_model_len, dev);
+        if (plan.measured)
+            fprintf(stderr, "pagedgen: device memory: total %.1f MiB, utilization %.2f, free %.1f MiB after "
+                            "loading (%.1f MiB: weights, workspaces), %.1f MiB kept for buffers grown "
+                            "while running\n",
+                    (double)plan.total_bytes / 1048576.0, o->gpu_memory_utilization,
+                    (double)plan.free_after_load_bytes / 1048576.0, (double)plan.load_bytes / 1048576.0,
+                    (double)plan.reserve_bytes / 1048576.0);
         fprintf(stderr, "pagedgen: KV cache: %d blocks of %d tokens = %lld tokens, %.1f MiB (%s%s)\n",
                 (int)plan.num_blocks, (int)o->block_size, (long long)tokens, mib, plan.source,
                 plan.capped_to ? ", capped to max-num-seqs x max-model-len" : "");

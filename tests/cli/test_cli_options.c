@@ -65,6 +65,11 @@ static void test_defaults_and_flags(void **state)
     assert_true(o.prefix_caching);
     assert_int_equal(o.sampling_set, 0);
     assert_int_equal(o.shard_n, 1);
+    assert_true(o.gpu_memory_utilization == 0.9);
+    assert_int_equal(o.kv_cache_dtype, CLI_KV_DTYPE_AUTO);
+    assert_int_equal(o.dtype, CLI_DTYPE_AUTO);
+    assert_int_equal(o.cuda_device, 0);
+    assert_false(o.fast_gemm);
 
     assert_int_equal(parse(&o, &err, 20, "generate", "-m", "d", "--kv-cache-memory", "2GiB",
                            "--stop", "a", "--stop", "bb", "--temperature", "0.5", "--shard", "2/3",
@@ -92,12 +97,71 @@ static void test_defaults_and_flags(void **state)
     assert_int_equal(o.help_for, CLI_CMD_TOKENIZE);
 }
 
+static void test_cuda_flags(void **state)
+{
+    (void)state;
+    cli_options o;
+    pg_error err;
+    assert_int_equal(parse(&o, &err, 12, "-m", "d", "--gpu-memory-utilization", "0.5", "--kv-cache-dtype",
+                           "fp16", "--dtype", "bfloat16", "--cuda-device", "3", "--fast-gemm"),
+                     PG_OK);
+    assert_true(o.gpu_memory_utilization == 0.5);
+    assert_int_equal(o.kv_cache_dtype, CLI_KV_DTYPE_FP16);
+    assert_int_equal(o.dtype, CLI_DTYPE_BF16);
+    assert_int_equal(o.cuda_device, 3);
+    assert_true(o.fast_gemm);
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--gpu-memory-utilization", "1"), PG_OK);
+    assert_true(o.gpu_memory_utilization == 1.0);
+
+    /* the accepted spellings and combinations */
+    struct { int argc; const char *a[8]; cli_kv_dtype kv; cli_dtype dt; } ok[] = {
+        {7, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "f32"}, CLI_KV_DTYPE_F32, CLI_DTYPE_AUTO},
+        {7, {"-m", "d", "--device", "cpu", "--dtype", "float32"}, CLI_KV_DTYPE_AUTO, CLI_DTYPE_F32},
+        {7, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "auto"}, CLI_KV_DTYPE_AUTO, CLI_DTYPE_AUTO},
+        /* auto may still pick the cpu, where an f32 cache is the only one */
+        {5, {"-m", "d", "--kv-cache-dtype", "f32"}, CLI_KV_DTYPE_F32, CLI_DTYPE_AUTO},
+        {5, {"-m", "d", "--kv-cache-dtype", "bf16"}, CLI_KV_DTYPE_BF16, CLI_DTYPE_AUTO},
+        {5, {"-m", "d", "--kv-cache-dtype", "bfloat16"}, CLI_KV_DTYPE_BF16, CLI_DTYPE_AUTO},
+        {5, {"-m", "d", "--kv-cache-dtype", "float16"}, CLI_KV_DTYPE_FP16, CLI_DTYPE_AUTO},
+        {9, {"-m", "d", "--device", "cuda", "--dtype", "float32", "--kv-cache-dtype", "fp32"},
+         CLI_KV_DTYPE_F32, CLI_DTYPE_F32},
+        {7, {"-m", "d", "--device", "cuda", "--kv-cache-dtype", "fp16"}, CLI_KV_DTYPE_FP16, CLI_DTYPE_AUTO},
+        {7, {"-m", "d", "--device", "cuda", "--dtype", "bf16"}, CLI_KV_DTYPE_AUTO, CLI_DTYPE_BF16},
+    };
+    for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) {
+        char *argv[10] = {(char *)"pagedgen"};
+        for (int j = 0; j < ok[k].argc - 1; j++)
+            argv[j + 1] = (char *)ok[k].a[j];
+        int rc = cli_options_parse(&o, ok[k].argc, argv, &err);
+        if (rc != PG_OK)
+            fail_msg("case %zu: %s", k, err.msg);
+        assert_int_equal(o.kv_cache_dtype, ok[k].kv);
+        assert_int_equal(o.dtype, ok[k].dt);
+    }
+    assert_string_equal(cli_kv_dtype_name(CLI_KV_DTYPE_FP16), "fp16");
+    assert_string_equal(cli_dtype_name(CLI_DTYPE_BF16), "bfloat16");
+
+    /* the same options checked again once the device is known (device.c) */
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--kv-cache-dtype", "f32"), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cuda", &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "--dtype float32"));
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--kv-cache-dtype", "fp16"), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cuda", &err), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "--kv-cache-dtype fp16: the cpu executor"));
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--dtype", "bfloat16"), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cuda", &err), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "--dtype bfloat16"));
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
     cli_options o;
     pg_error err;
-    struct { int argc; const char *a[4]; const char *msg; } bad[] = {
+    struct { int argc; const char *a[6]; const char *msg; } bad[] = {
         {0, {NULL}, "-m MODEL_DIR is required"},
         {3, {"-m", "d", "--bogus"}, "unknown option"},
         {4, {"-m", "d", "--block-size", "12"}, "power of two"},
@@ -111,9 +175,24 @@ static void test_usage_errors(void **state)
         {3, {"-m", "d", "extra"}, "unexpected argument"},
         {2, {"tokenize", "--input-format=openai"}, "--input-format"},
         {2, {"-m", "--temperature"}, NULL},
+        {4, {"-m", "d", "--gpu-memory-utilization", "0"}, "--gpu-memory-utilization: expected a number in (0, 1]"},
+        {4, {"-m", "d", "--gpu-memory-utilization", "1.01"}, "--gpu-memory-utilization"},
+        {4, {"-m", "d", "--gpu-memory-utilization", "-0.5"}, "--gpu-memory-utilization"},
+        {4, {"-m", "d", "--gpu-memory-utilization", "90%"}, "--gpu-memory-utilization"},
+        {4, {"-m", "d", "--gpu-memory-utilization", "nan"}, "--gpu-memory-utilization"},
+        {4, {"-m", "d", "--kv-cache-dtype", "int8"}, "--kv-cache-dtype: expected auto, bf16, fp16 or f32"},
+        {4, {"-m", "d", "--dtype", "half"}, "--dtype: expected auto, bfloat16 or float32"},
+        {4, {"-m", "d", "--cuda-device", "-1"}, "--cuda-device"},
+        {4, {"-m", "d", "--cuda-device", "x"}, "--cuda-device"},
+        {6, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "bf16"}, "the cpu executor keeps the kv cache in f32"},
+        {6, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "fp16"}, "--kv-cache-dtype fp16"},
+        {6, {"-m", "d", "--device", "cpu", "--dtype", "bfloat16"}, "the cpu executor computes in float32"},
+        {6, {"-m", "d", "--dtype", "float32", "--kv-cache-dtype", "fp16"}, "with --dtype float32 the kv cache is f32"},
+        {6, {"-m", "d", "--device", "cuda", "--kv-cache-dtype", "f32"}, "needs --dtype float32"},
+        {6, {"-m", "d", "--dtype", "bfloat16", "--kv-cache-dtype", "f32"}, "needs --dtype float32"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        char *argv[8] = {(char *)"pagedgen"};
+        char *argv[10] = {(char *)"pagedgen"};
         for (int j = 0; j < bad[k].argc; j++)
             argv[j + 1] = (char *)bad[k].a[j];
         int rc = cli_options_parse(&o, bad[k].argc + 1, argv, &err);
@@ -171,6 +250,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_defaults_and_flags),
+        cmocka_unit_test(test_cuda_flags),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_help_lists_every_flag),
         cmocka_unit_test(test_kv_blocks_arithmetic),

@@ -171,6 +171,47 @@ def case_exit_codes():
     check(rc == 0 and out == b"", "empty input")
 
 
+def case_no_stdin():
+    """No arguments and no usable stdin (CI): a usage error at once, never a
+    wait on stdin — with stdin at EOF, and with fd 0 closed."""
+    for how in ("devnull", "closed"):
+        kw = {"stdin": subprocess.DEVNULL} if how == "devnull" else {"preexec_fn": lambda: os.close(0)}
+        p = subprocess.run([EXE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=20, **kw)
+        check(p.returncode == 2, f"no arguments, stdin {how}: exit {p.returncode}, expected 2")
+        check(b"-m MODEL_DIR is required" in p.stderr, f"stdin {how}: {p.stderr[:300]!r}")
+        check(p.stdout == b"", f"stdin {how}: wrote {p.stdout[:200]!r}")
+
+
+def case_device_flags():
+    """The CUDA-facing flags: usage errors (exit 2) for values no device
+    takes and for cpu-only combinations; the cpu path with the explicit cpu
+    dtypes gives the same bytes as the sample's expected output."""
+    bad = [
+        (["--gpu-memory-utilization", "0"], b"--gpu-memory-utilization"),
+        (["--gpu-memory-utilization", "1.5"], b"--gpu-memory-utilization"),
+        (["--kv-cache-dtype", "int8"], b"--kv-cache-dtype"),
+        (["--dtype", "float16"], b"--dtype"),
+        (["--cuda-device", "-1"], b"--cuda-device"),
+        (["--device", "cpu", "--kv-cache-dtype", "bf16"], b"the cpu executor keeps the kv cache in f32"),
+        (["--device", "cpu", "--dtype", "bfloat16"], b"the cpu executor computes in float32"),
+        (["--dtype", "float32", "--kv-cache-dtype", "fp16"], b"with --dtype float32"),
+    ]
+    for flags, msg in bad:
+        rc, out, err = gen(flags, stdin_bytes=b"hi\n", timeout=60)
+        check(rc == 2 and msg in err and out == b"", f"{flags}: exit {rc}, stderr {err[:300]!r}")
+    # --device auto: on a machine without a CUDA device it picks the cpu,
+    # which takes no fp16 cache (with a device the run goes ahead)
+    rc, out, err = gen(["--kv-cache-dtype", "fp16", "--max-tokens", "4"], stdin_bytes=b"hi\n", timeout=120)
+    check(rc == 0 or (rc == 2 and b"--device auto picked the cpu" in err), f"auto fp16: exit {rc}: {err[:300]!r}")
+    inp, exp, flags, code = SAMPLE_RUNS[0]
+    want = open(os.path.join(SAMPLES, exp), "rb").read()
+    rc, out, err = gen(["-i", os.path.join(SAMPLES, inp), "--device", "cpu", "--dtype", "float32",
+                        "--kv-cache-dtype", "f32", "--gpu-memory-utilization", "0.5", "--cuda-device", "1"]
+                       + flags)
+    check(rc == code, f"cpu with explicit dtypes: exit {rc}: {err.decode()[-1000:]}")
+    check(out == want, "cpu with explicit dtypes: output differs from the sample")
+
+
 def case_help():
     """--help lists every flag of the issue, with defaults."""
     gen_flags = ["--model", "--tokenizer", "--input", "--output", "--input-format", "--device",
@@ -180,7 +221,8 @@ def case_help():
                  "--top-p", "--top-k", "--min-p", "--n", "--stop", "--ignore-eos", "--min-tokens",
                  "--presence-penalty", "--frequency-penalty", "--repetition-penalty", "--logprobs",
                  "--include-prompt", "--unordered", "--resume", "--metrics", "--quiet",
-                 "--log-interval", "--shard", "--help", "--version"]
+                 "--log-interval", "--shard", "--help", "--version", "--gpu-memory-utilization",
+                 "--kv-cache-dtype", "--dtype", "--cuda-device", "--fast-gemm"]
     for args in (["--help"], ["generate", "--help"], ["help"]):
         rc, out, _ = run(args)
         check(rc == 0, f"{args}: exit {rc}")
@@ -188,6 +230,7 @@ def case_help():
         for f in gen_flags:
             check(f in text, f"{args}: help does not list {f}")
         check("[default: 256]" in text, "max-tokens default not stated")
+        check("[default: 0.9; cuda only]" in text, "gpu-memory-utilization default not stated")
     rc, out, _ = run(["tokenize", "--help"])
     for f in ["--tokenizer", "--input", "--output", "--no-special", "--input-format"]:
         check(f in out.decode(), f"tokenize help does not list {f}")
