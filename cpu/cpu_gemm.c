@@ -13,6 +13,7 @@
  * register tile width: 6, 3, 4), so only the last share has a partial tile.
  * It changes which thread computes a column, never the column's value. */
 #define GEMM_SPLIT_ALIGN 12
+#define GEMM_CHUNKS_PER_THREAD 4
 
 int cpu_gemm_variant_available(cpu_gemm_variant v)
 {
@@ -112,7 +113,12 @@ void cpu_gemm_with(cpu_gemm_variant v, cpu_pool *pool, float *y, int64_t ldy, co
         gemm_worker(&job, 0, 1);
         return;
     }
-    cpu_pool_run(pool, 0, gemm_worker, &job);
+    /* GEMM_CHUNKS_PER_THREAD column chunks per thread (whole tiles; the
+     * split never changes a value): a thread that runs late holds up only
+     * a small chunk while the others take the rest. */
+    const int64_t units = (N + GEMM_SPLIT_ALIGN - 1) / GEMM_SPLIT_ALIGN;
+    int64_t chunks = (int64_t)cpu_pool_size(pool) * GEMM_CHUNKS_PER_THREAD;
+    cpu_pool_run_chunks(pool, (int32_t)(chunks < units ? chunks : units), gemm_worker, &job);
 }
 
 void cpu_gemm(cpu_pool *pool, float *y, int64_t ldy, const float *x, const float *w,

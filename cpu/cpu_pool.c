@@ -1,13 +1,20 @@
 /* cpu_pool: see cpu_pool.h.
  *
- * Dispatch: the caller bumps a generation counter under the mutex and
- * broadcasts; each worker spins briefly on the counter (steps come in quick
- * succession, and a futex wake costs tens of microseconds), then sleeps on
- * the condition variable. Completion is an atomic countdown the caller
- * spins on (then yields).
+ * Dispatch: a job is n fixed chunks (chunk w is fn(ctx, w, n)). The caller
+ * publishes it in one atomic job word (generation, n, next chunk) under the
+ * mutex and broadcasts; each worker spins briefly on the word (steps come in
+ * quick succession, and a futex wake costs tens of microseconds), then
+ * sleeps on the condition variable. Every thread, the caller included,
+ * claims chunks with a compare-and-swap on the job word until none is left,
+ * so a worker the OS has not scheduled yet (a loaded machine) delays
+ * nothing: the caller runs its chunk. Which thread runs a chunk is timing;
+ * what the chunk computes is not (the split is static, and every output is
+ * written by exactly one chunk). Completion is an atomic count of finished
+ * chunks the caller spins on (then yields).
  */
 #include "cpu_pool.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -39,6 +46,14 @@ typedef struct cpu_pool_worker {
     pthread_t thread;
 } cpu_pool_worker;
 
+/* The job word: generation (bits 32..63), chunk count n (16..31), next
+ * unclaimed chunk (0..15). One compare-and-swap claims a chunk of the
+ * current job and proves, in the same step, which job it belongs to. */
+#define POOL_GEN(s) ((uint32_t)((s) >> 32))
+#define POOL_N(s) ((int32_t)(((s) >> 16) & 0xffff))
+#define POOL_NEXT(s) ((int32_t)((s)&0xffff))
+#define POOL_WORD(gen, n, next) (((uint64_t)(gen) << 32) | ((uint64_t)(n) << 16) | (uint64_t)(next))
+
 struct cpu_pool {
     int32_t n_threads;
     cpu_pool_worker *workers; /* [n_threads - 1], worker i+1 */
@@ -46,28 +61,48 @@ struct cpu_pool {
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint_fast64_t generation; /* bumped for every job */
-    atomic_int pending;             /* workers still running the job */
-    int stop;                       /* under mu */
+    _Atomic uint64_t job;   /* POOL_WORD(generation, n, next) */
+    atomic_int done;        /* chunks of the current job finished */
+    int stop;               /* under mu */
 
-    /* the current job (written before generation is bumped) */
+    /* The current job: written by the caller before it publishes the job
+     * word, read by a thread only after it has claimed a chunk of that job
+     * (and the caller does not start another job before every chunk is
+     * done, so they cannot change under a claimed chunk). */
     cpu_pool_fn fn;
     void *ctx;
-    int32_t job_workers;
 };
+
+/* Claims and runs chunks of job generation gen until none is left.
+ * Returns at once if another job has been published since. */
+static void pool_work(cpu_pool *pool, uint32_t gen)
+{
+    uint64_t s = atomic_load_explicit(&pool->job, memory_order_acquire);
+    for (;;) {
+        if (POOL_GEN(s) != gen || POOL_NEXT(s) >= POOL_N(s))
+            return;
+        const uint64_t claimed = s + 1; /* next + 1 (next < n <= 0xffff: no carry) */
+        if (!atomic_compare_exchange_weak_explicit(&pool->job, &s, claimed, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue; /* s reloaded */
+        pool->fn(pool->ctx, POOL_NEXT(s), POOL_N(s));
+        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+        s = claimed;
+    }
+}
 
 static void *cpu_pool_main(void *arg)
 {
     cpu_pool_worker *self = arg;
     cpu_pool *pool = self->pool;
-    uint_fast64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        uint_fast64_t gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        uint32_t gen = POOL_GEN(atomic_load_explicit(&pool->job, memory_order_acquire));
         if (gen == seen) {
             const int64_t t0 = pool_now_ns();
             for (int spin = 0; gen == seen; spin++) {
                 pool_pause();
-                gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+                gen = POOL_GEN(atomic_load_explicit(&pool->job, memory_order_acquire));
                 if ((spin & 63) == 63 && pool_now_ns() - t0 > CPU_POOL_SPIN_NS)
                     break;
             }
@@ -75,7 +110,7 @@ static void *cpu_pool_main(void *arg)
         if (gen == seen) {
             pthread_mutex_lock(&pool->mu);
             while (!pool->stop &&
-                   (gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen)
+                   (gen = POOL_GEN(atomic_load_explicit(&pool->job, memory_order_acquire))) == seen)
                 pthread_cond_wait(&pool->cv, &pool->mu);
             int stop = pool->stop;
             pthread_mutex_unlock(&pool->mu);
@@ -83,9 +118,7 @@ static void *cpu_pool_main(void *arg)
                 return NULL;
         }
         seen = gen;
-        if (self->index < pool->job_workers)
-            pool->fn(pool->ctx, self->index, pool->job_workers);
-        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel);
+        pool_work(pool, gen);
     }
 }
 
@@ -100,8 +133,8 @@ int cpu_pool_create(cpu_pool **out, int32_t n_threads, pg_error *err)
     pool->n_threads = n_threads;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
-    atomic_init(&pool->generation, 0);
-    atomic_init(&pool->pending, 0);
+    atomic_init(&pool->job, POOL_WORD(0, 0, 0));
+    atomic_init(&pool->done, 0);
     if (n_threads > 1) {
         pool->workers = calloc((size_t)(n_threads - 1), sizeof *pool->workers);
         if (!pool->workers) {
@@ -148,25 +181,36 @@ void cpu_pool_run(cpu_pool *pool, int32_t n_workers, cpu_pool_fn fn, void *ctx)
 {
     if (n_workers <= 0 || n_workers > pool->n_threads)
         n_workers = pool->n_threads;
-    if (n_workers == 1 || pool->n_started == 0) {
-        fn(ctx, 0, 1);
+    cpu_pool_run_chunks(pool, n_workers, fn, ctx);
+}
+
+void cpu_pool_run_chunks(cpu_pool *pool, int32_t n_chunks, cpu_pool_fn fn, void *ctx)
+{
+    assert(n_chunks >= 1 && n_chunks <= CPU_POOL_MAX_CHUNKS);
+    if (n_chunks == 1 || pool->n_started == 0) {
+        for (int32_t w = 0; w < n_chunks; w++)
+            fn(ctx, w, n_chunks);
         return;
     }
+    const int32_t n_workers = n_chunks;
+    /* every chunk of the previous job is done: no thread holds a claim */
     pool->fn = fn;
     pool->ctx = ctx;
-    pool->job_workers = n_workers;
-    /* every started worker acknowledges the job, even if it has no share */
-    atomic_store_explicit(&pool->pending, pool->n_started, memory_order_relaxed);
+    atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
+    const uint32_t gen = POOL_GEN(atomic_load_explicit(&pool->job, memory_order_relaxed)) + 1;
     pthread_mutex_lock(&pool->mu);
-    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    atomic_store_explicit(&pool->job, POOL_WORD(gen, n_workers, 0), memory_order_release);
     pthread_cond_broadcast(&pool->cv);
     pthread_mutex_unlock(&pool->mu);
 
-    fn(ctx, 0, n_workers);
+    /* The caller claims chunks like any worker: if a worker has not been
+     * scheduled yet (a loaded machine), its chunk is done here instead of
+     * waited for. */
+    pool_work(pool, gen);
 
     const int64_t t0 = pool_now_ns();
     int spinning = 1;
-    for (int spin = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spin++) {
+    for (int spin = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < n_workers; spin++) {
         if (spinning) {
             pool_pause();
             if ((spin & 63) == 63 && pool_now_ns() - t0 > CPU_POOL_SPIN_NS)

@@ -1,13 +1,18 @@
 /* cpu_pool: a small persistent pthread worker pool for the CPU executor.
  *
- * cpu_pool_run(pool, fn, ctx) calls fn(ctx, w, n) once for every worker
- * w = 0..n-1 (the calling thread is worker 0) and returns when all calls
- * have returned. Work is split statically: each op derives its own share
- * from (w, n) with cpu_pool_range, so which thread computes what is a pure
- * function of the problem size and n, never of timing. The ops of cpu/ are
- * written so that the *value* of every output element does not depend on
- * the split either (each element is computed entirely by one worker, in a
- * fixed order), which is what makes results independent of thread count.
+ * cpu_pool_run(pool, fn, ctx) calls fn(ctx, w, n) once for every chunk
+ * w = 0..n-1 and returns when all calls have returned. Each chunk runs on
+ * whichever thread of the pool claims it first, the calling thread
+ * included (so a worker the OS has not scheduled on a loaded machine
+ * delays nothing: the caller runs its chunk); no two threads run the same
+ * chunk, so per-chunk scratch indexed by w is private to that call. Work
+ * is split statically: each op derives its share from (w, n) with
+ * cpu_pool_range, so what chunk w computes is a pure function of the
+ * problem size and n, never of timing or of the thread that runs it. The
+ * ops of cpu/ are written so that the *value* of every output element does
+ * not depend on the split either (each element is computed entirely by one
+ * chunk, in a fixed order), which is what makes results independent of
+ * thread count.
  *
  * Not reentrant: one cpu_pool_run at a time, from the thread that created
  * the pool (or any single thread).
@@ -28,9 +33,17 @@ int cpu_pool_create(cpu_pool **out, int32_t n_threads, pg_error *err);
 void cpu_pool_destroy(cpu_pool *pool); /* accepts NULL */
 int32_t cpu_pool_size(const cpu_pool *pool);
 
-/* Runs fn on min(n_workers, pool size) workers (n_workers <= 0: all), so a
- * small job can stay on the calling thread. fn gets the effective count. */
+/* Runs fn on n = min(n_workers, pool size) chunks (n_workers <= 0: pool
+ * size), so a small job can stay on the calling thread (n = 1). fn gets the
+ * effective count n. */
 void cpu_pool_run(cpu_pool *pool, int32_t n_workers, cpu_pool_fn fn, void *ctx);
+
+/* Runs fn on n_chunks chunks (1..CPU_POOL_MAX_CHUNKS), however many threads
+ * the pool has: finer chunks than threads balance the load when some
+ * threads run late (a preempted thread holds only a small chunk). For ops
+ * without per-thread scratch (a chunk index may exceed the pool size). */
+#define CPU_POOL_MAX_CHUNKS 65535
+void cpu_pool_run_chunks(cpu_pool *pool, int32_t n_chunks, cpu_pool_fn fn, void *ctx);
 
 /* The static share [*lo, *hi) of n items for worker w of nw, in units of
  * `align` items (the last share takes the remainder). */
