@@ -235,7 +235,7 @@ static void test_reserve_bytes(void **state)
 {
     (void)state;
     /* Llama-3-8B shapes, bf16, the default flags, max_model_len 8192: the
-     * numbers worked by hand (python, see the commit):
+     * numbers worked by hand:
      *   logits     256 x 128256 x 4 = 131334144 -> 2^27
      *   decode ws  256 x 32 x 16 partitions of 512 x 130 x 4 = 68157440 -> 2^27
      *   metadata   (3*2048 + 2*256 + 1 + 256*512 + 256) x 4 = 551940 -> 2^20
