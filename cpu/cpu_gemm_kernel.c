@@ -26,8 +26,10 @@
  * The padded tail is a real fused multiply-add of 0 * 0 in every variant
  * (it can turn an accumulator of -0 into +0, so skipping it would not be
  * the same order). The generic variant exists for machines without FMA
- * (fmaf is then glibc's exact software fma: correct, slow) and for non-x86
- * builds (where fmaf is one instruction and the lanes vectorize).
+ * (x86-64 before Haswell / Zen, some Atom-class chips; there each fma is
+ * emulated exactly in double arithmetic: correct, a few times slower than
+ * the vector kernels) and for non-x86 builds (where fmaf is one
+ * instruction and the lanes vectorize).
  */
 #include <stdint.h>
 #include <string.h>
@@ -143,7 +145,36 @@ typedef float vf;
 static inline vf v_zero(void) { return 0.0f; }
 static inline vf v_load(const float *p) { return *p; }
 static inline vf v_load_tail(const float *p, int32_t n) { return n > 0 ? *p : 0.0f; }
+#if defined(FP_FAST_FMAF)
+/* fmaf is one instruction here (aarch64, or x86 built with -mfma) */
 static inline vf v_fma(vf a, vf b, vf c) { return fmaf(a, b, c); }
+#else
+/* fmaf without FMA hardware, exactly (glibc's software fmaf is exact too,
+ * but switches the rounding mode on every call: ~50x slower). a*b is exact
+ * in double (24 + 24 bits); p + c is rounded to double and its error
+ * recovered exactly by TwoSum (Knuth); the double is then made round-to-odd
+ * (an inexact result gets an odd last bit), and one rounding of a
+ * round-to-odd value with >= 2 extra bits is the correctly rounded result
+ * (Boldo & Melquiond, "Emulation of FMA and correctly rounded sums: proved
+ * algorithms using rounding to odd", IEEE TC 2008). Overflow cannot happen
+ * in double for float inputs; inf and NaN pass through the plain sum. */
+static inline vf v_fma(vf a, vf b, vf c)
+{
+    const double p = (double)a * (double)b, cd = (double)c;
+    double s = p + cd;
+    if (!isfinite(s))
+        return (float)s;
+    const double bv = s - p, err = (p - (s - bv)) + (cd - bv); /* TwoSum: p + cd = s + err exactly */
+    if (err != 0.0) {
+        uint64_t bits;
+        memcpy(&bits, &s, sizeof bits);
+        if (!(bits & 1u)) /* even: step to the odd neighbour on the side of the exact sum */
+            bits = (err > 0.0) == (s > 0.0) ? bits + 1u : bits - 1u;
+        memcpy(&s, &bits, sizeof s);
+    }
+    return (float)s;
+}
+#endif
 static inline float v_hsum(const vf *a)
 {
     float s8[8], s4[4];

@@ -7,14 +7,26 @@
  * multiples of 16, N = 1, M = 1..130, odd column splits, 1 and 2 threads)
  * and on inputs whose sums depend on the order (a wide exponent range,
  * signed zeros, products that underflow). A variant the CPU cannot run is
- * reported as SKIP. Reordering any variant's reduction fails here. */
+ * reported as SKIP. Reordering any variant's reduction fails here.
+ *
+ * Then the whole executor: its arguments are isa_digest programs, each
+ * linked against a copy of cpu/ compiled for one x86-64 level (x86-64 =
+ * SSE2, x86-64-v3 = AVX2+FMA, native; tests/ops/meson.build). Each prints a
+ * digest of stories260K's logits; all of them, under every GEMM variant
+ * they can run, and the baseline build under glibc's non-FMA libm
+ * (GLIBC_TUNABLES masks AVX2/FMA/AVX-512 for glibc's ifuncs: expf, sincosf),
+ * must print the same digest. This is what checks that the scalar ops
+ * (rmsnorm, rope, softmax, silu) do not depend on the compiler's
+ * vectorization or on FMA contraction either. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 
@@ -215,6 +227,35 @@ static void test_signed_zero_tail(void **state)
     }
 }
 
+/* One fma whose exact result lies just below a float halfway point while
+ * its double rounding lands on it: a separate multiply and add, or an
+ * emulation that rounds twice (double, then float), gives the wrong side.
+ * Lane 0 with K = 17: acc = fma(x0, w0, 0) = 1 + 2^-23, then
+ * fma(a, b, acc) with a*b = 2^-24 - 2^-70: exact 1 + 2^-23 + 2^-24 - 2^-70,
+ * correctly rounded 1 + 2^-23 (double rounding gives 1 + 2^-22). */
+static void test_fma_is_fused(void **state)
+{
+    (void)state;
+    float x[17] = {0}, w[17] = {0};
+    x[0] = 1.0f + 0x1p-23f;
+    w[0] = 1.0f;
+    x[16] = 0x1p-12f * (1.0f + 0x1p-23f);
+    w[16] = 0x1p-12f * (1.0f - 0x1p-24f * 2.0f);
+    const float want = 1.0f + 0x1p-23f;
+    assert_true(canonical_dot(x, w, 17) == want);
+    const float twice = (float)((double)x[0] * (double)w[0] + (double)x[16] * (double)w[16]);
+    assert_true(twice != want); /* the case really is one that double rounding gets wrong */
+    for (int v = 0; v < N_VARIANTS; v++) {
+        if (!cpu_gemm_variant_available(variants[v]))
+            continue;
+        float y = 0.0f;
+        cpu_gemm_with(variants[v], NULL, &y, 1, x, w, 1, 1, 17);
+        if (y != want)
+            fail_msg("gemm variant %s: fused multiply-add gives %a, expected %a", cpu_gemm_variant_name(variants[v]),
+                     (double)y, (double)want);
+    }
+}
+
 /* AUTO is the best available variant, names and availability are sane. */
 static void test_variant_table(void **state)
 {
@@ -232,13 +273,88 @@ static void test_variant_table(void **state)
     print_message("best gemm variant here: %s\n", cpu_gemm_variant_name(best));
 }
 
-int main(void)
+/* ---- whole-executor digests across builds --------------------------------- */
+
+typedef struct digest_progs {
+    int n;
+    char **paths; /* isa_digest_<level> executables (argv) */
+} digest_progs;
+
+/* Runs one digest program; returns 0 and the digest line in out, 77 when it
+ * skipped, or fails the test. */
+static int run_digest(const char *path, const char *variant, const char *env, char *out, size_t cap)
 {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s '%s' %s", env, path, variant);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        fail_msg("cannot run %s", cmd);
+    char line[512];
+    out[0] = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "digest ", 7) == 0)
+            snprintf(out, cap, "%s", line);
+    int st = pclose(f);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+        return 77;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !out[0])
+        fail_msg("%s: exit status %d, digest line '%s'", cmd, st, out);
+    return 0;
+}
+
+static void test_builds_agree(void **state)
+{
+    const digest_progs *d = *state;
+    if (d->n == 0) {
+        print_message("SKIP: no isa_digest programs given (not an x86-64 build)\n");
+        skip();
+    }
+    /* non-FMA glibc: masks the features its ifunc resolvers test */
+    const char *no_fma = "GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F,-AVX512VL";
+    char ref[512] = "", got[512], ref_what[512] = "";
+    int compared = 0;
+    for (int i = 0; i < d->n; i++) {
+        const char *base = strrchr(d->paths[i], '/');
+        base = base ? base + 1 : d->paths[i];
+        const int v3 = strstr(base, "x86-64-v3") != NULL, baseline = !v3 && strstr(base, "x86-64") != NULL;
+        if (v3 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("bmi2"))) {
+            print_message("SKIP %s: this CPU is not x86-64-v3\n", base);
+            continue;
+        }
+        const char *runs[][2] = {{"auto", ""}, {"avx2", ""}, {"generic", ""}, {"generic", no_fma}};
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            if (r == 3 && !baseline)
+                continue; /* the libm check once, on the baseline build */
+            if (run_digest(d->paths[i], runs[r][0], runs[r][1], got, sizeof got) == 77) {
+                print_message("SKIP %s %s: variant not available here\n", base, runs[r][0]);
+                continue;
+            }
+            char what[512];
+            snprintf(what, sizeof what, "%s gemm=%s%s%s", base, runs[r][0], runs[r][1][0] ? " " : "", runs[r][1]);
+            print_message("%s: %s", what, got);
+            if (!ref[0]) {
+                snprintf(ref, sizeof ref, "%s", got);
+                snprintf(ref_what, sizeof ref_what, "%s", what);
+            } else if (strcmp(ref, got) != 0) {
+                fail_msg("stories260K logits differ: %s gives %s but %s gives %s", what, got, ref_what, ref);
+            }
+            compared++;
+        }
+    }
+    print_message("%d builds x variants agree bit for bit\n", compared);
+}
+
+int main(int argc, char **argv)
+{
+    digest_progs progs = {argc - 1, argv + 1};
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_variant_table),
         cmocka_unit_test(test_signed_zero_tail),
+        cmocka_unit_test(test_fma_is_fused),
         cmocka_unit_test(test_variants_match_canonical),
         cmocka_unit_test(test_kernels_on_column_ranges),
+        cmocka_unit_test_prestate(test_builds_agree, &progs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
