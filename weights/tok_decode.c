@@ -44,24 +44,18 @@ typedef struct dec_load {
 } dec_load;
 
 static int load_one(tokenizer *t, const json_doc *d, int node, const char *label, int depth,
-                    dec_load *L, pg_error *err)
+                    void *ctx, pg_error *err)
 {
+    dec_load *L = ctx;
     if (!json_is_object(d, node))
         return pg_error_set(err, PG_EFORMAT, "%s: decoder: expected an object", label);
     int ty = json_obj_get(d, node, "type");
     tok_decoder *dc = &t->dec;
     tok_dstep *st = NULL;
     int rc;
-    if (json_str_eq(d, ty, "Sequence")) {
-        int arr = json_obj_get(d, node, "decoders");
-        if (!json_is_array(d, arr) || depth > 4)
-            return pg_error_set(err, PG_EFORMAT, "%s: decoder Sequence: expected decoders", label);
-        int i = arr + 1;
-        for (int k = 0; k < json_size(d, arr); k++, i = json_skip(d, i))
-            if ((rc = load_one(t, d, i, label, depth + 1, L, err)))
-                return rc;
-        return PG_OK;
-    }
+    if (json_str_eq(d, ty, "Sequence"))
+        return tok_load_sequence(t, d, node, "decoders", "decoder", label, depth, load_one, L,
+                                 err);
     bool per_token = json_str_eq(d, ty, "Replace") || json_str_eq(d, ty, "Metaspace") ||
                      (json_str_eq(d, ty, "Strip") && !L->fused);
     if (per_token && (L->fused || L->after_bf))

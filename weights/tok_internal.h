@@ -266,4 +266,20 @@ int tok_json_strdup(const json_doc *d, int i, char **out, size_t *len, const cha
                     const char *what, pg_error *err);
 bool tok_json_bool(const json_doc *d, int obj, const char *key, bool dflt);
 
+/* Sequence nodes ({"type": "Sequence", <key>: [steps]}) of the normalizer,
+ * pre-tokenizer, decoder and post-processor, loaded by one recursive walk.
+ * A step loader loads `node` at Sequence nesting depth `depth` (0 at the
+ * top); ctx is the loader's own state. */
+#define TOK_MAX_SEQ_DEPTH 4
+typedef int (*tok_step_load_fn)(tokenizer *t, const json_doc *d, int node, const char *label,
+                                int depth, void *ctx, pg_error *err);
+/* node is a Sequence of `what` steps ("normalizer", ...: for messages) at
+ * nesting depth `depth`: calls one() on every member of its `key` array, in
+ * order, at depth + 1, and stops at the first error. Refuses (PG_EFORMAT)
+ * a missing array and a Sequence nested deeper than TOK_MAX_SEQ_DEPTH, so
+ * that a hostile file cannot exhaust the stack. */
+int tok_load_sequence(tokenizer *t, const json_doc *d, int node, const char *key,
+                      const char *what, const char *label, int depth, tok_step_load_fn one,
+                      void *ctx, pg_error *err);
+
 #endif /* PG_TOK_INTERNAL_H */

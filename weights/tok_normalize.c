@@ -9,26 +9,16 @@
 #include "tok_internal.h"
 
 static int load_one(tokenizer *t, const json_doc *d, int node, const char *label, int depth,
-                    pg_error *err)
+                    void *ctx, pg_error *err)
 {
     if (json_is_null(d, node))
         return PG_OK;
     if (!json_is_object(d, node))
         return pg_error_set(err, PG_EFORMAT, "%s: normalizer: expected an object", label);
     int ty = json_obj_get(d, node, "type");
-    if (json_str_eq(d, ty, "Sequence")) {
-        int arr = json_obj_get(d, node, "normalizers");
-        if (!json_is_array(d, arr) || depth > 4)
-            return pg_error_set(err, PG_EFORMAT,
-                                "%s: normalizer Sequence: expected a normalizers array", label);
-        int i = arr + 1;
-        for (int k = 0; k < json_size(d, arr); k++, i = json_skip(d, i)) {
-            int rc = load_one(t, d, i, label, depth + 1, err);
-            if (rc)
-                return rc;
-        }
-        return PG_OK;
-    }
+    if (json_str_eq(d, ty, "Sequence"))
+        return tok_load_sequence(t, d, node, "normalizers", "normalizer", label, depth, load_one,
+                                 ctx, err);
     tok_norm *p = realloc(t->norm, ((size_t)t->n_norm + 1) * sizeof *p);
     if (!p)
         return pg_error_set(err, PG_ENOMEM, "%s: out of memory", label);
@@ -77,7 +67,7 @@ int tok_norm_load(tokenizer *t, const json_doc *d, int node, const char *label, 
 {
     if (node < 0)
         return PG_OK;
-    return load_one(t, d, node, label, 0, err);
+    return load_one(t, d, node, label, 0, NULL, err);
 }
 
 void tok_norm_free(tokenizer *t)

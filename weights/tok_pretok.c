@@ -60,26 +60,16 @@ int tok_bytelevel_byte(uint32_t cp)
 }
 
 static int load_one(tokenizer *t, const json_doc *d, int node, const char *label, int depth,
-                    pg_error *err)
+                    void *ctx, pg_error *err)
 {
     if (json_is_null(d, node))
         return PG_OK;
     if (!json_is_object(d, node))
         return pg_error_set(err, PG_EFORMAT, "%s: pre_tokenizer: expected an object", label);
     int ty = json_obj_get(d, node, "type");
-    if (json_str_eq(d, ty, "Sequence")) {
-        int arr = json_obj_get(d, node, "pretokenizers");
-        if (!json_is_array(d, arr) || depth > 4)
-            return pg_error_set(err, PG_EFORMAT,
-                                "%s: pre_tokenizer Sequence: expected a pretokenizers array", label);
-        int i = arr + 1;
-        for (int k = 0; k < json_size(d, arr); k++, i = json_skip(d, i)) {
-            int rc = load_one(t, d, i, label, depth + 1, err);
-            if (rc)
-                return rc;
-        }
-        return PG_OK;
-    }
+    if (json_str_eq(d, ty, "Sequence"))
+        return tok_load_sequence(t, d, node, "pretokenizers", "pre_tokenizer", label, depth,
+                                 load_one, ctx, err);
     if (t->n_pre == TOK_MAX_PRE)
         return pg_error_set(err, PG_EUNSUPPORTED, "%s: more than %d pre-tokenizers", label,
                             TOK_MAX_PRE);
@@ -173,7 +163,7 @@ int tok_pre_load(tokenizer *t, const json_doc *d, int node, const char *label, p
 {
     if (node < 0)
         return PG_OK;
-    return load_one(t, d, node, label, 0, err);
+    return load_one(t, d, node, label, 0, NULL, err);
 }
 
 void tok_pre_free(tokenizer *t)

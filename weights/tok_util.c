@@ -1,5 +1,6 @@
 /* tok_util: byte buffers, UTF-8 helpers (strict validation, incremental
- * lossy decoding) and the small JSON helpers the tokenizer loaders share. */
+ * lossy decoding) and the small JSON helpers the tokenizer loaders share
+ * (strings, booleans, Sequence nodes). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,4 +202,24 @@ bool tok_json_bool(const json_doc *d, int obj, const char *key, bool dflt)
     if (json_is_bool(d, v))
         json_get_bool(d, v, &b, NULL);
     return b;
+}
+
+int tok_load_sequence(tokenizer *t, const json_doc *d, int node, const char *key,
+                      const char *what, const char *label, int depth, tok_step_load_fn one,
+                      void *ctx, pg_error *err)
+{
+    int arr = json_obj_get(d, node, key);
+    if (!json_is_array(d, arr))
+        return pg_error_set(err, PG_EFORMAT, "%s: %s Sequence: expected a %s array", label, what,
+                            key);
+    if (depth > TOK_MAX_SEQ_DEPTH)
+        return pg_error_set(err, PG_EFORMAT, "%s: %s Sequence: nested more than %d deep", label,
+                            what, TOK_MAX_SEQ_DEPTH);
+    int i = arr + 1;
+    for (int k = 0; k < json_size(d, arr); k++, i = json_skip(d, i)) {
+        int rc = one(t, d, i, label, depth + 1, ctx, err);
+        if (rc)
+            return rc;
+    }
+    return PG_OK;
 }

@@ -132,26 +132,17 @@ static int32_t find_token_id(const tokenizer *t, const char *s, size_t n)
     return tok_vocab_find(t, s, n);
 }
 
-static int load_post(tokenizer *t, const json_doc *d, int node, const char *label, pg_error *err)
+static int load_post(tokenizer *t, const json_doc *d, int node, const char *label, int depth,
+                     void *ctx, pg_error *err)
 {
     if (node < 0 || json_is_null(d, node))
         return PG_OK;
     int ty = json_obj_get(d, node, "type");
     if (json_str_eq(d, ty, "ByteLevel"))
         return PG_OK; /* offsets only */
-    if (json_str_eq(d, ty, "Sequence")) {
-        int arr = json_obj_get(d, node, "processors");
-        if (!json_is_array(d, arr))
-            return pg_error_set(err, PG_EFORMAT, "%s: post_processor Sequence: expected processors",
-                                label);
-        int i = arr + 1;
-        for (int k = 0; k < json_size(d, arr); k++, i = json_skip(d, i)) {
-            int rc = load_post(t, d, i, label, err);
-            if (rc)
-                return rc;
-        }
-        return PG_OK;
-    }
+    if (json_str_eq(d, ty, "Sequence"))
+        return tok_load_sequence(t, d, node, "processors", "post_processor", label, depth,
+                                 load_post, ctx, err);
     if (!json_str_eq(d, ty, "TemplateProcessing"))
         return pg_error_set(err, PG_EUNSUPPORTED,
                             "%s: post_processor: expected TemplateProcessing, ByteLevel or Sequence",
@@ -339,7 +330,7 @@ int tok_load_from_memory(tokenizer **out, const char *json, size_t len, const ch
         (rc = tok_norm_load(t, &d, json_obj_get(&d, 0, "normalizer"), label, err)) ||
         (rc = tok_pre_load(t, &d, json_obj_get(&d, 0, "pre_tokenizer"), label, err)) ||
         (rc = tok_decoder_load(t, &d, json_obj_get(&d, 0, "decoder"), label, err)) ||
-        (rc = load_post(t, &d, json_obj_get(&d, 0, "post_processor"), label, err)) ||
+        (rc = load_post(t, &d, json_obj_get(&d, 0, "post_processor"), label, 0, NULL, err)) ||
         (rc = build_tables(t, label, err)))
         goto fail;
     for (int32_t k = 0; k < t->n_added; k++)

@@ -568,10 +568,67 @@ static void test_errors(void **state)
     assert_int_not_equal(tok_load(&bad, "/nonexistent", &err), 0);
 }
 
+/* Sequence nodes nest at most TOK_MAX_SEQ_DEPTH (4) deep below the top one,
+ * in every stage: deeper is refused with a message, never a stack overflow
+ * (the post_processor had no limit: nested 40000 deep it crashed the
+ * loader). */
+static void test_sequence_nesting(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *stage, *key;
+    } stages[] = {
+        {"normalizer", "normalizers"},
+        {"pre_tokenizer", "pretokenizers"},
+        {"decoder", "decoders"},
+        {"post_processor", "processors"},
+    };
+    static const int depths[] = {1, 5, 6, 400};
+    for (size_t s = 0; s < sizeof stages / sizeof stages[0]; s++) {
+        for (size_t k = 0; k < sizeof depths / sizeof depths[0]; k++) {
+            /* {"<stage>": {"type":"Sequence","<key>":[ ... ]} x n, an empty innermost one */
+            int n = depths[k];
+            char open[64];
+            int ol = snprintf(open, sizeof open, "{\"type\":\"Sequence\",\"%s\":[", stages[s].key);
+            char head[64], tail[] = ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}";
+            int hl = snprintf(head, sizeof head, "{\"%s\":", stages[s].stage);
+            size_t len = (size_t)hl + (size_t)n * ((size_t)ol + 2) + strlen(tail);
+            char *json = malloc(len + 1), *w = json;
+            assert_non_null(json);
+            memcpy(w, head, (size_t)hl);
+            w += hl;
+            for (int i = 0; i < n; i++, w += ol)
+                memcpy(w, open, (size_t)ol);
+            for (int i = 0; i < n; i++, w += 2)
+                memcpy(w, "]}", 2);
+            memcpy(w, tail, strlen(tail) + 1);
+            assert_int_equal(strlen(json), len);
+            tokenizer *t = NULL;
+            pg_error err = {{0}};
+            int rc = tok_load_from_memory(&t, json, len, NULL, 0, "nest", &err);
+            if (n <= 5) {
+                if (rc)
+                    fprintf(stderr, "%s nested %d deep: %s\n", stages[s].stage, n, err.msg);
+                assert_int_equal(rc, 0);
+                tok_free(t);
+            } else {
+                assert_int_equal(rc, PG_EFORMAT);
+                assert_null(t);
+                char want[96];
+                snprintf(want, sizeof want, "nest: %s Sequence: nested more than 4 deep",
+                         stages[s].stage);
+                assert_string_equal(err.msg, want);
+            }
+            free(json);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_sequence_nesting),
         cmocka_unit_test(test_metaspace_bytefallback),
         cmocka_unit_test(test_split_bytelevel),
         cmocka_unit_test(test_stories260k),
