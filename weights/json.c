@@ -124,11 +124,41 @@ static long grammar_check(const json_doc *d, size_t *last)
     return -1;
 }
 
+/* The offset of the first '[' or '{' (outside strings) that opens a
+ * container deeper than JSON_MAX_DEPTH, or -1. Linear, run before jsmn
+ * (see JSON_MAX_DEPTH); unbalanced or malformed text is jsmn's to refuse. */
+static long too_deep_at(const char *src, size_t len)
+{
+    int depth = 0;
+    bool in_str = false;
+    for (size_t k = 0; k < len; k++) {
+        char c = src[k];
+        if (in_str) {
+            if (c == '\\')
+                k++;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > JSON_MAX_DEPTH)
+                return (long)k;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return -1;
+}
+
 int json_parse(json_doc *doc, const char *src, size_t len, const char *label, pg_error *err)
 {
     memset(doc, 0, sizeof *doc);
     if (len > (size_t)INT32_MAX)
         return pg_error_set(err, PG_EFORMAT, "%s: json text of %zu bytes is too large", label, len);
+    long deep = too_deep_at(src, len);
+    if (deep >= 0)
+        return pg_error_set(err, PG_EFORMAT, "%s: json nested more than %d deep at byte %ld",
+                            label, JSON_MAX_DEPTH, deep);
     jsmn_parser p;
     jsmn_init(&p);
     int n = jsmn_parse(&p, src, len, NULL, 0);

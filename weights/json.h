@@ -29,8 +29,16 @@ typedef struct json_doc {
     int ntok;
 } json_doc;
 
-/* Parses src[0, len) fully (trailing non-whitespace is an error). On error
- * the message names `label` and the byte offset. Free with json_doc_free. */
+/* Containers nested deeper than this are refused by json_parse: jsmn closes
+ * a container by walking up from the newest token, so parsing costs
+ * O(depth) per closing bracket (a line of 40000 '[' then 40000 ']' took
+ * 3 s, 1 MB of them minutes). The files and requests we read nest a few
+ * levels. */
+#define JSON_MAX_DEPTH 1000
+
+/* Parses src[0, len) fully (trailing non-whitespace is an error; so is
+ * nesting deeper than JSON_MAX_DEPTH). On error the message names `label`
+ * and the byte offset. Free with json_doc_free. */
 int json_parse(json_doc *doc, const char *src, size_t len, const char *label, pg_error *err);
 void json_doc_free(json_doc *doc);
 
