@@ -170,48 +170,46 @@ static int check_config(const llama_config *c, const model_params *p, pg_error *
     return PG_OK;
 }
 
+/* A fresh buffer of kind holding tensor `name` ([d0], or [d0][d1] when
+ * ndim = 2; checked as in load_tensor), or NULL with *rc and err set
+ * (nothing left allocated). */
+static void *load_new(model *m, const st_file *w, const char *name, int ndim, int64_t d0,
+                      int64_t d1, exec_buf_kind kind, int *rc, pg_error *err)
+{
+    size_t n = (size_t)d0 * (ndim == 2 ? (size_t)d1 : 1u);
+    void *p = model_alloc(m, kind, n, name, rc, err);
+    if (p && (*rc = load_tensor(m, w, name, ndim, d0, d1, p, kind, 0, err))) {
+        m->ex->op->free(m->ex, p);
+        return NULL;
+    }
+    return p;
+}
+
 static int load_weights(model *m, const st_file *w, pg_error *err)
 {
     int rc = PG_OK;
     const int64_t H = m->H, I = m->I, Q = m->Q, KVD = m->KVD, V = m->V;
-    char name[160], what[200];
+    char name[160];
 
-    m->embed = model_alloc(m, EXEC_WT, (size_t)V * (size_t)H, "model.embed_tokens.weight",
-                           &rc, err);
-    if (!m->embed)
+    if (!(m->embed = load_new(m, w, "model.embed_tokens.weight", 2, V, H, EXEC_WT, &rc, err)))
         return rc;
-    if ((rc = load_tensor(m, w, "model.embed_tokens.weight", 2, V, H, m->embed, EXEC_WT, 0, err)))
-        return rc;
-    if (m->cfg->tie_word_embeddings) {
+    if (m->cfg->tie_word_embeddings)
         m->lm_head = m->embed;
-    } else {
-        m->lm_head = model_alloc(m, EXEC_WT, (size_t)V * (size_t)H, "lm_head.weight", &rc, err);
-        if (!m->lm_head)
-            return rc;
-        if ((rc = load_tensor(m, w, "lm_head.weight", 2, V, H, m->lm_head, EXEC_WT, 0, err)))
-            return rc;
-    }
-    m->final_norm = model_alloc(m, EXEC_F32, (size_t)H, "model.norm.weight", &rc, err);
-    if (!m->final_norm)
+    else if (!(m->lm_head = load_new(m, w, "lm_head.weight", 2, V, H, EXEC_WT, &rc, err)))
         return rc;
-    if ((rc = load_tensor(m, w, "model.norm.weight", 1, H, 0, m->final_norm, EXEC_F32, 0, err)))
+    if (!(m->final_norm = load_new(m, w, "model.norm.weight", 1, H, 0, EXEC_F32, &rc, err)))
         return rc;
 
     for (int32_t l = 0; l < m->NL; l++) {
         model_layer *ly = &m->layers[l];
 #define LAYER_NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d." suffix, (int)l), name)
-#define LAYER_WHAT(suffix) (snprintf(what, sizeof what, "model.layers.%d." suffix, (int)l), what)
-        ly->attn_norm = model_alloc(m, EXEC_F32, (size_t)H, LAYER_WHAT("input_layernorm.weight"),
-                                    &rc, err);
-        if (!ly->attn_norm)
-            return rc;
-        if ((rc = load_tensor(m, w, LAYER_NAME("input_layernorm.weight"), 1, H, 0, ly->attn_norm,
-                              EXEC_F32, 0, err)))
+        if (!(ly->attn_norm = load_new(m, w, LAYER_NAME("input_layernorm.weight"), 1, H, 0,
+                                       EXEC_F32, &rc, err)))
             return rc;
 
         /* fused QKV [Q + 2 KVD][H]: q rows, then k rows, then v rows */
         ly->w_qkv = model_alloc(m, EXEC_WT, (size_t)(Q + 2 * KVD) * (size_t)H,
-                                LAYER_WHAT("self_attn.qkv (fused)"), &rc, err);
+                                LAYER_NAME("self_attn.qkv (fused)"), &rc, err);
         if (!ly->w_qkv)
             return rc;
         if ((rc = load_tensor(m, w, LAYER_NAME("self_attn.q_proj.weight"), 2, Q, H, ly->w_qkv,
@@ -224,25 +222,16 @@ static int load_weights(model *m, const st_file *w, pg_error *err)
                               EXEC_WT, (size_t)(Q + KVD) * (size_t)H, err)))
             return rc;
 
-        ly->w_o = model_alloc(m, EXEC_WT, (size_t)H * (size_t)Q,
-                              LAYER_WHAT("self_attn.o_proj.weight"), &rc, err);
-        if (!ly->w_o)
+        if (!(ly->w_o = load_new(m, w, LAYER_NAME("self_attn.o_proj.weight"), 2, H, Q, EXEC_WT,
+                                 &rc, err)))
             return rc;
-        if ((rc = load_tensor(m, w, LAYER_NAME("self_attn.o_proj.weight"), 2, H, Q, ly->w_o,
-                              EXEC_WT, 0, err)))
-            return rc;
-
-        ly->mlp_norm = model_alloc(m, EXEC_F32, (size_t)H,
-                                   LAYER_WHAT("post_attention_layernorm.weight"), &rc, err);
-        if (!ly->mlp_norm)
-            return rc;
-        if ((rc = load_tensor(m, w, LAYER_NAME("post_attention_layernorm.weight"), 1, H, 0,
-                              ly->mlp_norm, EXEC_F32, 0, err)))
+        if (!(ly->mlp_norm = load_new(m, w, LAYER_NAME("post_attention_layernorm.weight"), 1, H,
+                                      0, EXEC_F32, &rc, err)))
             return rc;
 
         /* fused gate|up [2I][H]: gate rows, then up rows */
         ly->w_gate_up = model_alloc(m, EXEC_WT, (size_t)(2 * I) * (size_t)H,
-                                    LAYER_WHAT("mlp.gate_up (fused)"), &rc, err);
+                                    LAYER_NAME("mlp.gate_up (fused)"), &rc, err);
         if (!ly->w_gate_up)
             return rc;
         if ((rc = load_tensor(m, w, LAYER_NAME("mlp.gate_proj.weight"), 2, I, H, ly->w_gate_up,
@@ -252,15 +241,10 @@ static int load_weights(model *m, const st_file *w, pg_error *err)
                               EXEC_WT, (size_t)I * (size_t)H, err)))
             return rc;
 
-        ly->w_down = model_alloc(m, EXEC_WT, (size_t)H * (size_t)I,
-                                 LAYER_WHAT("mlp.down_proj.weight"), &rc, err);
-        if (!ly->w_down)
-            return rc;
-        if ((rc = load_tensor(m, w, LAYER_NAME("mlp.down_proj.weight"), 2, H, I, ly->w_down,
-                              EXEC_WT, 0, err)))
+        if (!(ly->w_down = load_new(m, w, LAYER_NAME("mlp.down_proj.weight"), 2, H, I, EXEC_WT,
+                                    &rc, err)))
             return rc;
 #undef LAYER_NAME
-#undef LAYER_WHAT
     }
     return PG_OK;
 }
