@@ -22,13 +22,23 @@
 
 typedef struct tokenizer tokenizer; /* weights/tokenizer.h */
 
-/* What the engine needs from a model. */
+/* What the engine needs from a model (plain data; engine_create copies the
+ * struct, ctx is borrowed and passed back to every call). Both functions
+ * return 0 or a negative pg_status with err filled; the engine then fails
+ * the step (engine_step returns it). */
 typedef struct engine_backend {
     void *ctx;
-    int32_t vocab_size;
-    /* Runs the step; writes b->num_logits rows of vocab_size f32 logits. */
+    int32_t vocab_size;          /* V: logits per row, and the valid token ids [0, V) */
+    /* Runs the step: writes K/V of every token into its slot and, for each of
+     * the b->num_logits rows of b->logits_rows in order, vocab_size f32
+     * logits into logits [num_logits][vocab_size] (host memory owned by the
+     * engine). b and its arrays are valid during the call only. */
     int (*forward)(void *ctx, const step_batch *b, float *logits, pg_error *err);
-    /* Copies KV blocks src_dst[2k] -> src_dst[2k+1] in every layer (CoW). */
+    /* Copies whole KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in
+     * every layer: copy-on-write before a shared, partly filled block is
+     * written, which only parallel sampling (n > 1) causes (the prefix cache
+     * shares full blocks only). May be NULL if no request has n > 1: a step
+     * that needs a copy then fails with PG_EINVAL. */
     int (*copy_blocks)(void *ctx, const int32_t *src_dst, int32_t n_pairs, pg_error *err);
 } engine_backend;
 
@@ -38,19 +48,24 @@ typedef enum kv_layout {
                                  at admission, never shared (bench/teaching mode) */
 } kv_layout;
 
+/* Plain data; engine_create copies it (eos ids included). */
 typedef struct engine_params {
-    int32_t block_size;              /* power of two in [1, 256]; default 16 */
-    int32_t num_blocks;              /* KV pool size in blocks */
-    int32_t max_num_seqs;            /* default 256 */
-    int32_t max_num_batched_tokens;  /* token budget per step; default 2048 */
-    int32_t max_model_len;           /* context limit (prompt + output) */
-    bool prefix_caching;             /* default true */
-    kv_layout layout;
-    bool check_invariants;           /* run the pool checker after every step */
-    const int32_t *eos_token_ids;    /* borrowed for the engine's lifetime */
-    int32_t n_eos_token_ids;
+    int32_t block_size;              /* tokens per KV block, power of two in [1, 256]; default 16 */
+    int32_t num_blocks;              /* KV pool size in blocks, [1, 2^28]; default 1024 */
+    int32_t max_num_seqs;            /* sequences per step, >= 1; default 256 */
+    int32_t max_num_batched_tokens;  /* token budget per step, >= 1; default 2048 */
+    int32_t max_model_len;           /* context limit (prompt + output), >= 2; default 2048 */
+    bool prefix_caching;             /* share full prompt blocks by content hash (paged
+                                        layout only); default true */
+    kv_layout layout;                /* default KV_LAYOUT_PAGED */
+    bool check_invariants;           /* run the pool checker after every step (an
+                                        inconsistency fails the step); default false */
+    const int32_t *eos_token_ids;    /* [n_eos_token_ids] ids in [0, vocab) that stop a
+                                        sequence (unless ignore_eos); copied at create */
+    int32_t n_eos_token_ids;         /* default 0: no eos */
 } engine_params;
 
+/* The defaults above (no eos ids). */
 engine_params engine_params_default(void);
 
 typedef enum finish_reason {
@@ -60,43 +75,55 @@ typedef enum finish_reason {
     FINISH_ABORT,    /* engine_abort_all (interrupted run) */
 } finish_reason;
 
-/* One generated sequence. All arrays owned by the request_output. */
+/* One generated sequence. Every pointer is owned by the request_output
+ * (freed by request_output_free). */
 typedef struct seq_output {
-    int32_t index;               /* 0 .. n-1 */
-    int32_t *token_ids;          /* [n_tokens] generated ids (a stopping eos is not included;
-                                    a stop token id from stop_token_ids is not included) */
+    int32_t index;               /* 0 .. n-1 (the sequence's RNG stream) */
+    int32_t *token_ids;          /* [n_tokens] generated ids. A stopping eos id or
+                                    stop_token_ids entry is not included; the tokens of a
+                                    matched stop string are (only the text is cut) */
     int32_t n_tokens;
-    char *text;                  /* detokenized output (NULL without a tokenizer) */
+    char *text;                  /* [text_len] detokenized output, NUL-terminated; cut before
+                                    a matched stop string (after it with
+                                    include_stop_str_in_output). NULL without a tokenizer */
     size_t text_len;
-    finish_reason finish;
-    int32_t stop_token_id;       /* the id that stopped it (an eos id or a stop_token_ids
-                                    entry), or -1 */
-    char *stop_str;              /* the stop string that matched, or NULL */
-    /* logprobs (when requested, logprobs = k >= 0): per generated token */
-    float *token_logprobs;       /* [n_tokens] logprob of the sampled token */
-    int32_t *top_ids;            /* [n_tokens][k] */
-    float *top_logprobs;         /* [n_tokens][k] */
-    int32_t n_top;               /* k */
+    finish_reason finish;        /* FINISH_ABORT for a sequence still running at
+                                    engine_abort_all */
+    int32_t stop_token_id;       /* the id that stopped it: an eos id or a stop_token_ids
+                                    entry (FINISH_STOP); -1 otherwise (length, stop string,
+                                    abort) */
+    char *stop_str;              /* a copy of the stop string that matched, or NULL */
+    /* logprobs, when the request asked for them (logprobs = k >= 0; else all
+     * NULL and n_top 0), computed from the raw logits (sampler.h) */
+    float *token_logprobs;       /* [n_tokens] logprob of each sampled token */
+    int32_t *top_ids;            /* [n_tokens][n_top] best ids, best first */
+    float *top_logprobs;         /* [n_tokens][n_top] their logprobs, descending */
+    int32_t n_top;               /* k (rows hold -1 / 0 past min(k, vocab) entries) */
 } seq_output;
 
+/* A finished request, handed to the caller by engine_pop_finished. */
 typedef struct request_output {
     uint64_t request_id;         /* as returned by engine_add_request */
-    void *user;                  /* as given to engine_add_request */
+    void *user;                  /* as given to engine_add_request (not touched) */
     int32_t n_prompt_tokens;
-    int32_t n_outputs;
-    seq_output *outputs;         /* [n_outputs], ordered by index */
-    /* timings (only meaningful to --metrics; never part of default output) */
+    int32_t n_outputs;           /* the request's n */
+    seq_output *outputs;         /* [n_outputs], ordered by index; owned */
+    /* wall-clock times since engine_add_request (only meaningful to
+     * --metrics; never part of default output): to the first admission and
+     * to the first sampled token (0 when it never got there), to the finish */
     double queue_ms, first_token_ms, total_ms;
-    int32_t n_preemptions;
+    int32_t n_preemptions;       /* times the request was preempted (recomputed) */
 } request_output;
 
-void request_output_free(request_output *o); /* accepts NULL */
+/* Frees o and everything it points to. Accepts NULL. */
+void request_output_free(request_output *o);
 
+/* Counters since engine_create (engine_get_stats). */
 typedef struct engine_stats {
     uint64_t steps;
     uint64_t prompt_tokens;          /* prompt tokens computed (incl. recomputation) */
-    uint64_t generated_tokens;
-    uint64_t requests_finished;
+    uint64_t generated_tokens;       /* tokens sampled (incl. stopping eos/stop ids) */
+    uint64_t requests_finished;      /* incl. aborted ones */
     uint64_t preemptions;
     uint64_t prefix_cache_queries;   /* full prompt blocks looked up */
     uint64_t prefix_cache_hits;
@@ -112,14 +139,21 @@ typedef struct engine_stats {
 
 typedef struct engine engine;
 
-/* tok may be NULL: then outputs carry no text and stop strings are refused
- * at engine_add_request. The engine borrows backend and tok. */
+/* Creates an engine over a backend. p and *backend are copied; backend->ctx
+ * and tok are borrowed and must outlive the engine. tok may be NULL: then
+ * outputs carry no text and stop strings are refused at engine_add_request.
+ * Refused (PG_EINVAL, nothing allocated, *out NULL) for out-of-range params
+ * or eos ids outside the vocabulary; PG_ENOMEM for the step buffers. */
 int engine_create(engine **out, const engine_params *p, const engine_backend *backend,
                   const tokenizer *tok, pg_error *err);
-void engine_destroy(engine *e); /* accepts NULL */
+/* Frees the engine with every request it still holds (queued, running, and
+ * finished but not popped). Accepts NULL. */
+void engine_destroy(engine *e);
 
 /* Queues a request (FCFS: arrival order is call order). The prompt and the
- * params are copied. Refused with PG_EINVAL (nothing queued) when the prompt
+ * params (stop ids and strings included) are copied; user is handed back in
+ * the output. *request_id (may be NULL) gets its id: 0, 1, 2, ... over the
+ * accepted requests. Refused with PG_EINVAL (nothing queued) when the prompt
  * is empty, holds ids outside the vocabulary, cannot fit max_model_len or
  * the whole pool, or the params are invalid; the message says which.
  * A prompt that fits but leaves less room than max_tokens is accepted and
@@ -144,10 +178,13 @@ int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
                        pg_error *err);
 
 /* Runs one step (no-op when nothing is queued). Finished requests become
- * available to engine_pop_finished. An error from the backend is returned
- * and the engine should be destroyed. */
+ * available to engine_pop_finished. An error (from the backend, the
+ * sampler, memory, or the invariant checker) is returned and the engine is
+ * left mid-step: only engine_destroy (or engine_get_stats) may follow. */
 int engine_step(engine *e, pg_error *err);
 
+/* Requests added and not yet finished (waiting or running); finished ones
+ * not yet popped do not count. */
 bool engine_has_unfinished(const engine *e);
 int32_t engine_num_unfinished(const engine *e);
 
@@ -155,9 +192,13 @@ int32_t engine_num_unfinished(const engine *e);
  * false. The caller owns *out (request_output_free). */
 bool engine_pop_finished(engine *e, request_output **out);
 
-/* Finishes every unfinished request with FINISH_ABORT (outputs so far). */
+/* Finishes every unfinished request now (an interrupted run): sequences
+ * that were still running get FINISH_ABORT with the tokens and text so far;
+ * the outputs go to engine_pop_finished, running requests first. A request
+ * whose output cannot be allocated is dropped. */
 void engine_abort_all(engine *e);
 
+/* Fills *s: the counters, and the pool and queue state now. */
 void engine_get_stats(const engine *e, engine_stats *s);
 
 /* ---- introspection (tests, fake backends, metrics) ----------------------- */

@@ -7,9 +7,9 @@
  * Memory. Every pointer an op takes is a *device* pointer from ex->op->alloc
  * (plain host memory on the CPU), except arguments documented as host. Three
  * element types are the executor's choice and are announced in the struct:
- *   act   — activations            (cpu: f32, cuda: bf16)
- *   wt    — weight matrices and the embedding table (cpu: f32, cuda: bf16)
- *   kv    — the KV cache           (cpu: f32, cuda: bf16 or f16)
+ *   act   — activations            (cpu: f32; cuda: bf16, f32 with precision 1)
+ *   wt    — weight matrices and the embedding table (the same as act)
+ *   kv    — the KV cache           (cpu: f32; cuda: bf16 or f16, f32 with precision 1)
  * Norm weights and RoPE inverse frequencies are always f32 (kind EXEC_F32).
  * Reductions (dot products, norms, softmax) accumulate in f32 everywhere.
  *
@@ -29,7 +29,10 @@
  * Determinism. For a given token row, the result of every op must not depend
  * on the other rows of the batch, on T, or on the thread count: a sequence's
  * logits are bit-identical alone or in a batch of 64 (DESIGN.md "Outputs are
- * a pure function of the inputs").
+ * a pure function of the inputs"). Attention may depend on the row's own
+ * sequence's query length: the CPU gives the same bits for a prompt
+ * prefilled at once or token by token, CUDA's decode and prefill kernels
+ * sum in different orders (cuda_executor.h).
  *
  * Errors. Ops return 0 or a negative pg_status and leave a message that
  * op->last_error() returns. Ops may run asynchronously (CUDA); results are

@@ -20,8 +20,11 @@
 #include "pg_error.h"
 #include "safetensors.h"
 
+/* Sizes of what the model allocates on the executor; all > 0. For the
+ * batches an engine builds: block_size equal to the engine's, the others at
+ * least the engine's (engine_params). */
 typedef struct model_params {
-    int32_t num_kv_blocks;        /* KV pool size in blocks */
+    int32_t num_kv_blocks;        /* KV pool size in blocks (engine num_blocks) */
     int32_t block_size;           /* tokens per block */
     int32_t max_num_batched_tokens; /* largest T of a step (workspace size) */
     int32_t max_num_seqs;         /* largest S (and L) of a step */
@@ -34,16 +37,28 @@ size_t model_kv_bytes_per_block(const llama_config *cfg, const executor *ex, int
 /* Bytes the weights take on ex once uploaded (fused layout). */
 size_t model_weight_bytes(const llama_config *cfg, const executor *ex);
 
-/* Checks every tensor's name, shape and dtype against cfg (the message names
- * the tensor, expected vs found), uploads them through ex, allocates the KV
- * cache and workspace. ex and cfg are borrowed for the model's lifetime;
- * weights only during the call. */
+/* Checks every tensor's name, shape and dtype (F32, F16 or BF16) against cfg
+ * (the message names the tensor, expected vs found), uploads them through ex
+ * (fusing q|k|v and gate|up), allocates the KV cache and workspace. ex and
+ * cfg are borrowed for the model's lifetime; weights only during the call
+ * (the model keeps its own copies). PG_EINVAL for an invalid cfg or p,
+ * PG_EFORMAT for a missing or mis-shaped tensor, PG_ENOMEM with the sizes
+ * and the device's free memory; on error *out is NULL and nothing is left
+ * allocated. */
 int model_create(model **out, executor *ex, const llama_config *cfg, const st_file *weights,
                  const model_params *p, pg_error *err);
-void model_destroy(model *m); /* accepts NULL */
+/* Frees every device buffer through ex (which must still exist). Accepts NULL. */
+void model_destroy(model *m);
 
-/* logits [b->num_logits][vocab] f32 on the host. */
+/* Runs the forward pass over b: writes the K/V of every token into its slot
+ * and fills logits [b->num_logits][vocab] f32 (host memory, rows in
+ * b->logits_rows order; untouched when num_logits = 0). Only the sizes are
+ * checked (PG_EINVAL: T, S, L over the model_params, another block size);
+ * the ids, positions, slots and tables must be valid (the engine builds
+ * them). An executor failure returns its status with the op and layer. */
 int model_forward(model *m, const step_batch *b, float *logits, pg_error *err);
+/* Copies KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in every layer
+ * (copy-on-write). PG_EINVAL, nothing copied, for an id outside the pool. */
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err);
 
 /* The engine backend over this model (borrows m). */

@@ -23,17 +23,20 @@
 
 #include "sampling_params.h"
 
-/* Philox-free, counter-based: the state is just the key and the counter. */
+/* Counter-based (draw k is a hash of (key, k); splitmix64 mixing, see
+ * sampler.c): the state is just the key and the counter. Plain data. */
 typedef struct sampler_rng {
     uint64_t key;      /* derived from (seed, sequence index) */
     uint64_t counter;  /* tokens drawn so far */
 } sampler_rng;
 
+/* The stream of sequence seq_index of a request seeded with seed, at draw 0. */
 sampler_rng sampler_rng_init(uint64_t seed, int32_t seq_index);
 /* Uniform double in [0, 1) for draw number rng->counter; advances the counter. */
 double sampler_rng_uniform(sampler_rng *rng);
 
-/* What the sampler needs to know about the sequence so far. */
+/* What the sampler needs to know about the sequence so far (borrowed for
+ * the call; ids must be in [0, vocab)). */
 typedef struct sampler_seq_view {
     const int32_t *prompt_ids;  int32_t n_prompt;
     const int32_t *output_ids;  int32_t n_output;
@@ -44,13 +47,15 @@ typedef struct sampler_seq_view {
 
 typedef struct sampler_result {
     int32_t token_id;
-    float logprob;              /* of token_id under the raw distribution (when logprobs >= 0) */
-    int32_t n_top;              /* = params->logprobs when >= 0 */
+    float logprob;              /* of token_id under the raw distribution (logprobs >= 0;
+                                   else 0) */
+    int32_t n_top;              /* min(params->logprobs, vocab); 0 when logprobs = -1 */
     int32_t *top_ids;           /* [n_top], caller-provided storage */
     float *top_logprobs;        /* [n_top], caller-provided storage, descending */
 } sampler_result;
 
-/* Workspace reused across calls (sized for the vocabulary). */
+/* Workspace reused across calls (sized for the vocabulary); one per thread.
+ * create returns NULL when out of memory or vocab_size < 1. */
 typedef struct sampler_workspace sampler_workspace;
 sampler_workspace *sampler_workspace_create(int32_t vocab_size);
 void sampler_workspace_destroy(sampler_workspace *w); /* accepts NULL */

@@ -38,7 +38,7 @@ typedef struct sequence {
     sampler_rng rng;
     bool finished;
     finish_reason finish;
-    int32_t stop_token_id;      /* -1 unless a stop_token_ids entry stopped it */
+    int32_t stop_token_id;      /* the eos id or stop_token_ids entry that stopped it, or -1 */
     int32_t stop_str;           /* index into the request's stop strings, or -1 */
     /* text (only with a tokenizer) */
     tok_stream *ts;

@@ -51,13 +51,18 @@ typedef struct llama_config {
 /* Parses config.json text (pure; fuzz target). `label` names the file in
  * messages. Checks ranges (sizes > 0, nh % nkv == 0, head_dim even, ...)
  * and refuses unsupported architectures, attention_bias/mlp_bias true and
- * sliding windows with a message naming what is supported. */
+ * sliding windows with a message naming what is supported. *out is written
+ * only on success. */
 int llama_config_parse(llama_config *out, const char *json, size_t len,
                        const char *label, pg_error *err);
-/* Merges generation_config.json text on top of cfg (eos list, sampling). */
+/* Merges generation_config.json text on top of cfg: its eos ids are added
+ * to the list (deduplicated), its bos_token_id is used only when cfg has
+ * none, its temperature/top_p/top_k/do_sample set the has_* defaults. All
+ * or nothing: cfg changes only on success. */
 int llama_config_merge_generation(llama_config *cfg, const char *json, size_t len,
                                   const char *label, pg_error *err);
-/* Reads DIR/config.json and, when present, DIR/generation_config.json. */
+/* Reads DIR/config.json and, when present, DIR/generation_config.json
+ * (through pg_read_file with a size cap). *out is written only on success. */
 int llama_config_load(llama_config *out, const char *model_dir, pg_error *err);
 
 #endif /* PG_CONFIG_H */

@@ -3,8 +3,10 @@
  * every translation unit sees the same jsmn configuration).
  *
  * A json_doc holds the token array of one parsed text; token indices are
- * ints, -1 means "absent". Nothing here allocates except json_parse and
- * json_get_string. Numbers are parsed with end-pointer and range checks.
+ * ints, -1 means "absent" (the is/size/get/obj/arr accessors accept -1 and
+ * answer false, 0, -1 or an error; json_skip and json_raw need a valid
+ * one). Nothing here allocates except json_parse, json_get_string and the
+ * json_buf writers. Numbers are parsed with end-pointer and range checks.
  */
 #ifndef PG_JSON_H
 #define PG_JSON_H
@@ -75,8 +77,10 @@ int json_get_int(const json_doc *d, int i, int64_t lo, int64_t hi, int64_t *out,
 int json_get_double(const json_doc *d, int i, double *out, pg_error *err);
 int json_get_bool(const json_doc *d, int i, bool *out, pg_error *err);
 
-/* Appends the JSON string literal for s[0, len) (with quotes, escaped;
- * invalid UTF-8 bytes become \ufffd) to a growing buffer. */
+/* A growing output buffer: start zeroed, append, read data[0, len) (kept
+ * NUL-terminated), free with json_buf_free. json_buf_string appends the
+ * JSON string literal for s[0, len) (with quotes, escaped; invalid UTF-8
+ * bytes become \ufffd). */
 typedef struct json_buf {
     char *data;
     size_t len, cap;

@@ -17,7 +17,10 @@
 typedef struct tokenizer tokenizer; /* opaque, immutable after load: shareable across threads */
 
 /* Loads DIR/tokenizer.json (+ DIR/tokenizer_config.json when present, for
- * add_bos_token/add_eos_token). */
+ * bos/eos, add_bos_token/add_eos_token and clean_up_tokenization_spaces).
+ * On error *out is NULL and the message names the file and the field;
+ * unsupported components (Unigram/WordPiece models, NFKC, ...) give
+ * PG_EUNSUPPORTED. Free with tok_free. */
 int tok_load(tokenizer **out, const char *dir, pg_error *err);
 /* Same from memory (pure; fuzz target). config_json may be NULL. */
 int tok_load_from_memory(tokenizer **out, const char *json, size_t len,
@@ -25,9 +28,14 @@ int tok_load_from_memory(tokenizer **out, const char *json, size_t len,
                          const char *label, pg_error *err);
 void tok_free(tokenizer *t); /* accepts NULL */
 
-int32_t tok_vocab_size(const tokenizer *t);   /* model vocab + added tokens */
-int32_t tok_bos_id(const tokenizer *t);       /* -1 if none */
-int32_t tok_eos_id(const tokenizer *t);       /* -1 if none */
+/* 1 + the largest id of the model vocab and the added tokens (an id below
+ * it may still have no piece: tok_piece NULL). */
+int32_t tok_vocab_size(const tokenizer *t);
+/* tokenizer_config.json's bos_token, else the post-processor's first
+ * prefix token; -1 if none. */
+int32_t tok_bos_id(const tokenizer *t);
+/* tokenizer_config.json's eos_token, else a special "</s>"; -1 if none. */
+int32_t tok_eos_id(const tokenizer *t);
 bool tok_is_special(const tokenizer *t, int32_t id);
 /* The vocabulary string of id (borrowed, valid until tok_free), NULL if out of range. */
 const char *tok_piece(const tokenizer *t, int32_t id);
