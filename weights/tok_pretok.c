@@ -214,7 +214,13 @@ static int feed(splitter *sp, size_t a, size_t b, bool m)
     case TOK_SPLIT_REMOVED:
         return m ? PG_OK : emit(sp, a, b);
     case TOK_SPLIT_MERGED_PREV:
-        if (m && !sp->prev_match && sp->have) {
+    case TOK_SPLIT_CONTIGUOUS: {
+        /* `have` holds [pa, pb); the range extends it when it is a match
+         * following a non-match (merged with previous) or the same kind as
+         * the previous range (contiguous), else it is emitted */
+        bool extend = sp->behavior == TOK_SPLIT_MERGED_PREV ? m && !sp->prev_match
+                                                             : m == sp->prev_match;
+        if (extend && sp->have) {
             sp->pb = b;
         } else {
             if (sp->have)
@@ -225,18 +231,7 @@ static int feed(splitter *sp, size_t a, size_t b, bool m)
         }
         sp->prev_match = m;
         return rc;
-    case TOK_SPLIT_CONTIGUOUS:
-        if (m == sp->prev_match && sp->have) {
-            sp->pb = b;
-        } else {
-            if (sp->have)
-                rc = emit(sp, sp->pa, sp->pb);
-            sp->have = true;
-            sp->pa = a;
-            sp->pb = b;
-        }
-        sp->prev_match = m;
-        return rc;
+    }
     case TOK_SPLIT_MERGED_NEXT:
         /* `have` holds a match waiting for the range after it */
         if (sp->have) {
