@@ -9,6 +9,24 @@
  * bit-identical for any batch composition and any thread count.
  *
  * OpenBLAS is not called on the hot path; its own threads stay idle.
+ *
+ * Across machines. The GEMM has one canonical reduction order on every
+ * instruction set (cpu_gemm.h), chosen at run time, and the other ops are
+ * plain C compiled with -ffp-contract=off (no FMA contraction; GCC does not
+ * reorder float reductions without -ffast-math), so the bits do not depend
+ * on the build's -march either (tests/ops/test_isa_identity.c builds cpu/
+ * for x86-64, x86-64-v3 and native and compares stories260K's logits). The
+ * one remaining dependence is libm: rope (sincosf), softmax and silu (expf)
+ * call glibc, whose x86-64 ifuncs pick an FMA or an SSE2 implementation by
+ * CPU (AVX2 + FMA, else FMA4, else SSE2). Every AVX2 and AVX-512 machine
+ * gets the FMA one, so results agree across them (same glibc version); on
+ * an x86-64 CPU without AVX2 + FMA (Intel before Haswell, AMD before
+ * Excavator, Atom-class chips without AVX) the FMA and SSE2 versions
+ * differ in the last bit for 36 of the 2.26e9 floats with |x| < 200
+ * (expf 2, sinf 12, cosf 22; exhaustive check with glibc 2.36 and
+ * GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA), so a prompt whose rope angles
+ * or activations hit one of them can differ there. A libm of our own would
+ * close that gap.
  */
 #ifndef PG_CPU_EXECUTOR_H
 #define PG_CPU_EXECUTOR_H

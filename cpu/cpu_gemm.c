@@ -14,6 +14,7 @@
  * It changes which thread computes a column, never the column's value. */
 #define GEMM_SPLIT_ALIGN 12
 #define GEMM_CHUNKS_PER_THREAD 4
+#define GEMM_CHUNK_MIN_WORK 524288.0
 
 int cpu_gemm_variant_available(cpu_gemm_variant v)
 {
@@ -109,15 +110,19 @@ void cpu_gemm_with(cpu_gemm_variant v, cpu_pool *pool, float *y, int64_t ldy, co
     gemm_job job = {gemm_kernel(v), y, ldy, x, w, M, N, K};
     /* Below ~64k multiply-adds a second thread costs more than it saves. */
     double work = (double)M * (double)N * (double)K;
-    if (!pool || work < 65536.0 || N < 2 * GEMM_SPLIT_ALIGN) {
+    if (!pool || cpu_pool_size(pool) == 1 || work < 65536.0 || N < 2 * GEMM_SPLIT_ALIGN) {
         gemm_worker(&job, 0, 1);
         return;
     }
-    /* GEMM_CHUNKS_PER_THREAD column chunks per thread (whole tiles; the
-     * split never changes a value): a thread that runs late holds up only
-     * a small chunk while the others take the rest. */
-    const int64_t units = (N + GEMM_SPLIT_ALIGN - 1) / GEMM_SPLIT_ALIGN;
-    int64_t chunks = (int64_t)cpu_pool_size(pool) * GEMM_CHUNKS_PER_THREAD;
+    /* Up to GEMM_CHUNKS_PER_THREAD column chunks per thread, each of at
+     * least GEMM_CHUNK_MIN_WORK multiply-adds (whole tiles; the split never
+     * changes a value): a thread that runs late holds up only a small chunk
+     * while the others take the rest, and a small product is not cut finer
+     * than one chunk per thread. */
+    const int64_t units = (N + GEMM_SPLIT_ALIGN - 1) / GEMM_SPLIT_ALIGN, threads = cpu_pool_size(pool);
+    int64_t chunks = (int64_t)(work / GEMM_CHUNK_MIN_WORK);
+    chunks = chunks < threads ? threads : chunks;
+    chunks = chunks > threads * GEMM_CHUNKS_PER_THREAD ? threads * GEMM_CHUNKS_PER_THREAD : chunks;
     cpu_pool_run_chunks(pool, (int32_t)(chunks < units ? chunks : units), gemm_worker, &job);
 }
 

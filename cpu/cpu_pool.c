@@ -1,16 +1,19 @@
 /* cpu_pool: see cpu_pool.h.
  *
- * Dispatch: a job is n fixed chunks (chunk w is fn(ctx, w, n)). The caller
- * publishes it in one atomic job word (generation, n, next chunk) under the
- * mutex and broadcasts; each worker spins briefly on the word (steps come in
- * quick succession, and a futex wake costs tens of microseconds), then
- * sleeps on the condition variable. Every thread, the caller included,
- * claims chunks with a compare-and-swap on the job word until none is left,
- * so a worker the OS has not scheduled yet (a loaded machine) delays
- * nothing: the caller runs its chunk. Which thread runs a chunk is timing;
- * what the chunk computes is not (the split is static, and every output is
- * written by exactly one chunk). Completion is an atomic count of finished
- * chunks the caller spins on (then yields).
+ * Dispatch: a job is n fixed chunks (chunk w is fn(ctx, w, n)), dealt into
+ * one queue per thread (thread t's static share, pool_share; the caller is
+ * thread 0). The caller fills the queue words, bumps the generation under
+ * the mutex and broadcasts; each worker spins briefly on the generation
+ * (steps come in quick succession, and a futex wake costs tens of
+ * microseconds), then sleeps on the condition variable. Every thread, the
+ * caller included, runs its own queue from the front and then steals from
+ * the back of the others' (one compare-and-swap per chunk), so a worker the
+ * OS has not scheduled yet (a loaded machine) delays nothing, while on an
+ * idle machine every thread runs its own share job after job (cache
+ * affinity, as with a purely static split). Which thread runs a chunk is
+ * timing; what the chunk computes is not (the split is static, and every
+ * output is written by exactly one chunk). Completion is an atomic count of
+ * finished chunks the caller spins on (then yields).
  */
 #include "cpu_pool.h"
 
@@ -46,48 +49,88 @@ typedef struct cpu_pool_worker {
     pthread_t thread;
 } cpu_pool_worker;
 
-/* The job word: generation (bits 32..63), chunk count n (16..31), next
- * unclaimed chunk (0..15). One compare-and-swap claims a chunk of the
- * current job and proves, in the same step, which job it belongs to. */
+/* A queue word: the chunks [next, end) of one thread's static share of the
+ * current job, tagged with the job's generation: generation (bits 32..63),
+ * end (16..31), next (0..15). A compare-and-swap takes a chunk from the
+ * front (the owner) or the back (a thief) and proves, in the same step,
+ * which job the chunk belongs to. One word per cache line. */
 #define POOL_GEN(s) ((uint32_t)((s) >> 32))
-#define POOL_N(s) ((int32_t)(((s) >> 16) & 0xffff))
+#define POOL_END(s) ((int32_t)(((s) >> 16) & 0xffff))
 #define POOL_NEXT(s) ((int32_t)((s)&0xffff))
-#define POOL_WORD(gen, n, next) (((uint64_t)(gen) << 32) | ((uint64_t)(n) << 16) | (uint64_t)(next))
+#define POOL_WORD(gen, end, next) (((uint64_t)(gen) << 32) | ((uint64_t)(end) << 16) | (uint64_t)(next))
+
+typedef struct pool_queue {
+    _Atomic uint64_t word;
+    char pad[64 - sizeof(uint64_t)];
+} pool_queue;
 
 struct cpu_pool {
     int32_t n_threads;
     cpu_pool_worker *workers; /* [n_threads - 1], worker i+1 */
     int32_t n_started;
+    pool_queue *queues;       /* [n_threads], 64-byte aligned; thread 0 = the caller */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    _Atomic uint64_t job;   /* POOL_WORD(generation, n, next) */
-    atomic_int done;        /* chunks of the current job finished */
-    int stop;               /* under mu */
+    _Atomic uint32_t generation; /* of the current job; bumped under mu to wake workers */
+    atomic_int done;             /* chunks of the current job finished */
+    int stop;                    /* under mu */
 
-    /* The current job: written by the caller before it publishes the job
-     * word, read by a thread only after it has claimed a chunk of that job
+    /* The current job: written by the caller before it publishes the queue
+     * words, read by a thread only after it has claimed a chunk of that job
      * (and the caller does not start another job before every chunk is
      * done, so they cannot change under a claimed chunk). */
     cpu_pool_fn fn;
     void *ctx;
+    int32_t n_chunks;
 };
 
-/* Claims and runs chunks of job generation gen until none is left.
- * Returns at once if another job has been published since. */
-static void pool_work(cpu_pool *pool, uint32_t gen)
+/* Thread t's static share of n chunks: chunk t when n <= T (the layout of
+ * one chunk per thread), else a contiguous run, so that on an idle machine
+ * every thread runs the same chunks job after job (its share of the weights
+ * stays in its own cache). */
+static void pool_share(int32_t n, int32_t T, int32_t t, int32_t *lo, int32_t *hi)
 {
-    uint64_t s = atomic_load_explicit(&pool->job, memory_order_acquire);
+    if (n <= T) {
+        *lo = t < n ? t : n;
+        *hi = t < n ? t + 1 : n;
+    } else {
+        *lo = (int32_t)((int64_t)t * n / T);
+        *hi = (int32_t)((int64_t)(t + 1) * n / T);
+    }
+}
+
+/* Takes one chunk of job gen from q: the front when q is the caller's own,
+ * the back when stealing. 0 when q is empty or holds another job. */
+static int pool_claim(pool_queue *q, uint32_t gen, int own, int32_t *chunk)
+{
+    uint64_t s = atomic_load_explicit(&q->word, memory_order_acquire);
     for (;;) {
-        if (POOL_GEN(s) != gen || POOL_NEXT(s) >= POOL_N(s))
-            return;
-        const uint64_t claimed = s + 1; /* next + 1 (next < n <= 0xffff: no carry) */
-        if (!atomic_compare_exchange_weak_explicit(&pool->job, &s, claimed, memory_order_acq_rel,
-                                                   memory_order_acquire))
-            continue; /* s reloaded */
-        pool->fn(pool->ctx, POOL_NEXT(s), POOL_N(s));
-        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
-        s = claimed;
+        if (POOL_GEN(s) != gen || POOL_NEXT(s) >= POOL_END(s))
+            return 0;
+        /* next + 1, or end - 1 (next < end <= 0xffff: no borrow or carry) */
+        const uint64_t claimed = own ? s + 1 : s - ((uint64_t)1 << 16);
+        if (atomic_compare_exchange_weak_explicit(&q->word, &s, claimed, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *chunk = own ? POOL_NEXT(s) : POOL_END(s) - 1;
+            return 1;
+        }
+    }
+}
+
+/* Thread self runs chunks of job gen: its own share first, then whatever
+ * the others have not started (a thread the OS has not scheduled yet delays
+ * nothing). Returns when no queue has a chunk of job gen left. */
+static void pool_work(cpu_pool *pool, int32_t self, uint32_t gen)
+{
+    const int32_t T = pool->n_threads;
+    for (int32_t k = 0; k < T; k++) {
+        pool_queue *q = &pool->queues[(self + k) % T];
+        int32_t c;
+        while (pool_claim(q, gen, k == 0, &c)) {
+            pool->fn(pool->ctx, c, pool->n_chunks);
+            atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+        }
     }
 }
 
@@ -97,12 +140,12 @@ static void *cpu_pool_main(void *arg)
     cpu_pool *pool = self->pool;
     uint32_t seen = 0;
     for (;;) {
-        uint32_t gen = POOL_GEN(atomic_load_explicit(&pool->job, memory_order_acquire));
+        uint32_t gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
         if (gen == seen) {
             const int64_t t0 = pool_now_ns();
             for (int spin = 0; gen == seen; spin++) {
                 pool_pause();
-                gen = POOL_GEN(atomic_load_explicit(&pool->job, memory_order_acquire));
+                gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
                 if ((spin & 63) == 63 && pool_now_ns() - t0 > CPU_POOL_SPIN_NS)
                     break;
             }
@@ -110,7 +153,7 @@ static void *cpu_pool_main(void *arg)
         if (gen == seen) {
             pthread_mutex_lock(&pool->mu);
             while (!pool->stop &&
-                   (gen = POOL_GEN(atomic_load_explicit(&pool->job, memory_order_acquire))) == seen)
+                   (gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen)
                 pthread_cond_wait(&pool->cv, &pool->mu);
             int stop = pool->stop;
             pthread_mutex_unlock(&pool->mu);
@@ -118,7 +161,7 @@ static void *cpu_pool_main(void *arg)
                 return NULL;
         }
         seen = gen;
-        pool_work(pool, gen);
+        pool_work(pool, self->index, gen);
     }
 }
 
@@ -133,8 +176,15 @@ int cpu_pool_create(cpu_pool **out, int32_t n_threads, pg_error *err)
     pool->n_threads = n_threads;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
-    atomic_init(&pool->job, POOL_WORD(0, 0, 0));
+    atomic_init(&pool->generation, 0);
     atomic_init(&pool->done, 0);
+    pool->queues = aligned_alloc(64, (size_t)n_threads * sizeof *pool->queues);
+    if (!pool->queues) {
+        free(pool);
+        return pg_error_set(err, PG_ENOMEM, "cpu_pool: out of memory");
+    }
+    for (int32_t t = 0; t < n_threads; t++)
+        atomic_init(&pool->queues[t].word, POOL_WORD(0, 0, 0));
     if (n_threads > 1) {
         pool->workers = calloc((size_t)(n_threads - 1), sizeof *pool->workers);
         if (!pool->workers) {
@@ -167,6 +217,7 @@ void cpu_pool_destroy(cpu_pool *pool)
     for (int32_t i = 0; i < pool->n_started; i++)
         pthread_join(pool->workers[i].thread, NULL);
     free(pool->workers);
+    free(pool->queues);
     pthread_cond_destroy(&pool->cv);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
@@ -196,17 +247,21 @@ void cpu_pool_run_chunks(cpu_pool *pool, int32_t n_chunks, cpu_pool_fn fn, void 
     /* every chunk of the previous job is done: no thread holds a claim */
     pool->fn = fn;
     pool->ctx = ctx;
+    pool->n_chunks = n_workers;
     atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
-    const uint32_t gen = POOL_GEN(atomic_load_explicit(&pool->job, memory_order_relaxed)) + 1;
+    const uint32_t gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
+    for (int32_t t = 0; t < pool->n_threads; t++) {
+        int32_t lo, hi;
+        pool_share(n_workers, pool->n_threads, t, &lo, &hi);
+        atomic_store_explicit(&pool->queues[t].word, POOL_WORD(gen, hi, lo), memory_order_release);
+    }
     pthread_mutex_lock(&pool->mu);
-    atomic_store_explicit(&pool->job, POOL_WORD(gen, n_workers, 0), memory_order_release);
+    atomic_store_explicit(&pool->generation, gen, memory_order_release);
     pthread_cond_broadcast(&pool->cv);
     pthread_mutex_unlock(&pool->mu);
 
-    /* The caller claims chunks like any worker: if a worker has not been
-     * scheduled yet (a loaded machine), its chunk is done here instead of
-     * waited for. */
-    pool_work(pool, gen);
+    /* the caller is thread 0: its share, then anything not yet started */
+    pool_work(pool, 0, gen);
 
     const int64_t t0 = pool_now_ns();
     int spinning = 1;
