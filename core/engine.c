@@ -1,10 +1,11 @@
 /* engine: the step loop (see engine.h). One step = schedule (scheduler.c
- * over kv_pool.c) -> build the ragged step_batch -> copy-on-write copies ->
- * backend forward -> commit computed blocks to the prefix cache -> fork
- * parallel samples -> sample (sampler.c) -> stop rules (sequence.c) ->
+ * over kv_pool.c; blocks the step fills enter the prefix cache there) ->
+ * build the ragged step_batch -> copy-on-write copies -> backend forward ->
+ * fork parallel samples -> sample (sampler.c) -> stop rules (sequence.c) ->
  * release finished sequences. */
 #include "engine.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,10 +66,18 @@ engine_params engine_params_default(void)
     p.prefix_caching = true;
     p.layout = KV_LAYOUT_PAGED;
     p.check_invariants = false;
+    p.watermark = 0.01f;
     return p;
 }
 
 static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+int32_t engine_watermark_blocks(const engine_params *p)
+{
+    if (!(p->watermark > 0.0f) || p->layout != KV_LAYOUT_PAGED) return 0;
+    double w = ceil((double)p->watermark * (double)p->num_blocks);
+    return w < 1.0 ? 1 : (int32_t)w;
+}
 
 int engine_create(engine **out, const engine_params *p, const engine_backend *backend,
                   const tokenizer *tok, pg_error *err)
@@ -84,6 +93,9 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
                             (int)p->max_model_len);
     if (p->layout != KV_LAYOUT_PAGED && p->layout != KV_LAYOUT_CONTIGUOUS)
         return pg_error_set(err, PG_EINVAL, "engine: unknown kv layout %d", (int)p->layout);
+    if (!(p->watermark >= 0.0f && p->watermark < 1.0f))
+        return pg_error_set(err, PG_EINVAL, "engine: watermark: expected a fraction of the pool "
+                            "in [0, 1), got %g", (double)p->watermark);
     if (p->n_eos_token_ids < 0 || (p->n_eos_token_ids > 0 && !p->eos_token_ids))
         return pg_error_set(err, PG_EINVAL, "engine: expected %d eos ids, got NULL",
                             (int)p->n_eos_token_ids);
@@ -106,7 +118,8 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     scheduler_params sp = {.max_num_seqs = e->max_seqs,
                            .max_num_batched_tokens = p->max_num_batched_tokens,
                            .max_model_len = p->max_model_len, .layout = p->layout,
-                           .prefix_caching = pp.prefix_caching};
+                           .prefix_caching = pp.prefix_caching,
+                           .watermark_blocks = engine_watermark_blocks(p)};
     if ((rc = scheduler_create(&e->sched, &sp, e->pool, err))) goto fail;
     size_t T = (size_t)p->max_num_batched_tokens, S = (size_t)e->max_seqs;
     size_t V = (size_t)backend->vocab_size;
@@ -426,8 +439,7 @@ int engine_step(engine *e, pg_error *err)
         int32_t end = q->num_computed + st.entries[i].n_new;
         bool has_newest = end == q->n_tokens && q->n_tokens > q->req->n_prompt;
         e->stats.prompt_tokens += (uint64_t)(st.entries[i].n_new - (has_newest ? 1 : 0));
-        q->num_computed = end;
-        kv_pool_commit(e->pool, q->table, q->tokens, q->num_computed);
+        q->num_computed = end; /* its full blocks were committed when it was scheduled */
     }
     kv_pool_metrics m;
     kv_pool_get_metrics(e->pool, &m);

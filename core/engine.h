@@ -60,6 +60,16 @@ typedef struct engine_params {
     kv_layout layout;                /* default KV_LAYOUT_PAGED */
     bool check_invariants;           /* run the pool checker after every step (an
                                         inconsistency fails the step); default false */
+    float watermark;                 /* admission watermark, a fraction of num_blocks in
+                                        [0, 1) (vLLM's watermark): a waiting request is
+                                        admitted only if, after its prompt's blocks (all its
+                                        tokens' after a preemption), at least
+                                        max(1, ceil(watermark * num_blocks)) blocks stay free
+                                        or evictable, which leaves the running sequences
+                                        room to grow instead of preempting one another at
+                                        once. With nothing running the head request is
+                                        admitted anyway. Paged layout only; 0 disables;
+                                        default 0.01 */
     const int32_t *eos_token_ids;    /* [n_eos_token_ids] ids in [0, vocab) that stop a
                                         sequence (unless ignore_eos); copied at create */
     int32_t n_eos_token_ids;         /* default 0: no eos */
@@ -67,6 +77,9 @@ typedef struct engine_params {
 
 /* The defaults above (no eos ids). */
 engine_params engine_params_default(void);
+/* The watermark in blocks for these params: max(1, ceil(watermark *
+ * num_blocks)), 0 when the watermark is 0 or the layout is contiguous. */
+int32_t engine_watermark_blocks(const engine_params *p);
 
 typedef enum finish_reason {
     FINISH_NONE = 0,

@@ -249,6 +249,16 @@ int32_t kv_pool_block_ref(const kv_pool *p, int32_t block)
     return p->blocks[block].ref;
 }
 
+bool kv_pool_block_cached(const kv_pool *p, int32_t block)
+{
+    return block >= 0 && block < p->num_blocks && p->blocks[block].cached;
+}
+
+uint32_t kv_pool_block_epoch(const kv_pool *p, int32_t block)
+{
+    return block >= 0 && block < p->num_blocks ? p->blocks[block].epoch : 0;
+}
+
 void kv_pool_get_metrics(const kv_pool *p, kv_pool_metrics *m)
 {
     memset(m, 0, sizeof *m);
@@ -431,12 +441,18 @@ int32_t kv_pool_blocks_needed(const kv_pool *p, int32_t table, const int32_t *hi
     return blocks_needed(p, &p->tables[table], hits, n_hits, n_new_tokens, &inq);
 }
 
-bool kv_pool_can_allocate(const kv_pool *p, int32_t table, const int32_t *hits,
-                          int32_t n_hits, int32_t n_new_tokens)
+int32_t kv_pool_free_after(const kv_pool *p, int32_t table, const int32_t *hits,
+                           int32_t n_hits, int32_t n_new_tokens)
 {
     int32_t inq;
     int32_t need = blocks_needed(p, &p->tables[table], hits, n_hits, n_new_tokens, &inq);
-    return need <= p->n_queue - inq;
+    return p->n_queue - inq - need;
+}
+
+bool kv_pool_can_allocate(const kv_pool *p, int32_t table, const int32_t *hits,
+                          int32_t n_hits, int32_t n_new_tokens)
+{
+    return kv_pool_free_after(p, table, hits, n_hits, n_new_tokens) >= 0;
 }
 
 static void fill_to(kv_pool *p, kv_table *tb, int32_t from, int32_t to)

@@ -24,7 +24,12 @@
  *
  * Prefix caching: when a block of a table becomes full (kv_pool_commit),
  * its hash = prefix_hash_block(parent hash, its token ids) and it enters
- * the hash map. A lookup (kv_pool_match_prefix) walks the chain block by
+ * the hash map. "Full" may mean "being filled by the current step": the
+ * scheduler commits a block as soon as every one of its tokens is scheduled
+ * (computed this step or earlier), so a request admitted later in the same
+ * step shares it (vLLM v1 caches blocks at allocation the same way); that
+ * is sound because the forward writes every scheduled token's K/V of a
+ * layer before any attention of that layer reads (core/model.c). A lookup (kv_pool_match_prefix) walks the chain block by
  * block and accepts a candidate only if its hash, its token ids AND its
  * parent block's identity (block id + the epoch it was allocated in) all
  * match the block matched one step earlier, so a 64-bit collision can
@@ -72,6 +77,12 @@ int32_t kv_pool_num_blocks(const kv_pool *p);
 int32_t kv_pool_num_free(const kv_pool *p);
 /* Ref count of a block (tests, fake backends). */
 int32_t kv_pool_block_ref(const kv_pool *p, int32_t block);
+/* Whether a block has a prefix-cache entry (tests, fake backends). */
+bool kv_pool_block_cached(const kv_pool *p, int32_t block);
+/* A counter bumped each time the block is taken for new content (not when
+ * a prefix-cache hit revives it): slots written under an older epoch are
+ * stale (tests, fake backends). */
+uint32_t kv_pool_block_epoch(const kv_pool *p, int32_t block);
 void kv_pool_get_metrics(const kv_pool *p, kv_pool_metrics *m);
 
 /* ---- block tables ------------------------------------------------------- */
@@ -102,6 +113,12 @@ int32_t kv_pool_blocks_needed(const kv_pool *p, int32_t table, const int32_t *hi
                               int32_t n_hits, int32_t n_new_tokens);
 bool kv_pool_can_allocate(const kv_pool *p, int32_t table, const int32_t *hits,
                           int32_t n_hits, int32_t n_new_tokens);
+/* Blocks that would remain free or evictable after kv_pool_allocate with
+ * the same arguments (hits revived from the evictable end count as taken);
+ * negative when the pool is that many blocks short. kv_pool_can_allocate
+ * is kv_pool_free_after(...) >= 0. The admission watermark uses it. */
+int32_t kv_pool_free_after(const kv_pool *p, int32_t table, const int32_t *hits,
+                           int32_t n_hits, int32_t n_new_tokens);
 /* Extends the table by n_new_tokens slots: first, only on an empty table,
  * the prefix-cache hits (ref +1 each, n_hits*block_size tokens), then a
  * private copy of the last block if it is partly filled and shared
@@ -118,8 +135,13 @@ int kv_pool_reserve(kv_pool *p, int32_t table, int32_t n_blocks);
  * (nothing changed) if the table cannot grow. */
 int kv_pool_fork(kv_pool *p, int32_t src, int32_t dst);
 /* Declares the first n_computed slots of the table written with ids[0 ..
- * n_computed-1] (the sequence's tokens): every block that is now full and
- * not hashed yet gets its hash and, with prefix caching, a cache entry. */
+ * n_computed-1] (the sequence's tokens), or scheduled to be written by the
+ * current step before anything reads them: every block that is now full
+ * and not hashed yet gets its hash and, with prefix caching, a cache entry
+ * (findable by kv_pool_match_prefix at once). n_computed <= the table's
+ * tokens. A caller that commits scheduled tokens must not then release the
+ * table before the step's forward has run (the cache would name a block
+ * whose K/V were never written). */
 void kv_pool_commit(kv_pool *p, int32_t table, const int32_t *ids, int32_t n_computed);
 
 /* ---- invariants ------------------------------------------------------------ */

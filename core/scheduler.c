@@ -157,6 +157,13 @@ static bool schedule_running(scheduler *s, request *r, sched_step *out, int32_t 
         add_entry(out, q, n_new, target);
         *budget -= n_new;
     }
+    /* r keeps what it got: its blocks full by the end of this step become
+     * findable now (an admission later in this step may share them) */
+    for (int32_t i = first_entry; i < out->n_entries; i++) {
+        const sched_entry *en = &out->entries[i];
+        kv_pool_commit(s->pool, en->seq->table, en->seq->tokens,
+                       en->seq->num_computed + en->n_new);
+    }
     return true;
 }
 
@@ -189,10 +196,17 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         int32_t n_new = target - n_hits * bs;
         if (n_new > *budget) n_new = *budget;
         if (!kv_pool_can_allocate(s->pool, q->table, s->hits, n_hits, n_new)) return false;
+        if (s->p.watermark_blocks > 0 && s->running.n > 0 &&
+            kv_pool_free_after(s->pool, q->table, s->hits, n_hits, target - n_hits * bs) <
+                s->p.watermark_blocks)
+            return false;
         int rc = kv_pool_allocate(s->pool, q->table, s->hits, n_hits, n_new, NULL, NULL);
         assert(rc == PG_OK);
         (void)rc;
         q->num_computed = n_hits * bs;
+        /* the blocks this chunk fills are findable from now on (a request
+         * admitted after this one in the same step shares them) */
+        kv_pool_commit(s->pool, q->table, q->tokens, q->num_computed + n_new);
         if (s->p.prefix_caching) out->prefix_queries += (uint64_t)max_hit_blocks;
         out->prefix_hits += (uint64_t)n_hits;
         add_entry(out, q, n_new, target);

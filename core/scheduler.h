@@ -8,6 +8,25 @@
  * allow (no request overtakes an earlier one; a prompt longer than the
  * remaining budget is prefilled in chunks over several steps).
  *
+ * Admission watermark (vLLM's BlockSpaceManager watermark): with paged KV,
+ * a waiting request (new or preempted) is admitted only if, after its
+ * whole prompt's blocks (or, for a preempted one, all its tokens' blocks)
+ * were taken, at least watermark_blocks blocks would remain free or
+ * evictable. Admitting eagerly until the pool is exactly full leaves no
+ * room for the running sequences' decode growth, so the next steps preempt
+ * (and recompute) again and again. When nothing is running the head
+ * request is admitted whenever its first chunk fits, so a request needing
+ * almost the whole pool still runs (no hang). 0 disables the watermark.
+ *
+ * Prefix blocks are shared within a step: as soon as a sequence's block
+ * holds only tokens scheduled this step or earlier, it is committed to the
+ * prefix cache (kv_pool_commit) — after every sequence of its request got
+ * its blocks, so an undone schedule never leaves an unwritten block in the
+ * cache — and a request admitted later in the same step finds it: it skips
+ * those tokens and its attention reads them after the layer's kv_write.
+ * Blocks past a chunk's end are not committed (a chunk cut by the budget is
+ * also the last thing scheduled in its step).
+ *
  * Preemption by recomputation: when a running sequence needs a block and
  * the pool has none free or evictable, the most recently admitted running
  * request (possibly the one being served) is preempted as a whole: its
@@ -34,6 +53,7 @@ typedef struct scheduler_params {
     int32_t max_model_len;           /* contiguous reservations */
     kv_layout layout;
     bool prefix_caching;             /* count prefix-cache queries */
+    int32_t watermark_blocks;        /* blocks kept free at admission (paged); 0: none */
 } scheduler_params;
 
 /* One scheduled sequence: tokens seq->num_computed .. + n_new - 1. */

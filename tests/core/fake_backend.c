@@ -14,6 +14,8 @@
 typedef struct fake_slot {
     int32_t token, position;
     int64_t writer;            /* sequence id, -1 = never written */
+    uint64_t prefix;           /* prefix_step() over the writer's tokens 0..position */
+    uint32_t epoch;            /* the block's kv_pool epoch when written */
 } fake_slot;
 
 typedef struct fake_hist {
@@ -47,6 +49,14 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
+#define FAKE_PREFIX_ROOT UINT64_C(0x243f6a8885a308d3)
+
+/* Extends a hash of tokens 0..pos-1 by the token at pos. */
+static uint64_t prefix_step(uint64_t h, int32_t token)
+{
+    return mix(h + (uint64_t)(uint32_t)token * UINT64_C(0x9e3779b97f4a7c15) + 1u);
+}
+
 static int fail(fake_backend *f, pg_error *err, const char *fmt, ...)
 {
     if (!f->failed) {
@@ -70,7 +80,7 @@ fake_backend *fake_backend_create(const fake_backend_params *p)
         free(f);
         return NULL;
     }
-    for (size_t i = 0; i < n; i++) f->store[i] = (fake_slot){-1, -1, -1};
+    for (size_t i = 0; i < n; i++) f->store[i] = (fake_slot){-1, -1, -1, 0, 0};
     return f;
 }
 
@@ -187,6 +197,15 @@ static int fake_forward(void *ctx, const step_batch *b, float *logits, pg_error 
         for (int s2 = 0; s2 < s; s2++)
             if (sids[s2] == sids[s]) return fail(f, err, "sequence twice in one batch");
         const int32_t *bt = &b->block_tables[(size_t)s * (size_t)b->block_table_stride];
+        /* the prefix before the first query token was fed in earlier steps */
+        uint64_t ph = FAKE_PREFIX_ROOT;
+        for (int32_t pos = 0; pos < len - ql; pos++) {
+            int32_t want = expected_token(f, sids[s], pos);
+            if (want < 0)
+                return fail(f, err, "seq %llx: context position %d was never fed",
+                            (unsigned long long)sids[s], (int)pos);
+            ph = prefix_step(ph, want);
+        }
         for (int32_t t = q0; t < q1; t++) {
             int32_t pos = len - ql + (t - q0);
             if (b->positions[t] != pos)
@@ -198,13 +217,15 @@ static int fake_forward(void *ctx, const step_batch *b, float *logits, pg_error 
             if (b->slots[t] != blk * bs + pos % bs)
                 return fail(f, err, "token %d: slot %d, block table says %d", (int)t,
                             (int)b->slots[t], (int)(blk * bs + pos % bs));
-            if (kv_pool_block_ref(pool, blk) != 1)
+            int32_t ref = kv_pool_block_ref(pool, blk);
+            if (ref != 1 && !(ref > 1 && kv_pool_block_cached(pool, blk)))
                 return fail(f, err, "seq %llx writes position %d into block %d with ref %d",
-                            (unsigned long long)sids[s], (int)pos, (int)blk,
-                            (int)kv_pool_block_ref(pool, blk));
+                            (unsigned long long)sids[s], (int)pos, (int)blk, (int)ref);
             int rc = feed(f, sids[s], pos, b->token_ids[t], err);
             if (rc) return rc;
-            f->store[b->slots[t]] = (fake_slot){b->token_ids[t], pos, (int64_t)sids[s]};
+            ph = prefix_step(ph, b->token_ids[t]);
+            f->store[b->slots[t]] = (fake_slot){b->token_ids[t], pos, (int64_t)sids[s], ph,
+                                                kv_pool_block_epoch(pool, blk)};
             f->c.slot_writes++;
         }
         if (l < b->num_logits && b->logits_rows[l] < q1) {
@@ -217,6 +238,19 @@ static int fake_forward(void *ctx, const step_batch *b, float *logits, pg_error 
         return fail(f, err, "batch: logits rows %d/%d, max_seq_len %d/%d, max_query_len %d/%d",
                     (int)l, (int)b->num_logits, (int)b->max_seq_len, (int)max_seq,
                     (int)b->max_query_len, (int)max_q);
+    /* every block in the prefix cache holds K/V written since the block was
+     * last taken: one committed before it was computed (or whose step was
+     * undone) would be shared unwritten */
+    for (int32_t blk = 0; blk < f->p.num_blocks; blk++) {
+        if (!kv_pool_block_cached(pool, blk)) continue;
+        for (int32_t i = 0; i < bs; i++) {
+            const fake_slot *sl = &f->store[(size_t)blk * (size_t)bs + (size_t)i];
+            if (sl->writer < 0 || sl->epoch != kv_pool_block_epoch(pool, blk) ||
+                sl->position % bs != i)
+                return fail(f, err, "block %d is in the prefix cache but its slot %d was not "
+                            "written since the block was taken", (int)blk, (int)i);
+        }
+    }
     /* pass 2: attention reads. The last query token's context (0..len-1)
      * covers every other query token's, so it is read in full once. */
     l = 0;
@@ -224,18 +258,29 @@ static int fake_forward(void *ctx, const step_batch *b, float *logits, pg_error 
         int32_t len = b->seq_lens[s];
         const int32_t *bt = &b->block_tables[(size_t)s * (size_t)b->block_table_stride];
         uint64_t h = mix(f->p.salt ^ (uint64_t)(len - 1));
+        uint64_t ph = FAKE_PREFIX_ROOT;
         for (int32_t pos = 0; pos < len; pos++) {
             const fake_slot *sl = &f->store[bt[pos / bs] * bs + pos % bs];
             f->c.slot_reads++;
             int32_t want = expected_token(f, sids[s], pos);
+            ph = prefix_step(ph, want);
             if (sl->writer < 0)
                 return fail(f, err, "seq %llx reads position %d from a never written slot",
                             (unsigned long long)sids[s], (int)pos);
+            if (sl->epoch != kv_pool_block_epoch(pool, bt[pos / bs]))
+                return fail(f, err, "seq %llx reads position %d from a stale slot (written "
+                            "by %llx before block %d was taken again)",
+                            (unsigned long long)sids[s], (int)pos,
+                            (unsigned long long)sl->writer, (int)bt[pos / bs]);
             if (sl->position != pos || sl->token != want)
                 return fail(f, err, "seq %llx position %d reads (token %d, position %d) written "
                             "by %llx, expected token %d", (unsigned long long)sids[s], (int)pos,
                             (int)sl->token, (int)sl->position, (unsigned long long)sl->writer,
                             (int)want);
+            if (sl->prefix != ph)
+                return fail(f, err, "seq %llx position %d reads a slot written by %llx after "
+                            "a different prefix", (unsigned long long)sids[s], (int)pos,
+                            (unsigned long long)sl->writer);
             if (pos >= len - f->p.window) h = mix(h ^ (uint64_t)(uint32_t)sl->token);
         }
         int32_t q1 = b->query_start[s + 1];
@@ -266,6 +311,8 @@ static int fake_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs, 
                         (int)kv_pool_block_ref(pool, dst));
         memcpy(&f->store[(size_t)dst * (size_t)bs], &f->store[(size_t)src * (size_t)bs],
                (size_t)bs * sizeof *f->store);
+        for (int32_t i = 0; i < bs; i++)
+            f->store[(size_t)dst * (size_t)bs + (size_t)i].epoch = kv_pool_block_epoch(pool, dst);
         f->c.block_copies++;
     }
     return PG_OK;

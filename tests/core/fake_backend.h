@@ -3,13 +3,24 @@
  * (token id, position, writer sequence id), and for every step:
  *   - checks the batch's shape (query_start, seq_lens, positions, slots
  *     consistent with the block tables, logits_rows);
- *   - writes every token into its slot, failing if the slot's block is
- *     shared (ref count > 1: copy-on-write must have happened first);
- *   - reads each sequence's whole context through its block table exactly
- *     as attention does and fails if a slot was never written or holds
- *     anything but that sequence's own (token, position) — the expected
- *     tokens are the registered prompt and the tokens the sequence itself
- *     fed at later positions (a recomputation must feed the same ones);
+ *   - writes every token into its slot with a hash of the writer's whole
+ *     prefix (its tokens 0..position, as a real K/V depends on all of
+ *     them), failing if the slot's block is shared (ref count > 1:
+ *     copy-on-write must have happened first) — unless the block is in the
+ *     prefix cache: a full prompt block is committed when scheduled, so a
+ *     request admitted in the same step may already share the block its
+ *     owner is writing (every holder expects the same content, which the
+ *     reads below verify);
+ *   - checks that every block in the prefix cache now holds slots written
+ *     since the block was last taken (kv_pool_block_epoch): a block must
+ *     not be findable before its K/V are computed;
+ *   - then (as attention follows kv_write in every layer) reads each
+ *     sequence's whole context through its block table and fails if a slot
+ *     was never written, is stale (written before its block was last
+ *     taken) or holds anything but that sequence's own (token, position,
+ *     prefix) — the expected tokens are the registered prompt and
+ *     the tokens the sequence itself fed at later positions (a
+ *     recomputation must feed the same ones);
  *   - returns logits that are a hash of the last few tokens read back from
  *     the store and the position, so a wrong read changes the output.
  * copy_blocks copies slot records (and checks the destination is private).
