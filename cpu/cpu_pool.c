@@ -100,8 +100,9 @@ static void pool_share(int32_t n, int32_t T, int32_t t, int32_t *lo, int32_t *hi
     }
 }
 
-/* Takes one chunk of job gen from q: the front when q is the caller's own,
- * the back when stealing. 0 when q is empty or holds another job. */
+/* Takes one chunk of job gen from q: from the front when q is the claiming
+ * thread's own queue, from the back when stealing. 0 when q is empty or
+ * holds another job. */
 static int pool_claim(pool_queue *q, uint32_t gen, int own, int32_t *chunk)
 {
     uint64_t s = atomic_load_explicit(&q->word, memory_order_acquire);
@@ -180,7 +181,7 @@ int cpu_pool_create(cpu_pool **out, int32_t n_threads, pg_error *err)
     atomic_init(&pool->done, 0);
     pool->queues = aligned_alloc(64, (size_t)n_threads * sizeof *pool->queues);
     if (!pool->queues) {
-        free(pool);
+        cpu_pool_destroy(pool);
         return pg_error_set(err, PG_ENOMEM, "cpu_pool: out of memory");
     }
     for (int32_t t = 0; t < n_threads; t++)
