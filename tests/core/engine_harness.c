@@ -181,6 +181,7 @@ void run_workload(const workload *w, const run_cfg *c, run_result *out)
     ep.max_model_len = w->max_model_len;
     ep.prefix_caching = c->prefix_caching;
     ep.layout = c->layout;
+    if (c->watermark != 0.0f) ep.watermark = c->watermark < 0.0f ? 0.0f : c->watermark;
     ep.check_invariants = true;
     ep.eos_token_ids = harness_eos;
     ep.n_eos_token_ids = 1;

@@ -48,6 +48,8 @@ typedef struct run_cfg {
     bool prefix_caching;
     kv_layout layout;
     bool staggered;             /* add requests at their arrive_step */
+    float watermark;            /* admission watermark: 0 = the engine's default,
+                                   < 0 = none (0 to the engine) */
 } run_cfg;
 
 typedef struct run_result {

@@ -351,6 +351,51 @@ static void test_random_walk_keeps_invariants(void **state)
     }
 }
 
+
+/* kv_pool_free_after: what stays takeable after an allocation, hits revived
+ * from the evictable end counted as taken; the epoch moves only when a
+ * block is taken fresh (a hit keeps it). */
+static void test_free_after_cached_and_epoch(void **state)
+{
+    (void)state;
+    const int32_t bs = 4;
+    kv_pool *p = make_pool(8, bs, true);
+    int32_t ids[12];
+    fill_ids(ids, 12, 7);
+    int32_t a = new_table(p);
+    assert_int_equal(kv_pool_free_after(p, a, NULL, 0, 9), 8 - 3);
+    assert_int_equal(kv_pool_free_after(p, a, NULL, 0, 33), -1);
+    assert_false(kv_pool_can_allocate(p, a, NULL, 0, 33));
+    assert_int_equal(kv_pool_allocate(p, a, NULL, 0, 9, NULL, NULL), PG_OK);
+    int32_t n;
+    int32_t b0 = kv_pool_table_blocks(p, a, &n)[0];
+    uint32_t ep0 = kv_pool_block_epoch(p, b0);
+    assert_false(kv_pool_block_cached(p, b0));
+    /* committed when scheduled: findable before anything is computed */
+    kv_pool_commit(p, a, ids, 9);
+    assert_true(kv_pool_block_cached(p, b0));
+    assert_false(kv_pool_block_cached(p, kv_pool_table_blocks(p, a, &n)[2])); /* partial */
+    assert_false(kv_pool_block_cached(p, -1));
+    kv_pool_table_delete(p, a);
+    check(p);
+    /* two evictable hits + 1 fresh block of 8 takeable: 5 stay */
+    int32_t hits[2], b = new_table(p);
+    assert_int_equal(kv_pool_match_prefix(p, ids, 2, hits), 2);
+    assert_int_equal(kv_pool_free_after(p, b, hits, 2, 3), 5);
+    assert_int_equal(kv_pool_allocate(p, b, hits, 2, 3, NULL, NULL), PG_OK);
+    assert_int_equal(kv_pool_num_free(p), 5);
+    assert_int_equal(kv_pool_block_epoch(p, b0), ep0);
+    kv_pool_table_delete(p, b);
+    /* taking every block fresh evicts b0 and moves its epoch */
+    int32_t c = new_table(p);
+    assert_int_equal(kv_pool_allocate(p, c, NULL, 0, 32, NULL, NULL), PG_OK);
+    assert_int_not_equal(kv_pool_block_epoch(p, b0), ep0);
+    assert_false(kv_pool_block_cached(p, b0));
+    kv_pool_table_delete(p, c);
+    check(p);
+    kv_pool_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_duplicate_blocks_chain_to_the_cached_copy),
         cmocka_unit_test(test_contiguous_reservation),
         cmocka_unit_test(test_random_walk_keeps_invariants),
+        cmocka_unit_test(test_free_after_cached_and_epoch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
