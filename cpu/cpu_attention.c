@@ -1,29 +1,75 @@
 /* cpu_attention: causal GQA attention over the paged KV cache (executor.h
- * "attention"), the reference the GPU kernel is tested against.
- *
- * For token t of sequence s at position p, kv head g, query heads
- * h = g*G .. g*G+G-1 (G = nh / nkv), context positions j = 0..p:
+ * "attention"), the reference the GPU kernel is tested against. Two
+ * versions: cpu_op_attention (the fast one, what the executor runs) and
+ * cpu_op_attention_ref (the simple twin it is tested against,
+ * tests/ops/test_attention_fast.c). Both compute, for token t of sequence s
+ * at position p, kv head g, query heads h = g*G .. g*G+G-1 (G = nh / nkv),
+ * context positions j = 0..p:
  *   slot_j   = block_tables[s][j / bs] * bs + j % bs
  *   k_j, v_j = k_cache/v_cache + slot_j * nkv*hd + g*hd       [hd] f32
  *   q_h      = qkv + t*(nh+2nkv)*hd + h*hd                    [hd] f32
- *   s[h][j]  = dot(q_h, k_j) * scale          (8-lane fixed-order dot)
- *   e[h][j]  = expf(s[h][j] - max_j s[h][j]); z_h = sum_j e[h][j] (j order)
+ *   s[h][j]  = dot(q_h, k_j) * scale
+ *   e[h][j]  = exp(s[h][j] - max_j s[h][j]); z_h = sum_j e[h][j]
  *   out[t][h*hd + d] = (sum_j e[h][j] * v_j[d]) * (1 / z_h)   (j order)
- * Each (t, g) pair is computed wholly by one worker from its own inputs, so
- * a token's output does not depend on the batch or the thread count. All
- * query heads of one kv head run together: each k_j, v_j is loaded once.
- * Pairs are dealt round-robin (pair i -> worker i mod n): a static split that
- * also balances prefill rows of growing length.
+ * Every (t, h) is computed wholly by one chunk of work from its own inputs,
+ * in an order fixed by (hd, p) alone, so a token's output does not depend on
+ * the batch, the other sequences, its own query length or the thread count.
+ *
+ * The fast version's canonical order (what makes it bit-identical on every
+ * instruction set: cpu_math.h, 16-lane vectors, multiply then add, no fma):
+ *   dot:  lane l (0..15) sums q[d] * k[d] for d = l, l+16, ... in increasing
+ *         d from +0 (the tail of hd read as zeros), then cm_hsum's tree;
+ *         s = dot * scale.
+ *   max:  exact (any order gives the same value).
+ *   e:    cm_exp(s - max), cm_math.h's polynomial (not libm's expf).
+ *   z:    lane l sums e[j] for j = l, l+16, ... in increasing j (the tail
+ *         padded with e = 0), then cm_hsum's tree.
+ *   out:  lane d: o[d] = o[d] + e[j] * v_j[d] for j = 0..p in order, from
+ *         +0; then o[d] * (1 / z) (as the reference).
+ * The reference keeps its own order (8-lane dot, libm expf, sequential z):
+ * the two agree to a few f32 ulps, not bit for bit.
+ *
+ * Speed (decode is a stream over the KV cache: ~1 MiB per token per layer
+ * for a 110M model at 200 tokens of context). A work item is one token and
+ * a range of its kv heads; at batch >= 2 * chunks every item takes all kv
+ * heads, so it reads each KV block of its sequence as one contiguous
+ * [bs][nkv][hd] run (the hardware prefetcher follows it), K once for the
+ * scores of all query heads, then V once for all outputs; the block table is
+ * read once per block. Items go to chunks in order, cut where the summed
+ * cost (context length x heads) crosses an equal share; the pool runs
+ * CHUNKS_PER_THREAD chunks per thread (a thread the OS delays holds only a
+ * small share). Which chunk computes an item never changes its arithmetic.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_math.h"
 #include "cpu_ops.h"
+
+/* cm_v16f values pass between static inline helpers only (cpu_math.h) */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+typedef struct attn_job {
+    cpu_exec *ce;
+    float *out;
+    const float *qkv, *k_cache, *v_cache;
+    int32_t nh, nkv, hd;
+    float scale;
+    const step_batch *b;
+    /* fast version only */
+    int32_t hsplit;             /* kv-head ranges per token: items = T * hsplit */
+    const int32_t *chunk_first; /* [n_chunks + 1] first item of each chunk */
+    int64_t sc_stride;          /* floats per score row: max_seq_len rounded up to 16 */
+    int32_t hdp;                /* hd rounded up to 16 */
+    size_t chunk_floats;        /* scratch per chunk */
+} attn_job;
+
+/* ---- the reference (the simple twin) --------------------------------------- */
 
 /* dot(a, b) in 8 lanes: lane l sums i = l, l+8, ... in order; then a fixed
  * tree. The lane loop vectorizes without reassociation. */
-static float attn_dot(const float *a, const float *b, int32_t n)
+static float attn_ref_dot(const float *a, const float *b, int32_t n)
 {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     int32_t i = 0;
@@ -35,16 +81,9 @@ static float attn_dot(const float *a, const float *b, int32_t n)
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-typedef struct attn_job {
-    cpu_exec *ce;
-    float *out;
-    const float *qkv, *k_cache, *v_cache;
-    int32_t nh, nkv, hd;
-    float scale;
-    const step_batch *b;
-} attn_job;
-
-static void attn_worker(void *ctx, int32_t worker, int32_t n_workers)
+/* (t, g) pairs dealt round-robin (pair i -> worker i mod n); scratch of
+ * worker w: scores [G][max_seq_len], then 1/z [G]. */
+static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
 {
     const attn_job *j = ctx;
     const step_batch *b = j->b;
@@ -52,8 +91,8 @@ static void attn_worker(void *ctx, int32_t worker, int32_t n_workers)
     const int64_t row = (int64_t)(j->nh + 2 * nkv) * hd, kvw = (int64_t)nkv * hd;
     const int64_t out_row = (int64_t)j->nh * hd;
     const int32_t ctx_cap = b->max_seq_len;
-    float *scores = j->ce->scratch[worker].buf;   /* [G][max_seq_len] */
-    float *inv_z = scores + (int64_t)G * ctx_cap; /* [G] */
+    float *scores = j->ce->scratch[worker].buf;
+    float *inv_z = scores + (int64_t)G * ctx_cap;
     const int64_t n_pairs = (int64_t)b->num_tokens * nkv;
     for (int64_t i = worker; i < n_pairs; i += n_workers) {
         const int32_t t = (int32_t)(i / nkv), g = (int32_t)(i % nkv);
@@ -66,7 +105,7 @@ static void attn_worker(void *ctx, int32_t worker, int32_t n_workers)
             int64_t slot = (int64_t)table[c / bs] * bs + c % bs;
             const float *k = j->k_cache + slot * kvw + (int64_t)g * hd;
             for (int32_t h = 0; h < G; h++)
-                scores[(int64_t)h * ctx_cap + c] = attn_dot(q + (int64_t)h * hd, k, hd) * j->scale;
+                scores[(int64_t)h * ctx_cap + c] = attn_ref_dot(q + (int64_t)h * hd, k, hd) * j->scale;
         }
         for (int32_t h = 0; h < G; h++) {
             float *sc = scores + (int64_t)h * ctx_cap;
@@ -100,9 +139,148 @@ static void attn_worker(void *ctx, int32_t worker, int32_t n_workers)
     }
 }
 
-int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
-                     const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
-                     const step_batch *b)
+/* ---- the fast version ------------------------------------------------------ */
+
+/* Work chunks per pool thread (finer than threads: a late thread holds up
+ * only a small share while the others take the rest). */
+#define CHUNKS_PER_THREAD 4
+/* At most this many chunks in all (the chunk table lives on the stack). */
+#define MAX_CHUNKS 256
+
+/* dot(qp, k) in the canonical order; qp is zero-padded to 16 * (nv + !!rem)
+ * floats, k has nv * 16 + rem. */
+static inline float attn_dot(const float *qp, const float *k, int32_t nv, int32_t rem)
+{
+    cm_v16f acc = cm_zero();
+    for (int32_t v = 0; v < nv; v++)
+        acc = acc + cm_load(qp + CM_LANES * v) * cm_load(k + CM_LANES * v);
+    if (rem)
+        acc = acc + cm_load(qp + CM_LANES * nv) * cm_load_part(k + CM_LANES * nv, rem);
+    return cm_hsum(acc);
+}
+
+/* o[0..hd) += e * v[0..hd) lane by lane (o padded to 16 * (nv + !!rem)) */
+static inline void attn_axpy(float *o, float e, const float *v, int32_t nv, int32_t rem)
+{
+    for (int32_t i = 0; i < nv; i++)
+        cm_store(o + CM_LANES * i, cm_load(o + CM_LANES * i) + e * cm_load(v + CM_LANES * i));
+    if (rem)
+        cm_store(o + CM_LANES * nv, cm_load(o + CM_LANES * nv) + e * cm_load_part(v + CM_LANES * nv, rem));
+}
+
+/* scores[0..n) -> e = exp(s - max) in place; returns 1 / z. The row has
+ * room for n rounded up to 16; the tail is set to -inf (exp gives +0). */
+static float attn_softmax_row(float *sc, int32_t n)
+{
+    const int32_t n16 = (n + CM_LANES - 1) / CM_LANES * CM_LANES;
+    for (int32_t c = n; c < n16; c++)
+        sc[c] = -INFINITY;
+    cm_v16f mv = cm_load(sc);
+    for (int32_t c = CM_LANES; c < n16; c += CM_LANES)
+        mv = cm_max(mv, cm_load(sc + c));
+    const cm_v16f mx = cm_splat(cm_hmax(mv));
+    cm_v16f z = cm_zero();
+    for (int32_t c = 0; c < n16; c += CM_LANES) {
+        const cm_v16f e = cm_exp(cm_load(sc + c) - mx);
+        cm_store(sc + c, e);
+        z = z + e;
+    }
+    return 1.0f / cm_hsum(z);
+}
+
+/* One item: token t, kv heads [g0, g1). buf: this chunk's scratch,
+ * scores [nh][sc_stride], then q [nh][hdp], o [nh][hdp], 1/z [nh] (only the
+ * item's heads are used). */
+static void attn_item(const attn_job *j, float *buf, int32_t t, int32_t g0, int32_t g1)
+{
+    const step_batch *b = j->b;
+    const int32_t hd = j->hd, hdp = j->hdp, nkv = j->nkv, G = j->nh / nkv, bs = b->block_size;
+    const int32_t nv = hd / CM_LANES, rem = hd % CM_LANES;
+    const int64_t kvw = (int64_t)nkv * hd, sst = j->sc_stride;
+    const int32_t s = j->ce->tok_seq[t], n_ctx = b->positions[t] + 1;
+    const int32_t *table = b->block_tables + (int64_t)s * b->block_table_stride;
+    const int32_t h0 = g0 * G, nhi = (g1 - g0) * G, ng = g1 - g0;
+    float *sc = buf, *qp = sc + (int64_t)j->nh * sst, *o = qp + (int64_t)j->nh * hdp, *inv_z = o + (int64_t)j->nh * hdp;
+
+    const float *q = j->qkv + (int64_t)t * (j->nh + 2 * nkv) * hd + (int64_t)h0 * hd;
+    for (int32_t hi = 0; hi < nhi; hi++) {
+        memcpy(qp + (int64_t)hi * hdp, q + (int64_t)hi * hd, (size_t)hd * sizeof(float));
+        memset(qp + (int64_t)hi * hdp + hd, 0, (size_t)(hdp - hd) * sizeof(float));
+        memset(o + (int64_t)hi * hdp, 0, (size_t)hdp * sizeof(float));
+    }
+
+    /* K: block by block, row by row, the item's kv heads of a row in order
+     * (one contiguous run of ng * hd floats) */
+    for (int32_t c0 = 0, blk = 0; c0 < n_ctx; c0 += bs, blk++) {
+        const int32_t rows = n_ctx - c0 < bs ? n_ctx - c0 : bs;
+        const float *kb = j->k_cache + (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
+        for (int32_t r = 0; r < rows; r++) {
+            const float *kr = kb + r * kvw;
+            for (int32_t gi = 0; gi < ng; gi++)
+                for (int32_t hh = 0; hh < G; hh++) {
+                    const int32_t hi = gi * G + hh;
+                    sc[hi * sst + c0 + r] = attn_dot(qp + (int64_t)hi * hdp, kr + (int64_t)gi * hd, nv, rem) * j->scale;
+                }
+        }
+    }
+    for (int32_t hi = 0; hi < nhi; hi++)
+        inv_z[hi] = attn_softmax_row(sc + hi * sst, n_ctx);
+
+    /* V: the same walk, every query head's output accumulates over j */
+    for (int32_t c0 = 0, blk = 0; c0 < n_ctx; c0 += bs, blk++) {
+        const int32_t rows = n_ctx - c0 < bs ? n_ctx - c0 : bs;
+        const float *vb = j->v_cache + (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
+        for (int32_t r = 0; r < rows; r++) {
+            const float *vr = vb + r * kvw;
+            for (int32_t gi = 0; gi < ng; gi++)
+                for (int32_t hh = 0; hh < G; hh++) {
+                    const int32_t hi = gi * G + hh;
+                    attn_axpy(o + (int64_t)hi * hdp, sc[hi * sst + c0 + r], vr + (int64_t)gi * hd, nv, rem);
+                }
+        }
+    }
+
+    float *out = j->out + (int64_t)t * j->nh * hd + (int64_t)h0 * hd;
+    for (int32_t hi = 0; hi < nhi; hi++) {
+        const float inv = inv_z[hi];
+        const float *oh = o + (int64_t)hi * hdp;
+        float *dst = out + (int64_t)hi * hd;
+        for (int32_t i = 0; i < nv; i++)
+            cm_store(dst + CM_LANES * i, cm_load(oh + CM_LANES * i) * inv);
+        if (rem) {
+            const cm_v16f last = cm_load(oh + CM_LANES * nv) * inv;
+            memcpy(dst + CM_LANES * nv, &last, (size_t)rem * sizeof(float));
+        }
+    }
+}
+
+/* kv heads [*g0, *g1) of item part `part` of hsplit */
+static void attn_heads(int32_t nkv, int32_t part, int32_t hsplit, int32_t *g0, int32_t *g1)
+{
+    int64_t lo, hi;
+    cpu_pool_range(nkv, part, hsplit, 1, &lo, &hi);
+    *g0 = (int32_t)lo;
+    *g1 = (int32_t)hi;
+}
+
+static void attn_chunk(void *ctx, int32_t chunk, int32_t n_chunks)
+{
+    (void)n_chunks;
+    const attn_job *j = ctx;
+    const int32_t nt = j->ce->n_threads;
+    /* chunk c: region c / nt of worker c % nt's scratch (no two chunks share one) */
+    float *buf = j->ce->scratch[chunk % nt].buf + (size_t)(chunk / nt) * j->chunk_floats;
+    for (int32_t i = j->chunk_first[chunk]; i < j->chunk_first[chunk + 1]; i++) {
+        int32_t g0, g1;
+        attn_heads(j->nkv, i % j->hsplit, j->hsplit, &g0, &g1);
+        attn_item(j, buf, i / j->hsplit, g0, g1);
+    }
+}
+
+/* ---- entry points ----------------------------------------------------------- */
+
+/* Checks the batch's attention inputs and fills ce->tok_seq. */
+static int attn_prepare(cpu_exec *ce, const step_batch *b)
 {
     const int32_t T = b->num_tokens;
     if (!b->positions || !b->seq_lens || !b->block_tables)
@@ -138,12 +316,81 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const float *k_
     if (max_len > b->max_seq_len)
         return cpu_exec_fail(ce, PG_EINVAL, "attention: max_seq_len is %d but a sequence has %d tokens",
                              (int)b->max_seq_len, (int)max_len);
-    /* scores [G][max_seq_len], then 1/z [G] */
-    int rc = cpu_exec_scratch(ce, (size_t)(nh / nkv) * ((size_t)b->max_seq_len + 1));
+    return PG_OK;
+}
+
+int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
+                         const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+                         const step_batch *b)
+{
+    int rc = attn_prepare(ce, b);
     if (rc)
         return rc;
-    attn_job job = {ce, out, qkv, k_cache, v_cache, nh, nkv, hd, scale, b};
-    double work = (double)T * nh * hd * (double)b->max_seq_len;
-    cpu_pool_run(ce->pool, work < 32768.0 ? 1 : ce->n_threads, attn_worker, &job);
+    /* scores [G][max_seq_len], then 1/z [G] */
+    rc = cpu_exec_scratch(ce, (size_t)(nh / nkv) * ((size_t)b->max_seq_len + 1));
+    if (rc)
+        return rc;
+    attn_job job = {.ce = ce, .out = out, .qkv = qkv, .k_cache = k_cache, .v_cache = v_cache,
+                    .nh = nh, .nkv = nkv, .hd = hd, .scale = scale, .b = b};
+    double work = (double)b->num_tokens * nh * hd * (double)b->max_seq_len;
+    cpu_pool_run(ce->pool, work < 32768.0 ? 1 : ce->n_threads, attn_ref_worker, &job);
+    return PG_OK;
+}
+
+int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
+                     const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+                     const step_batch *b)
+{
+    int rc = attn_prepare(ce, b);
+    if (rc)
+        return rc;
+    const int32_t T = b->num_tokens;
+    /* cost of token t's item: context x heads (+ a fixed part per item) */
+    double work = 0.0;
+    for (int32_t t = 0; t < T; t++)
+        work += (double)(b->positions[t] + 1);
+    work *= (double)nh * hd;
+    int32_t n_chunks = work < 32768.0 ? 1 : ce->n_threads * CHUNKS_PER_THREAD;
+    if (n_chunks > MAX_CHUNKS)
+        n_chunks = MAX_CHUNKS;
+    /* all kv heads in one item unless there are too few tokens to share */
+    int32_t hsplit = 1;
+    while (hsplit < nkv && (int64_t)T * hsplit < 2 * (int64_t)n_chunks)
+        hsplit++;
+    const int64_t items = (int64_t)T * hsplit;
+    if (n_chunks > items)
+        n_chunks = (int32_t)items;
+
+    attn_job job = {.ce = ce, .out = out, .qkv = qkv, .k_cache = k_cache, .v_cache = v_cache,
+                    .nh = nh, .nkv = nkv, .hd = hd, .scale = scale, .b = b, .hsplit = hsplit};
+    job.hdp = (hd + CM_LANES - 1) / CM_LANES * CM_LANES;
+    job.sc_stride = ((int64_t)b->max_seq_len + CM_LANES - 1) / CM_LANES * CM_LANES;
+    job.chunk_floats = (size_t)nh * ((size_t)job.sc_stride + 2 * (size_t)job.hdp) +
+                       ((size_t)nh + CM_LANES - 1) / CM_LANES * CM_LANES;
+    const int32_t per_worker = (n_chunks + ce->n_threads - 1) / ce->n_threads;
+    rc = cpu_exec_scratch(ce, (size_t)per_worker * job.chunk_floats);
+    if (rc)
+        return rc;
+
+    /* cut the items into n_chunks runs of about equal cost */
+    int32_t first[MAX_CHUNKS + 1];
+    double total = 0.0;
+    for (int32_t t = 0; t < T; t++)
+        total += (double)(b->positions[t] + 1 + 16) * nkv;
+    first[0] = 0;
+    int32_t k = 1;
+    double acc = 0.0;
+    for (int64_t i = 0; i < items && k < n_chunks; i++) {
+        const int32_t t = (int32_t)(i / hsplit);
+        int32_t g0, g1;
+        attn_heads(nkv, (int32_t)(i % hsplit), hsplit, &g0, &g1);
+        acc += (double)(b->positions[t] + 1 + 16) * (g1 - g0);
+        while (k < n_chunks && acc * n_chunks >= total * k)
+            first[k++] = (int32_t)(i + 1);
+    }
+    while (k <= n_chunks)
+        first[k++] = (int32_t)items;
+    job.chunk_first = first;
+    cpu_pool_run_chunks(ce->pool, n_chunks, attn_chunk, &job);
     return PG_OK;
 }

@@ -52,6 +52,11 @@ int cpu_op_copy_blocks(cpu_exec *ce, float *kv, int32_t n_planes, size_t plane_e
 int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
                      const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
                      const step_batch *b);
+/* The simple twin of cpu_op_attention (cpu_attention.c): same contract,
+ * plain loops and libm expf; for tests (tests/ops/test_attention_fast.c). */
+int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
+                         const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+                         const step_batch *b);
 
 /* Checks the step batch's own consistency (T, S, query_start, seq_lens vs
  * positions, logits_rows); "where" names the op. */

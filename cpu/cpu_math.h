@@ -1,0 +1,149 @@
+/* cpu_math: internal to cpu/ — deterministic, vectorizable float math for
+ * the CPU ops: a 16-lane vector type and exp written with plain * and +.
+ *
+ * Why. cpu/ must give the same bits on every x86-64 level it is compiled
+ * for (tests/ops/test_isa_identity.c) and for any batch or thread count.
+ * The project builds C11 (ISO mode: -ffp-contract=off, no implicit FMA) and
+ * without -ffast-math, so GCC never reorders a float reduction: a loop that
+ * sums into one scalar stays scalar. The way to vectorize and stay exact is
+ * to write the lanes out: cm_v16f is a GCC vector extension type of 16
+ * floats whose element-wise + - * / compile to whatever the ISA has (one
+ * zmm on AVX-512, two ymm on AVX2, four xmm on SSE2) with the same IEEE
+ * single-rounding result in every lane; a reduction over lanes is written
+ * as one fixed tree (cm_hsum). No fma: a separate multiply and add is what
+ * every ISA has (a fused one would need the fmaf libcall on SSE2).
+ *
+ * cm_exp is exp for all 16 lanes at once, the same polynomial on every ISA
+ * (glibc's expf is correctly rounded in most cases but picks an FMA or an
+ * SSE2 implementation by CPU, and is a scalar call). Method (Cephes expf,
+ * S. L. Moshier): clamp x to [-104, 88.8]; n = round(x / ln2) by the
+ * 1.5 * 2^23 trick (round to nearest even, no conversion instruction);
+ * r = x - n * ln2 in two steps (Cody-Waite: ln2_hi has 9 significant bits,
+ * so n * ln2_hi and x - n * ln2_hi are exact), |r| <= ln2 / 2; e^r by
+ * Cephes' degree-7 minimax polynomial 1 + r + r^2 * P(r), Horner form;
+ * then * 2^(n/2) * 2^(n - n/2), two exact scalings by powers of two built
+ * from the exponent bits (the second one rounds once if the result is
+ * subnormal, and overflows to +inf above FLT_MAX). Accuracy against expf:
+ * within 1 ulp for results >= FLT_MIN, within one subnormal step below
+ * (tests/ops/test_attention_fast.c checks it). exp(-inf) = 0, x < -104
+ * gives +0, x > 88.73 gives +inf, NaN gives NaN.
+ *
+ * Functions are static inline in this header; cm_v16f arguments are passed
+ * by value between inlined helpers of one translation unit, never across an
+ * ABI boundary, so GCC's -Wpsabi note about 64-byte vectors on narrower
+ * ISAs does not apply (it is silenced here and in the files that include
+ * this header).
+ */
+#ifndef PG_CPU_MATH_H
+#define PG_CPU_MATH_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define CM_LANES 16
+
+typedef float cm_v16f __attribute__((vector_size(64)));
+typedef int32_t cm_v16i __attribute__((vector_size(64)));
+typedef uint32_t cm_v16u __attribute__((vector_size(64)));
+typedef float cm_v8f __attribute__((vector_size(32)));
+typedef float cm_v4f __attribute__((vector_size(16)));
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+static inline cm_v16f cm_zero(void)
+{
+    return (cm_v16f){0.0f};
+}
+
+static inline cm_v16f cm_splat(float x)
+{
+    return (cm_v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
+/* 16 floats from p (any alignment) */
+static inline cm_v16f cm_load(const float *p)
+{
+    cm_v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* p[0..n), zeros after; 0 <= n <= 16 (reads only n floats) */
+static inline cm_v16f cm_load_part(const float *p, int32_t n)
+{
+    cm_v16f v = cm_zero();
+    memcpy(&v, p, (size_t)n * sizeof(float));
+    return v;
+}
+
+static inline void cm_store(float *p, cm_v16f v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* lane i: m[i] ? a[i] : b[i] (m lanes are 0 or -1, as comparisons give) */
+static inline cm_v16f cm_select(cm_v16i m, cm_v16f a, cm_v16f b)
+{
+    return (cm_v16f)(((cm_v16i)a & m) | ((cm_v16i)b & ~m));
+}
+
+static inline cm_v16f cm_max(cm_v16f a, cm_v16f b)
+{
+    return cm_select(a > b, a, b);
+}
+
+/* The fixed summing tree over the 16 lanes (the one cpu_gemm.h uses):
+ * s8[i] = a[i] + a[i+8], s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2],
+ * sum = s2[0] + s2[1]. */
+static inline float cm_hsum(cm_v16f a)
+{
+    const cm_v8f s8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+                      __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+    const cm_v4f s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* max over the 16 lanes (exact whatever the order, but written as a tree) */
+static inline float cm_hmax(cm_v16f a)
+{
+    float m = a[0];
+    for (int i = 1; i < CM_LANES; i++)
+        m = a[i] > m ? a[i] : m;
+    return m;
+}
+
+/* e^x in every lane (see the header comment for method and accuracy). */
+static inline cm_v16f cm_exp(cm_v16f x)
+{
+    const cm_v16f lo = cm_splat(-104.0f), hi = cm_splat(88.8f);
+    x = cm_select(x < lo, lo, x); /* NaN compares false and stays NaN */
+    x = cm_select(x > hi, hi, x);
+    /* t = 1.5 * 2^23 + n: adding the magic number rounds x / ln2 to the
+     * nearest integer n (even on ties); its low mantissa bits hold n */
+    const cm_v16f t = x * 1.44269504088896341f + 0x1.8p23f;
+    const cm_v16f n = t - 0x1.8p23f;
+    const cm_v16i ni = (cm_v16i)((cm_v16u)t - 0x4B400000u); /* bits of 0x1.8p23f */
+    const cm_v16f r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    const cm_v16f z = r * r;
+    const cm_v16f p =
+        (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+          1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f;
+    /* 2^n = 2^n1 * 2^n2, n1 = floor(n / 2) in [-75, 64], n2 = n - n1 in [-75, 64]:
+     * both are normal floats, so p * 2^n1 is exact */
+    const cm_v16i n1 = ni >> 1;
+    const cm_v16u n2 = (cm_v16u)ni - (cm_v16u)n1;
+    const cm_v16f s1 = (cm_v16f)(((cm_v16u)n1 + 127u) << 23);
+    const cm_v16f s2 = (cm_v16f)((n2 + 127u) << 23);
+    return (p * s1) * s2;
+}
+
+/* cm_exp of one value (lane 0): the same bits as the vector version */
+static inline float cm_expf(float x)
+{
+    return cm_exp(cm_splat(x))[0];
+}
+
+#pragma GCC diagnostic pop
+
+#endif /* PG_CPU_MATH_H */
