@@ -104,6 +104,36 @@ static inline float cm_hsum(cm_v16f a)
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+/* Sixteen cm_hsum at once: lane i of the result is cm_hsum(a[i]), bit for
+ * bit (every lane sees the same pairings in the same order, (l, l+8),
+ * (l, l+4), (l, l+2), (l, l+1); IEEE addition is commutative, so which
+ * operand comes first does not matter). A shuffle network in place of 16
+ * horizontal reductions: 30 two-vector shuffles and 15 adds for 16 sums. */
+static inline cm_v16f cm_hsum16(const cm_v16f *a)
+{
+    cm_v16f r[8], q[4], p[2];
+    /* (l, l+8): r[i] lanes 0..7 belong to input 2i, 8..15 to input 2i+1 */
+    for (int i = 0; i < 8; i++)
+        r[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                       30, 31);
+    /* (l, l+4): q[i] lanes 4k..4k+3 belong to input 4i+k */
+    for (int i = 0; i < 4; i++)
+        q[i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+                                       27) +
+               __builtin_shufflevector(r[2 * i], r[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    /* (l, l+2): p[i] lanes 2k, 2k+1 belong to input 8i+k */
+    for (int i = 0; i < 2; i++)
+        p[i] = __builtin_shufflevector(q[2 * i], q[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28,
+                                       29) +
+               __builtin_shufflevector(q[2 * i], q[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    /* (l, l+1): lane k is input k */
+    return __builtin_shufflevector(p[0], p[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(p[0], p[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
 /* max over the 16 lanes (exact whatever the order, but written as a tree) */
 static inline float cm_hmax(cm_v16f a)
 {

@@ -3,6 +3,7 @@
  * (cpu_op_attention_ref) and against its canonical order spelled out here,
  * and cpu_math.h's exp against libm's expf.
  *
+ *  - cm_hsum16 gives the bits of sixteen cm_hsum (the fixed tree).
  *  - exp: every lane of cm_exp within 1 ulp of expf for normal results and
  *    within one subnormal step below, on a dense sweep of [-104, 89] and the
  *    special values (-inf -> 0, large negative -> 0, overflow -> inf, NaN).
@@ -124,6 +125,29 @@ static void test_exp_accuracy(void **state)
     assert_true(cm_expf(-103.0f) > 0.0f); /* a subnormal, not flushed */
 }
 
+/* cm_hsum16 is sixteen cm_hsum, bit for bit, on sums that depend on the
+ * order (a wide exponent range, signed zeros, cancellation). */
+static void test_hsum16(void **state)
+{
+    (void)state;
+    pg_test_rng rng = {11};
+    for (int it = 0; it < 2000; it++) {
+        cm_v16f a[CM_LANES];
+        for (int i = 0; i < CM_LANES; i++)
+            for (int l = 0; l < CM_LANES; l++) {
+                const int kind = pg_test_rng_int(&rng, 0, 9);
+                float v = ldexpf(pg_test_rng_uniform(&rng, -1.0f, 1.0f), pg_test_rng_int(&rng, -30, 30));
+                a[i][l] = kind == 0 ? 0.0f : kind == 1 ? -0.0f : kind == 2 ? 1e30f * (l % 2 ? 1.0f : -1.0f) : v;
+            }
+        const cm_v16f got = cm_hsum16(a);
+        for (int i = 0; i < CM_LANES; i++) {
+            const float want = cm_hsum(a[i]), g = got[i];
+            if (memcmp(&g, &want, sizeof g) != 0)
+                fail_msg("cm_hsum16 lane %d = %a, cm_hsum %a", i, (double)g, (double)want);
+        }
+    }
+}
+
 /* ---- the canonical order, spelled out -------------------------------------- */
 
 static float canon_tree(const float *l)
@@ -165,12 +189,12 @@ static void canonical_attention(float *out, const float *qkv, const float *kc, c
                     e[j] = canon_tree(lanes) * scale;
                     mx = e[j] > mx ? e[j] : mx;
                 }
-                float zl[16] = {0.0f};
+                float z = 0.0f;
                 for (int32_t j = 0; j < n; j++) {
                     e[j] = cm_expf(e[j] - mx);
-                    zl[j % 16] = zl[j % 16] + e[j];
+                    z = z + e[j];
                 }
-                const float inv = 1.0f / canon_tree(zl);
+                const float inv = 1.0f / z;
                 for (int32_t d = 0; d < hd; d++)
                     o[d] = 0.0f;
                 for (int32_t j = 0; j < n; j++) {
@@ -400,6 +424,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exp_accuracy),
+        cmocka_unit_test(test_hsum16),
         cmocka_unit_test(test_fast_vs_ref),
         cmocka_unit_test(test_prefill_equals_decode),
     };
