@@ -16,9 +16,10 @@
  * reorder float reductions without -ffast-math), so the bits do not depend
  * on the build's -march either (tests/ops/test_isa_identity.c builds cpu/
  * for x86-64, x86-64-v3 and native and compares stories260K's logits). The
- * one remaining dependence is libm: rope (sincosf), softmax and silu (expf)
- * call glibc, whose x86-64 ifuncs pick an FMA or an SSE2 implementation by
- * CPU (AVX2 + FMA, else FMA4, else SSE2). Every AVX2 and AVX-512 machine
+ * one remaining dependence is libm: rope (sincosf) and silu (expf) call
+ * glibc (attention's softmax uses its own exp, cpu_math.h), whose x86-64
+ * ifuncs pick an FMA or an SSE2 implementation by CPU (AVX2 + FMA, else
+ * FMA4, else SSE2). Every AVX2 and AVX-512 machine
  * gets the FMA one, so results agree across them (same glibc version); on
  * an x86-64 CPU without AVX2 + FMA (Intel before Haswell, AMD before
  * Excavator, Atom-class chips without AVX) the FMA and SSE2 versions

@@ -16,7 +16,7 @@
  * they can run, and the baseline build under glibc's non-FMA libm
  * (GLIBC_TUNABLES masks AVX2/FMA/AVX-512 for glibc's ifuncs: expf, sincosf),
  * must print the same digest. This is what checks that the scalar ops
- * (rmsnorm, rope, softmax, silu) do not depend on the compiler's
+ * (rmsnorm, rope, silu) and attention's vector code do not depend on the compiler's
  * vectorization or on FMA contraction either. The libm run only shows that
  * stories260K does not hit the few inputs where glibc's FMA and SSE2 expf /
  * sincosf differ (cpu_executor.h "Across machines"). */
