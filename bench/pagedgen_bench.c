@@ -157,25 +157,13 @@ static int load_model(bench_ctx *c, const char *name, bench_model *bm, int32_t n
     return rc;
 }
 
-/* A short run so that page faults, pool start-up and caches are out of the
- * way before anything is timed. */
-static int warm_up(bench_model *bm)
+/* Draws spec s for bm's context and vocabulary; 0, or -1 (out of memory). */
+static int make_workload(const bench_model *bm, const bench_workload_spec *s, bench_workload *w)
 {
-    bench_workload_spec s = {.name = "warm-up", .dist = BENCH_DIST_FIXED, .n_requests = 2,
-                             .prompt_len = 8, .output_len = 4, .seed = 99};
-    bench_workload w;
-    if (bench_workload_make(&w, &s, bench_model_ctx(bm), bm->cfg.vocab_size) != 0)
-        return -1;
-    bench_run_params rp = bench_run_params_default(bm);
-    bench_result r;
-    pg_error err = {{0}};
-    int rc = bench_run(bm, &w, &rp, &r, &err);
-    if (rc != 0)
-        fprintf(stderr, "pagedgen_bench: warm-up on %s: %s\n", bm->name, err.msg);
-    bench_workload_free(&w);
-    return rc;
+    return bench_workload_make(w, s, bench_model_ctx(bm), bm->cfg.vocab_size);
 }
 
+/* Runs w with rp; on failure says which workload on which model failed. */
 static int run_or_report(bench_model *bm, const bench_workload *w, const bench_run_params *rp,
                          bench_result *r)
 {
@@ -184,6 +172,45 @@ static int run_or_report(bench_model *bm, const bench_workload *w, const bench_r
     if (rc != 0)
         fprintf(stderr, "pagedgen_bench: %s on %s: %s\n", w->name, bm->name, err.msg);
     return rc;
+}
+
+/* Makes spec s's workload, runs it with rp into *out and frees it — unless
+ * keep is given and the run succeeded: then *keep holds the workload and the
+ * caller frees it. Returns 0, or -1 / the run's error (workload freed). */
+static int run_workload(bench_model *bm, const bench_workload_spec *s, const bench_run_params *rp,
+                        bench_result *out, bench_workload *keep)
+{
+    bench_workload w;
+    if (make_workload(bm, s, &w) != 0)
+        return -1;
+    int rc = run_or_report(bm, &w, rp, out);
+    if (rc == 0 && keep)
+        *keep = w;
+    else
+        bench_workload_free(&w);
+    return rc;
+}
+
+/* Runs w twice, with rp[0] then rp[1] (paged/contiguous, caching on/off),
+ * stopping at the first failure. */
+static int run_pair(bench_model *bm, const bench_workload *w, const bench_run_params rp[2],
+                    bench_result r[2])
+{
+    int rc = run_or_report(bm, w, &rp[0], &r[0]);
+    if (rc == 0)
+        rc = run_or_report(bm, w, &rp[1], &r[1]);
+    return rc;
+}
+
+/* A short run so that page faults, pool start-up and caches are out of the
+ * way before anything is timed. */
+static int warm_up(bench_model *bm)
+{
+    bench_workload_spec s = {.name = "warm-up", .dist = BENCH_DIST_FIXED, .n_requests = 2,
+                             .prompt_len = 8, .output_len = 4, .seed = 99};
+    bench_run_params rp = bench_run_params_default(bm);
+    bench_result r;
+    return run_workload(bm, &s, &rp, &r, NULL);
 }
 
 static void json_workload(bench_json *j, const char *key, const bench_workload *w)
@@ -361,20 +388,12 @@ static int section_throughput(bench_ctx *c)
         int32_t B = batches[bi];
         bench_workload_spec s = {.name = "fixed", .dist = BENCH_DIST_FIXED, .n_requests = B,
                                  .prompt_len = P, .output_len = G, .seed = 1};
-        bench_workload w;
-        if (bench_workload_make(&w, &s, bench_model_ctx(&bm), bm.cfg.vocab_size) != 0) {
-            rc = -1;
-            break;
-        }
         bench_run_params rp = bench_run_params_default(&bm);
         rp.max_num_seqs = B;
         rp.num_blocks = B * blocks_per_req + 16;
         bench_result r;
-        rc = run_or_report(&bm, &w, &rp, &r);
-        if (rc != 0) {
-            bench_workload_free(&w);
+        if ((rc = run_workload(&bm, &s, &rp, &r, NULL)) != 0)
             break;
-        }
         double frac_peak = peak > 0.0 ? r.gflops / peak : (double)NAN;
         double frac_sgemm = c->mach.sgemm_gflops > 0.0 ? r.gflops / c->mach.sgemm_gflops : (double)NAN;
         double frac_pgemm = c->mach.pgemm_gflops > 0.0 ? r.gflops / c->mach.pgemm_gflops : (double)NAN;
@@ -399,7 +418,6 @@ static int section_throughput(bench_ctx *c)
         ys[bi] = r.gen_tok_s;
         if (B == 1)
             b1_decode = r.decode_tok_s;
-        bench_workload_free(&w);
     }
     bench_json_end(j); /* rows */
     if (rc == 0 && b1_decode > 0.0) {
@@ -464,19 +482,19 @@ static int run_paged_case(bench_ctx *c, const paged_case *pc)
     if ((rc = warm_up(&bm)) != 0)
         goto out;
     bench_workload w;
-    if (bench_workload_make(&w, &pc->spec, ctx, bm.cfg.vocab_size) != 0) {
+    if (make_workload(&bm, &pc->spec, &w) != 0) { /* ctx == bench_model_ctx(&bm) */
         rc = -1;
         goto out;
     }
     bench_result r[2];
     bench_run_params rp[2];
-    for (int k = 0; k < 2 && rc == 0; k++) {
+    for (int k = 0; k < 2; k++) {
         rp[k] = bench_run_params_default(&bm);
         rp[k].num_blocks = num_blocks;
         rp[k].max_num_seqs = 256;
         rp[k].layout = k == 0 ? KV_LAYOUT_PAGED : KV_LAYOUT_CONTIGUOUS;
-        rc = run_or_report(&bm, &w, &rp[k], &r[k]);
     }
+    rc = run_pair(&bm, &w, rp, r);
     if (rc == 0) {
         double kv_mib = (double)bm.kv_bytes_per_block * num_blocks / 1048576.0;
         printf("  %-11s %-9s %4d req, mean P %5.1f G %5.1f%s | KV %d blocks (%.1f MiB, %d x "
@@ -597,16 +615,12 @@ static int section_scaling(bench_ctx *c)
         int32_t nreq = mns * 2 < 16 ? 16 : mns * 2;
         bench_workload_spec s = {.name = "fixed", .dist = BENCH_DIST_FIXED, .n_requests = nreq,
                                  .prompt_len = P, .output_len = G, .seed = 21};
-        bench_workload w;
-        if (bench_workload_make(&w, &s, bench_model_ctx(&bm), bm.cfg.vocab_size) != 0) {
-            rc = -1;
-            break;
-        }
         bench_run_params rp = bench_run_params_default(&bm);
         rp.max_num_seqs = mns;
         rp.num_blocks = mns * blocks_per_req + 16;
         bench_result r;
-        rc = run_or_report(&bm, &w, &rp, &r);
+        bench_workload w;
+        rc = run_workload(&bm, &s, &rp, &r, &w);
         if (rc == 0) {
             printf("  %8d %6d %10.1f %9.2f %8.2f\n", mns, nreq, r.gen_tok_s, r.req_per_s,
                    r.wall_s);
@@ -618,8 +632,8 @@ static int section_scaling(bench_ctx *c)
             json_workload(j, "workload", &w);
             json_result(j, "result", &r, &rp);
             bench_json_end(j);
+            bench_workload_free(&w);
         }
-        bench_workload_free(&w);
     }
     bench_json_end(j);
     if (rc == 0) {
@@ -642,7 +656,7 @@ static int section_scaling(bench_ctx *c)
     bench_workload_spec s = {.name = "alpaca", .dist = BENCH_DIST_ALPACA,
                              .n_requests = c->quick ? 32 : 128, .seed = 22};
     bench_workload w;
-    if (rc == 0 && bench_workload_make(&w, &s, bench_model_ctx(&bm), bm.cfg.vocab_size) != 0)
+    if (rc == 0 && make_workload(&bm, &s, &w) != 0)
         rc = -1;
     double bx[8], by[2][8];
     int32_t nb = 0;
@@ -658,13 +672,12 @@ static int section_scaling(bench_ctx *c)
                 break;
             bench_result r[2];
             bench_run_params rp[2];
-            for (int k = 0; k < 2 && rc == 0; k++) {
+            for (int k = 0; k < 2; k++) {
                 rp[k] = bench_run_params_default(&bm);
                 rp[k].num_blocks = blocks;
                 rp[k].layout = k == 0 ? KV_LAYOUT_PAGED : KV_LAYOUT_CONTIGUOUS;
-                rc = run_or_report(&bm, &w, &rp[k], &r[k]);
             }
-            if (rc != 0)
+            if ((rc = run_pair(&bm, &w, rp, r)) != 0)
                 break;
             printf("  %8d %9.1f %12.1f %12.1f %6.2fx %10d %10d\n", blocks,
                    (double)bm.kv_bytes_per_block * blocks / 1048576.0, r[0].gen_tok_s,
@@ -732,19 +745,19 @@ static int section_prefix(bench_ctx *c)
                              .n_requests = nreq, .prompt_len = prefix + uniq, .output_len = G,
                              .shared_prefix = prefix, .seed = 31};
     bench_workload w;
-    if (bench_workload_make(&w, &s, bench_model_ctx(&bm), bm.cfg.vocab_size) != 0) {
+    if (make_workload(&bm, &s, &w) != 0) {
         rc = -1;
         goto out_json;
     }
     bench_result r[2];
     bench_run_params rp[2];
-    for (int k = 0; k < 2 && rc == 0; k++) {
+    for (int k = 0; k < 2; k++) {
         rp[k] = bench_run_params_default(&bm);
         rp[k].num_blocks = nreq * per_req + 16;
         rp[k].prefix_caching = k == 0;
         rp[k].first_ahead = true; /* same schedule in both runs */
-        rc = run_or_report(&bm, &w, &rp[k], &r[k]);
     }
+    rc = run_pair(&bm, &w, rp, r);
     if (rc == 0) {
         for (int k = 0; k < 2; k++)
             printf("    caching %-3s %8.2f req/s %9.1f gen tok/s %8.2f s  prompt tokens "
@@ -788,11 +801,11 @@ static int run_parallel(bench_ctx *c, bench_model *bm, const bench_workload_spec
 {
     const int32_t n = 4;
     bench_workload wa, wb;
-    if (bench_workload_make(&wa, spec, bench_model_ctx(bm), bm->cfg.vocab_size) != 0)
+    if (make_workload(bm, spec, &wa) != 0)
         return -1;
     bench_workload_spec s2 = *spec;
     s2.n_requests = spec->n_requests * n;
-    if (bench_workload_make(&wb, &s2, bench_model_ctx(bm), bm->cfg.vocab_size) != 0) {
+    if (make_workload(bm, &s2, &wb) != 0) {
         bench_workload_free(&wa);
         return -1;
     }
