@@ -234,8 +234,15 @@ static int get_stop(pctx *c, int i)
     return PG_OK;
 }
 
-/* The sampling fields shared by jsonl lines and openai bodies. Returns 1 when
- * `key` is not one of them, else a pg_status. */
+static int unknown_field(pctx *c, int key)
+{
+    size_t n;
+    const char *raw = json_raw(c->d, key, &n);
+    return pg_error_set(c->err, PG_EINVAL, "unknown field '%.*s'", (int)(n > 60 ? 60 : n), raw);
+}
+
+/* The sampling fields shared by jsonl lines and openai bodies. A key that is
+ * none of them is an "unknown field" error. Returns a pg_status. */
 static int sampling_field(pctx *c, int key, int v, bool openai)
 {
     const json_doc *d = c->d;
@@ -250,7 +257,7 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
             if (json_str_eq(d, key, known[k]))
                 return PG_OK;
-        return 1;
+        return unknown_field(c, key);
     }
     if (json_str_eq(d, key, "max_tokens"))
         return get_i32(c, "max_tokens", v, 1, INT32_MAX, &sp->max_tokens);
@@ -304,14 +311,7 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
         return get_id_array(c, "stop_token_ids", v, true, &c->r->stop_token_ids,
                             &c->r->n_stop_token_ids);
     }
-    return 1;
-}
-
-static int unknown_field(pctx *c, int key)
-{
-    size_t n;
-    const char *raw = json_raw(c->d, key, &n);
-    return pg_error_set(c->err, PG_EINVAL, "unknown field '%.*s'", (int)(n > 60 ? 60 : n), raw);
+    return unknown_field(c, key);
 }
 
 /* Rejects an object that names the same key twice (jsmn keeps both). */
@@ -457,8 +457,6 @@ static int parse_jsonl(pctx *c)
                 return rc;
         } else {
             int rc = sampling_field(c, key, v, false);
-            if (rc == 1)
-                return unknown_field(c, key);
             if (rc != PG_OK)
                 return rc;
         }
@@ -500,8 +498,6 @@ static int parse_openai_body(pctx *c, int body)
                 return pg_error_set(c->err, PG_EINVAL, "field '%s': only false is supported", f);
         } else {
             int rc = sampling_field(c, key, v, true);
-            if (rc == 1)
-                return unknown_field(c, key);
             if (rc != PG_OK)
                 return rc;
         }
