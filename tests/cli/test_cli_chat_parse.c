@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "chat_render.h"
 #include "request_parse.h"
 
 static int parse(cli_request *r, const char *line, cli_format fmt, pg_error *err)
@@ -218,6 +219,32 @@ static void test_detect_chat(void **state)
     assert_int_equal(cli_detect_format(b, strlen(b)), CLI_FORMAT_OPENAI);
 }
 
+/* strftime_now's clock: the flag, else SOURCE_DATE_EPOCH, else the clock. */
+static void test_chat_clock(void **state)
+{
+    (void)state;
+    cli_options o;
+    cli_options_init(&o);
+    pg_error err;
+    int64_t now = -1;
+    assert_int_equal(cli_chat_clock(&o, "1785067200", &now, &err), PG_OK);
+    assert_true(now == 1785067200);
+    assert_int_equal(cli_chat_clock(&o, NULL, &now, &err), PG_OK);
+    assert_true(now > 1700000000); /* the clock */
+    assert_int_equal(cli_chat_clock(&o, "", &now, &err), PG_OK);
+    assert_true(now > 1700000000);
+    const char *bad[] = {"x", "-5", "12a", " 12", "1e9", "99999999999999999999", "+7"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        if (cli_chat_clock(&o, bad[k], &now, &err) != PG_EINVAL)
+            fail_msg("SOURCE_DATE_EPOCH '%s' accepted", bad[k]);
+        assert_non_null(strstr(err.msg, "SOURCE_DATE_EPOCH"));
+    }
+    o.has_chat_date = true;
+    o.chat_date_unix = 43200;
+    assert_int_equal(cli_chat_clock(&o, "x", &now, &err), PG_OK); /* the flag wins */
+    assert_true(now == 43200);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -226,6 +253,7 @@ int main(void)
         cmocka_unit_test(test_jsonl_bad),
         cmocka_unit_test(test_openai_chat),
         cmocka_unit_test(test_detect_chat),
+        cmocka_unit_test(test_chat_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
