@@ -174,6 +174,26 @@ def case_chat_batch():
           f"default max_tokens: {r.get('usage')}")
     rc, out, err = gen(["--chat-template", CHATML, "--max-tokens", "5"], stdin_bytes=one.encode())
     check(json.loads(lines_of(out)[0])["usage"]["completion_tokens"] == 5, "--max-tokens applies to chat lines")
+    # the model's eos list (config + generation_config.json, the place where
+    # instruct models list their end-of-turn token, e.g. Llama 3's <|eot_id|>)
+    # ends chat generations: a copy of stories260K whose generation_config
+    # adds "\n" (id 13) stops there with finish_reason stop, stop_reason null
+    # (without it the same prompt writes id 13 as its 12th token)
+    with tempfile.TemporaryDirectory() as tmp:
+        mdir = os.path.join(tmp, "model")
+        os.makedirs(mdir)
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            os.symlink(os.path.join(MODEL, f), os.path.join(mdir, f))
+        with open(os.path.join(mdir, "generation_config.json"), "w") as f:
+            json.dump({"bos_token_id": 1, "eos_token_id": [2, 13], "do_sample": False}, f)
+        greedy = json.dumps({"messages": [{"role": "user", "content": "Once upon a time"}],
+                             "temperature": 0}) + "\n"
+        rc, out, err = run(["-m", mdir, "-q", "--chat-template", CHATML, "--max-tokens", "64"],
+                           stdin_bytes=greedy.encode())
+        o = json.loads(lines_of(out)[0])["outputs"][0]
+        # (the engine leaves a stopping eos out of token_ids and text)
+        check(rc == 0 and o["finish_reason"] == "stop" and o["stop_reason"] is None and 13 not in o["token_ids"]
+              and len(o["token_ids"]) < 64, f"end-of-turn from generation_config: {o}")
     # --include-prompt: the rendered prompt
     rc, out, err = gen(["--chat-template", CHATML, "--max-tokens", "2", "--include-prompt"],
                        stdin_bytes=one.encode())
