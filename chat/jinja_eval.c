@@ -870,7 +870,7 @@ static void assign(jinja_vm *vm, const jnode *target, jv v)
     if (target->kind == JN_ATTR) { /* namespace attribute */
         jv ns = lookup(vm, target->a->name);
         if (ns.type != JV_NS)
-            jrt_fail(vm->rt, "Cannot assign attribute on non-namespace object");
+            jrt_fail(vm->rt, "cannot assign attribute on non-namespace object");
         jv_dict_set_str(vm->rt, ns, target->name, v);
         return;
     }

@@ -188,6 +188,34 @@ static void lex_number(lexer *L, size_t *pos)
 {
     const char *s = L->src;
     size_t i = *pos, n = L->n;
+    if (s[i] == '0' && i + 2 < n && strchr("xXoObB", s[i + 1])) {
+        int base = s[i + 1] == 'x' || s[i + 1] == 'X' ? 16 : s[i + 1] == 'o' || s[i + 1] == 'O' ? 8 : 2;
+        size_t e = i + 2;
+        uint64_t v = 0;
+        bool any = false;
+        while (e < n) {
+            char c = s[e];
+            if (c == '_' && any && e + 1 < n) {
+                e++;
+                continue;
+            }
+            int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                    : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : 99;
+            if (d >= base)
+                break;
+            if (v > (UINT64_MAX >> 4) || v * (uint64_t)base + (uint64_t)d > (uint64_t)INT64_MAX)
+                lex_fail(L, i, "integer literal too large");
+            v = v * (uint64_t)base + (uint64_t)d;
+            any = true;
+            e++;
+        }
+        if (any) {
+            jtok *t = push(L, JT_INT, i);
+            t->ival = (int64_t)v;
+            *pos = e;
+            return;
+        }
+    }
     size_t e = scan_digits(s, i, n);
     bool is_float = false;
     if (e + 1 < n && s[e] == '.' && is_digit(s[e + 1])) {
@@ -288,7 +316,10 @@ static void lex_tag(lexer *L, size_t *ppos, bool block)
             }
             if (e >= n) {
                 char msg[64];
-                snprintf(msg, sizeof msg, "unexpected char '%c' at %zu", c, i);
+                if (c == '\'')
+                    snprintf(msg, sizeof msg, "unexpected char \"'\" at %zu", i);
+                else
+                    snprintf(msg, sizeof msg, "unexpected char '\"' at %zu", i);
                 lex_fail(L, i, msg);
             }
             jtok *t = push(L, JT_STRING, i);
@@ -397,8 +428,24 @@ static size_t strip_text_end(const lexer *L, size_t start, size_t end, char sign
     return end;
 }
 
-void jinja_lex(jinja_rt *rt, const char *src, size_t n, jtok **toks, size_t *ntoks)
+void jinja_lex(jinja_rt *rt, const char *src_in, size_t n_in, jtok **toks, size_t *ntoks)
 {
+    /* jinja2 (Lexer.tokeniter): newlines (\r\n, \r, \n) become \n and one
+     * trailing newline is dropped (keep_trailing_newline=False) */
+    char *norm = jrt_alloc(rt, n_in + 1);
+    size_t n = 0;
+    for (size_t i = 0; i < n_in; i++) {
+        if (src_in[i] == '\r') {
+            norm[n++] = '\n';
+            if (i + 1 < n_in && src_in[i + 1] == '\n')
+                i++;
+        } else
+            norm[n++] = src_in[i];
+    }
+    if (n > 0 && norm[n - 1] == '\n')
+        n--;
+    norm[n] = '\0';
+    const char *src = norm;
     lexer L = {.rt = rt, .src = src, .n = n, .line_starting = true};
     size_t pos = 0;
     while (pos < n) {
@@ -486,18 +533,19 @@ void jinja_lex(jinja_rt *rt, const char *src, size_t n, jtok **toks, size_t *nto
 
 const char *jinja_tok_describe(jinja_rt *rt, const jtok *t)
 {
+    /* jinja2's describe_token, quoted as its messages quote it (!r) */
     char buf[96];
     switch (t->type) {
-    case JT_EOF: return "end of template";
-    case JT_TEXT: return "template data";
-    case JT_VAR_BEGIN: return "begin of print statement";
-    case JT_VAR_END: return "end of print statement";
-    case JT_BLOCK_BEGIN: return "begin of statement block";
-    case JT_BLOCK_END: return "end of statement block";
+    case JT_EOF: return "'end of template'";
+    case JT_TEXT: return "'template data / text'";
+    case JT_VAR_BEGIN: return "'begin of print statement'";
+    case JT_VAR_END: return "'end of print statement'";
+    case JT_BLOCK_BEGIN: return "'begin of statement block'";
+    case JT_BLOCK_END: return "'end of statement block'";
     case JT_NAME: snprintf(buf, sizeof buf, "'%.*s'", (int)(t->len > 60 ? 60 : t->len), t->s); break;
-    case JT_STRING: return "string";
-    case JT_INT: return "integer";
-    case JT_FLOAT: return "float";
+    case JT_STRING: return "'string'";
+    case JT_INT: return "'integer'";
+    case JT_FLOAT: return "'float'";
     case JT_OP:
         for (size_t k = 0; k < sizeof ops2 / sizeof ops2[0]; k++)
             if (ops2[k].op == t->op) {

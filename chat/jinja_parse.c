@@ -612,7 +612,7 @@ static const char *parse_dotted_name(parser *P)
 {
     jtok *t = cur(P);
     if (t->type != JT_NAME)
-        fail_expected(P, "name");
+        fail_expected(P, "'name'");
     next(P);
     jsb b;
     jsb_init(&b, P->rt, 4096);
@@ -752,8 +752,6 @@ static void parse_statements(parser *P, const char *const *end, nvec *body, bool
     skip_op(P, ':');
     expect_type(P, JT_BLOCK_END, "'end of statement block'");
     subparse(P, end, body);
-    if (cur(P)->type == JT_EOF)
-        fail_unknown(P, cur(P), NULL);
     if (drop_needle)
         next(P);
 }
@@ -768,7 +766,7 @@ static jnode *parse_assign_target(parser *P, bool with_tuple, bool name_only,
         next(P);
         jtok *attr = cur(P);
         if (attr->type != JT_NAME)
-            fail_expected(P, "name");
+            fail_expected(P, "'name'");
         next(P);
         jnode *ns = mk(P, JN_NAME, t);
         ns->name = tok_name(P, t);
@@ -779,7 +777,7 @@ static jnode *parse_assign_target(parser *P, bool with_tuple, bool name_only,
     }
     if (name_only) {
         if (t->type != JT_NAME)
-            fail_expected(P, "name");
+            fail_expected(P, "'name'");
         next(P);
         target = mk(P, JN_NAME, t);
         target->name = tok_name(P, t);
@@ -899,7 +897,7 @@ static jnode *parse_macro(parser *P, jtok *at)
     jnode *n = mk(P, JN_MACRO, at);
     jtok *name = cur(P);
     if (name->type != JT_NAME)
-        fail_expected(P, "name");
+        fail_expected(P, "'name'");
     next(P);
     n->name = tok_name(P, name);
     parse_signature(P, n);
@@ -996,8 +994,11 @@ static void subparse(parser *P, const char *const *end, nvec *body)
         P->end_stack[P->nend++] = end;
     for (;;) {
         jtok *t = cur(P);
-        if (t->type == JT_EOF)
+        if (t->type == JT_EOF) {
+            if (end)
+                fail_unknown(P, t, NULL); /* jinja2's fail_eof, the block still open */
             break;
+        }
         if (t->type == JT_TEXT) {
             next(P);
             jnode *n = mk(P, JN_TEXT, t);
@@ -1020,8 +1021,6 @@ static void subparse(parser *P, const char *const *end, nvec *body)
         } else
             fail_at(P, t, "internal parser error");
     }
-    if (end)
-        P->nend--;
 }
 
 jnode *jinja_parse(jinja_rt *rt, const char *src, size_t n)
