@@ -214,7 +214,8 @@ static const char *const generate_help[] = {
 "The request index counts non-blank lines from 0. A bad line gets an error\n"
 "record and the run goes on.\n"
 "\n"
-"Exit codes: 0 success, 1 some lines failed, 2 usage error, 3 model load error,\n"
+"Exit codes: 0 success, 1 some lines failed, 2 usage error, 3 model, tokenizer or\n"
+"chat template load error (a template that does not parse: its line and column),\n"
 "4 I/O error, 130 interrupted (SIGINT/SIGTERM; finished records are flushed,\n"
 "--resume completes the run).\n",
     NULL,
