@@ -42,10 +42,18 @@ cli_format cli_detect_format(const char *line, size_t len)
         k++;
     if (k >= len || line[k] != '{')
         return CLI_FORMAT_TEXT;
-    /* An object: openai when it carries the batch envelope's keys. A cheap
-     * textual test keeps detection working on a malformed first line too. */
+    /* An object: openai when it carries the batch envelope's keys at the
+     * top level (so a chat message whose content is "body" stays jsonl). A
+     * cheap textual test keeps detection working on a malformed first line. */
     const char *s = line + k;
     size_t n = len - k;
+    json_doc d;
+    if (json_parse(&d, line, len, "line", NULL) == PG_OK) {
+        bool openai = json_is_object(&d, 0) &&
+                      (json_obj_get(&d, 0, "custom_id") >= 0 || json_obj_get(&d, 0, "body") >= 0);
+        json_doc_free(&d);
+        return openai ? CLI_FORMAT_OPENAI : CLI_FORMAT_JSONL;
+    }
     static const char *const keys[] = {"\"custom_id\"", "\"body\""};
     for (size_t j = 0; j < 2; j++) {
         size_t kl = strlen(keys[j]);

@@ -217,6 +217,12 @@ static void test_detect_chat(void **state)
     assert_int_equal(cli_detect_format(a, strlen(a)), CLI_FORMAT_JSONL);
     const char *b = CHAT_HEAD "{" MSGS "}}";
     assert_int_equal(cli_detect_format(b, strlen(b)), CLI_FORMAT_OPENAI);
+    /* the envelope's key names inside a message are not the envelope */
+    const char *c = "{\"messages\": [{\"role\": \"user\", \"content\": \"body\"}, {\"custom_id\": 1}]}";
+    assert_int_equal(cli_detect_format(c, strlen(c)), CLI_FORMAT_JSONL);
+    /* a malformed line: the textual test */
+    const char *m = "{\"custom_id\": \"x\", ";
+    assert_int_equal(cli_detect_format(m, strlen(m)), CLI_FORMAT_OPENAI);
 }
 
 /* strftime_now's clock: the flag, else SOURCE_DATE_EPOCH, else the clock. */
