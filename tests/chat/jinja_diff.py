@@ -479,7 +479,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
           "parameters": {"type": "object", "properties": {
               "city": {"type": "string", "description": "The city name. "},
               "days": {"type": "integer", "description": "How many days"},
-              "units": {"type": ["string", "null"], "description": "c or f"},
+              "units": {"type": ["string", "integer"], "description": "c or f"},
               "hours": {"type": "array", "items": {"type": "number"}, "description": "hours"},
               "extra": {"type": "object", "additionalProperties": {"type": "boolean"}, "description": "x"}},
               "required": ["city"]}, "return": {"type": "string"}}}]
@@ -533,6 +533,72 @@ CASES += [
     (PHI3, req(CONV_PLAIN, agp=False)),
     (GRANITE_LIKE, req(CONV_PLAIN[1:], tools=TOOLS, kwargs={"controls": {"length": "short"}})),
     (GRANITE_LIKE, req(CONV_PLAIN[1:], documents=[{"doc_id": 1, "text": "Doc one."}, {"doc_id": "b", "text": "Two"}])),
+]
+
+CASES += [
+    # --- more whitespace corner cases ---
+    ("   {% if true %}x{% endif %}", {}),
+    ("abc   {% if true %}x{% endif %}   def", {}),
+    ("{{ 1 }}   {% if true %}x{% endif %}", {}),
+    ("a\n\t \t{% for i in [1, 2] %}\n\t{{ i }}\n\t{% endfor %}\n", {}),
+    ("a\n  {{ 'v' }}\n  {% set x = 1 %}\n  b", {}),
+    ("{% if true -%}\n\n  x  \n\n{%- endif %}|", {}),
+    ("{%- if true %}  a  {% endif -%}  \n\n  b", {}),
+    ("a {#- c #} b {# c -#} c\n{# line #}\nd", {}),
+    ("{% for i in [1, 2] -%}\n  {{ i }}\n{%- endfor %}", {}),
+    ("x\n{%- set a = 1 -%}\ny\n{{- a -}}\nz", {}),
+    ("{% if true %}\r\n  a\r\n{% endif %}\r\n", {}),
+    ("{{ '{{' }}{{ '}}' }}{{ '{%' }}{{ {'a': {'b': 1}} }}", {}),
+    ("{%- macro m() -%}\n  body\n{%- endmacro -%}\n[{{ m() }}]", {}),
+    # --- unicode strings ---
+    ("{{ '\u00e9t\u00e9 \u00c0 \u00df'|upper }}|{{ '\u00c9T\u00c9 \u0391\u0392\u0393'|lower }}|{{ '\u0434\u0430 \u043d\u0435\u0442'|title }}|{{ '\u00e9cole'|capitalize }}", {}),
+    ("{{ '\u3000 a \u00a0'.strip() }}|{{ 'a\u2028b'.splitlines() }}|{{ '\u00e9\u00e8'|length }}|{{ '\u00e9\u00e8'|reverse }}|{{ '\u65e5\u672c'|list }}", {}),
+    ("{{ 'x\u00e9y' | tojson }}|{{ ['\u00e9'] }}|{{ '\u00e9' ~ 1 }}|{{ 'a\u0085b'.split() }}", {}),
+    # --- more semantics ---
+    ("{% set d = {'b': 1, 'a': 2} %}{% for k in d %}{{ k }}{% endfor %}{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}", {}),
+    ("{{ (1, 2) == [1, 2] }}{{ [] == [] }}{{ {} == {} }}{{ none == none }}{{ 1 == true }}{{ 0 == false }}{{ 'a' == 'a' }}", {}),
+    ("{{ messages | length }}{{ tools is none }}{{ documents is none }}{{ add_generation_prompt }}", {}),
+    ("{% set n = namespace(l=[]) %}{% set n.l = n.l + [1] %}{% set n.l = n.l + [2] %}{{ n.l }}", {}),
+    ("{% for m in msgs %}{% if loop.first %}first:{% endif %}{{ m }}{{ ',' if not loop.last }}{% endfor %}", {"msgs": ["a", "b", "c"]}),
+    ("{{ msgs[-1] }}{{ msgs[0:1] }}{{ msgs | first | upper }}{{ (msgs | last)[0] }}", {"msgs": ["ab", "cd"]}),
+    ("{% if x is defined and x %}yes{% elif y is not defined %}no-y{% else %}else{% endif %}", {}),
+    ("{{ 'a' if 'b' in 'abc' and not 'z' in 'abc' else 'c' }}", {}),
+    ("{{ 10 - 2 - 3 }}{{ 2 ** 3 ** 2 }}{{ -2 ** 2 }}{{ (1 + 2) * 3 }}{{ 1 + 2 * 3 }}{{ 7 % 4 ~ 'x' }}", {}),
+    ("{{ 'abc' | replace('', '-') }}{{ 'aXbXc'.split('X') | join('+') }}{{ 'a' in ['a'] | list }}", {}),
+    ("{{ [1, [2, 3]] | tojson }}{{ {'a': none} | tojson(indent=1) }}{{ 'tab\\there' | tojson }}", {}),
+    ("{{ 3 | string + 'x' }}{{ [1, 2] | string }}{{ none | string }}{{ 1.5 | string }}", {}),
+    ("{{ '%.2f' % 3.14159 }}|{{ '%d%%' % 50 }}|{{ '%s' % none }}|{{ '%r' % 'q' }}|{{ '%5s|%-5s|' % ('a', 'b') }}", {}),
+    ("{{ [3, 1, 2] | sort | first }}{{ [{'n': 2}, {'n': 1}] | sort(attribute='n') | map(attribute='n') | join }}", {}),
+    ("{{ [1, 2, 3] | map('string') | join('-') }}{{ ['a', 'B'] | map('lower') | list }}{{ [' a ', 'b '] | map('trim') | list }}", {}),
+    ("{{ {'a': {'b': {'c': 5}}} | attr('a') }}|{{ [{'a': {'b': 1}}, {'a': {'b': 2}}] | map(attribute='a.b') | list }}", {}),
+    ("{{ [{'x': 1}, {'y': 2}] | map(attribute='x', default='D') | list }}{{ [{'x': 1}, {}] | selectattr('x', 'defined') | list }}", {}),
+    ("{{ 'Hello' is string and 'Hello' is not number }}{{ 5 is divisibleby 5 }}{{ [1] is iterable }}{{ none is defined }}", {}),
+    ("{% set x %}{% for i in range(3) %}{{ i }}{% endfor %}{% endset %}{{ x | length }}{{ x * 2 }}", {}),
+    ("{% for i in range(3) %}{% set ns_local = i %}{% endfor %}{{ ns_local is defined }}", {}),
+    ("{% macro m(x) %}{{ x }}{% if caller is defined %}{{ caller() }}{% endif %}{% endmacro %}{{ m(1) }}{% call m(2) %}c{% endcall %}", {}),
+    ("{% macro m(a, b) %}{{ a }}|{{ b }}|{{ b is defined }}{% endmacro %}{{ m(1) }}", {}),
+    ("{% for a, b in [(1, 'x'), (2, 'y')] %}{{ a }}{{ b }}{% endfor %}{% for (a, b) in [[3, 4]] %}{{ a + b }}{% endfor %}", {}),
+    ("{% for x in [1, 2, 3] %}{{ loop.changed(x) if false }}{{ loop.depth }}{{ loop.depth0 }}{% endfor %}", {}),
+    ("{{ namespace(a=1, b=[2]) }}|{{ dict(x=1) }}|{{ dict({'y': 2}, z=3) }}", {}),
+    ("{{ 'abc'.upper().lower().startswith('a') }}{{ ' x '.strip().center(5) }}|{{ 'a b'.replace(' ', '') }}", {}),
+    ("{{ 1 if none is none }}{{ 2 if none }}|{{ [] or 'empty' }}|{{ 0 and 1 }}|{{ 1 and 0.0 }}", {}),
+    ("{{ 1.0 == 1 }}{{ 0.1 * 3 }}{{ 1e-7 }}{{ 123456789.123 }}{{ 1.5e300 * 10 }}{{ -1e-5 }}{{ 100.0 }}{{ 2.5e15 }}{{ 1.0e16 }}", {}),
+    ("{{ 10 / 4 }}{{ 9 / 3 }}{{ -9 // 4 }}{{ 9 % -4 }}{{ -9.5 % 4 }}{{ 2 ** 0.5 }}{{ 10 ** 15 }}", {}),
+    # errors
+    ("{{ [1] + 'a' }}", {}),
+    ("{{ none + 1 }}", {}),
+    ("{{ 'a' * 'b' }}", {}),
+    ("{{ {}.x.y }}", {}),
+    ("{{ [1, 2].append }}{{ [1, 2].append(3) }}", {}),
+    ("{{ 'abc'.nosuchmethod() }}", {}),
+    ("{{ 'a' < 1 }}", {}),
+    ("{{ {'a': 1}['a']['b'].c }}", {}),
+    ("{% set t = (1, 2) %}{{ t.count }}{{ t.append(3) }}", {}),
+]
+
+CASES += [
+    ("{{ 'ab'.center(7, '*') }}|{{ 'ab'.ljust(5) }}|{{ 'ab'.rjust(5, '.') }}|{{ '-42'.zfill(6) }}|{{ 'abc'.center(2) }}|{{ 'x'.center(4) }}", {}),
+    ("{{ 'stra\u00dfe'.upper() }}|{{ '\u00dfa'.capitalize() }}|{{ '\u00dfa b'.title() }}", {}),
 ]
 
 
