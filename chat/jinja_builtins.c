@@ -157,6 +157,12 @@ jv jinja_str_case(jinja_vm *vm, jv sv, char how)
     for (size_t i = 0; i < s->len;) {
         uint32_t c = jinja_utf8_next(s->s, s->len, &i);
         uint32_t o;
+        if (c == 0xDF && (how == 'u' || (how == 'c' && first) || (how == 't' && !prev_cased))) {
+            jsb_puts(&b, how == 'u' ? "SS" : "Ss"); /* Python: 'ß'.upper() == 'SS' */
+            prev_cased = true;
+            first = false;
+            continue;
+        }
         switch (how) {
         case 'u': o = jinja_upper(c); break;
         case 'l': o = jinja_lower(c); break;
@@ -547,6 +553,54 @@ static jv m_removesuffix(jinja_vm *vm, jv self, const jargs *a)
     return self;
 }
 
+/* str.center/ljust/rjust(width, fillchar=' ') and str.zfill(width) */
+static jv pad_impl(jinja_vm *vm, jv self, const jargs *a, const char *name, char how)
+{
+    ARGS(name, "width", "fillchar");
+    const jv_str *s = self.u.s;
+    int64_t w = opt_int(vm, p[0], 0);
+    int64_t n = (int64_t)jv_utf8_count(s->s, s->len);
+    if (w > (int64_t)(1 << 20))
+        jrt_fail(vm->rt, "%s: width too large", name);
+    if (w <= n)
+        return self;
+    const char *fill = " ";
+    size_t fl = 1;
+    if (p[1].type == JV_STR && jv_utf8_count(p[1].u.s->s, p[1].u.s->len) == 1) {
+        fill = p[1].u.s->s;
+        fl = p[1].u.s->len;
+    } else if (p[1].type != JV_ABSENT)
+        jrt_fail(vm->rt, "The fill character must be exactly one character long");
+    int64_t pad = w - n, left;
+    switch (how) {
+    case 'c': left = pad / 2 + (pad & w & 1); break; /* CPython's pad() split */
+    case 'l': left = 0; break;
+    default: left = pad; break;
+    }
+    jsb b;
+    jsb_init(&b, vm->rt, vm->lim->max_output_bytes);
+    size_t body = 0;
+    if (how == 'z') {
+        fill = "0";
+        fl = 1;
+        if (s->len && (s->s[0] == '-' || s->s[0] == '+')) {
+            jsb_putc(&b, s->s[0]);
+            body = 1;
+        }
+    }
+    for (int64_t i = 0; i < left; i++)
+        jsb_put(&b, fill, fl);
+    jsb_put(&b, s->s + body, s->len - body);
+    for (int64_t i = 0; i < pad - left; i++)
+        jsb_put(&b, fill, fl);
+    return jsb_value(&b);
+}
+
+static jv m_center(jinja_vm *vm, jv self, const jargs *a) { return pad_impl(vm, self, a, "center", 'c'); }
+static jv m_ljust(jinja_vm *vm, jv self, const jargs *a) { return pad_impl(vm, self, a, "ljust", 'l'); }
+static jv m_rjust(jinja_vm *vm, jv self, const jargs *a) { return pad_impl(vm, self, a, "rjust", 'r'); }
+static jv m_zfill(jinja_vm *vm, jv self, const jargs *a) { return pad_impl(vm, self, a, "zfill", 'z'); }
+
 static jv str_pred(jinja_vm *vm, jv self, int kind)
 {
     const jv_str *s = self.u.s;
@@ -705,6 +759,7 @@ static const method_def str_methods[] = {
     {"removeprefix", m_removeprefix}, {"removesuffix", m_removesuffix},
     {"isdigit", m_isdigit}, {"isalpha", m_isalpha}, {"isalnum", m_isalnum},
     {"isspace", m_isspace}, {"isupper", m_isupper}, {"islower", m_islower},
+    {"center", m_center}, {"ljust", m_ljust}, {"rjust", m_rjust}, {"zfill", m_zfill},
 };
 static const method_def dict_methods[] = {
     {"items", m_items}, {"keys", m_keys}, {"values", m_values}, {"get", m_get},

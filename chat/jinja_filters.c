@@ -574,7 +574,19 @@ static jv f_map(jinja_vm *vm, jv v, const jargs *a)
 static jv f_attr(jinja_vm *vm, jv v, const jargs *a)
 {
     ARGS("attr", "name");
-    return jinja_getattr(vm, v, str_of(vm, p[0]).u.s->s);
+    /* jinja2's do_attr: Python attribute access only, no item fallback */
+    const char *name = str_of(vm, p[0]).u.s->s;
+    if (v.type == JV_UNDEF)
+        jinja_undef_fail(vm, v);
+    if (v.type == JV_NS) {
+        jv x = jv_dict_get_str(v, name, strlen(name));
+        if (x.type != JV_ABSENT)
+            return x;
+    }
+    jv m = jinja_method(vm, v, name);
+    if (m.type != JV_ABSENT)
+        return m;
+    return jv_undef(vm->rt, "'%s' has no attribute '%.200s'", jv_object_repr(vm->rt, v), name);
 }
 
 /* ---- numbers ---- */

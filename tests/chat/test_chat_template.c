@@ -245,7 +245,7 @@ static void expect_limit(const char *src, const char *what)
     assert_int_equal(rc, PG_EFORMAT);
     assert_non_null(strstr(err.msg, what));
     assert_null(out);
-    assert_true(dt < 20.0);
+    assert_true(dt < 30.0); /* generous: sanitizer builds on a loaded machine */
 }
 
 static void test_limits(void **state)

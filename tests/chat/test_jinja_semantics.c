@@ -26,9 +26,13 @@ static int render_case(const char *tmpl, const char *vars, char **out, pg_error 
     int rc = chat_template_create(&t, tmpl, strlen(tmpl), "case", NULL, NULL, err);
     if (rc)
         return rc;
+    /* vars: top-level variables, or a whole request when it starts with "messages" */
     size_t need = strlen(vars) + 64;
     char *req = malloc(need);
-    snprintf(req, need, "{\"messages\": [], \"chat_template_kwargs\": %s}", vars);
+    if (strncmp(vars, "{\"messages\"", 11) == 0)
+        snprintf(req, need, "%s", vars);
+    else
+        snprintf(req, need, "{\"messages\": [], \"chat_template_kwargs\": %s}", vars);
     json_doc d;
     rc = json_parse(&d, req, strlen(req), "request", err);
     if (!rc) {
