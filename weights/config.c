@@ -110,62 +110,207 @@ static int add_eos(llama_config *cfg, const json_doc *d, const char *label, pg_e
     return PG_OK;
 }
 
-static int parse_rope_scaling(llama_config *c, const json_doc *d, const char *label, pg_error *err)
+/* One RoPE dict (rope_scaling, or transformers 5's rope_parameters) ->
+ * scaling + optional theta. `name` is the key, for messages. */
+typedef struct rope_dict {
+    bool present;
+    llama_rope_scaling scaling;
+    bool has_theta;
+    float theta;
+    bool has_original_max;  /* original_max_position_embeddings given */
+} rope_dict;
+
+static int parse_rope_dict(rope_dict *out, const json_doc *d, const char *name, bool type_required,
+                           const char *label, pg_error *err)
 {
-    int rs = get_key(d, "rope_scaling");
-    c->rope_scaling.type = LLAMA_ROPE_NONE;
+    memset(out, 0, sizeof *out);
+    int rs = get_key(d, name);
     if (rs < 0)
         return PG_OK;
     if (!json_is_object(d, rs))
-        return pg_error_set(err, PG_EFORMAT, "%s: rope_scaling: expected null or an object", label);
-    /* transformers >= 4.45 spells it rope_type; older configs say type */
+        return pg_error_set(err, PG_EFORMAT, "%s: %s: expected null or an object", label, name);
+    if (json_size(d, rs) == 0) /* {} is "not set" in both versions */
+        return PG_OK;
+    out->present = true;
+    int rc;
+    if ((rc = opt_float(d, rs, "rope_theta", 0.0, 1, 1e12, &out->theta, &out->has_theta, label, err)))
+        return rc;
+    float prf = 1.0f;
+    if ((rc = opt_float(d, rs, "partial_rotary_factor", 0.0, 1, 1.0, &prf, NULL, label, err)))
+        return rc;
+    if (prf != 1.0f)
+        return pg_error_set(err, PG_EUNSUPPORTED, "%s: %s.partial_rotary_factor %g: partial rotary embeddings are not supported (only 1.0)",
+                            label, name, (double)prf);
+    /* transformers >= 4.45 spells it rope_type; older configs say type;
+     * transformers 5 defaults it to "default" */
     int tv = json_obj_get(d, rs, "rope_type");
     if (tv < 0)
         tv = json_obj_get(d, rs, "type");
-    if (!json_is_string(d, tv))
-        return pg_error_set(err, PG_EFORMAT, "%s: rope_scaling: expected a string rope_type (or type)", label);
-    char type[32];
-    if (json_get_string_buf(d, tv, type, sizeof type, NULL, NULL))
-        snprintf(type, sizeof type, "(too long)");
-    llama_rope_scaling *r = &c->rope_scaling;
+    char type[32] = "default";
+    if (tv >= 0 || type_required) {
+        if (!json_is_string(d, tv))
+            return pg_error_set(err, PG_EFORMAT, "%s: %s: expected a string rope_type (or type)", label, name);
+        if (json_get_string_buf(d, tv, type, sizeof type, NULL, NULL))
+            snprintf(type, sizeof type, "(too long)");
+    }
+    llama_rope_scaling *r = &out->scaling;
+    r->type = LLAMA_ROPE_NONE;
     if (strcmp(type, "default") == 0)
         return PG_OK;
     if (strcmp(type, "linear") != 0 && strcmp(type, "llama3") != 0)
         return pg_error_set(err, PG_EUNSUPPORTED,
-                            "%s: rope_scaling type '%s' is not supported (supported: null, linear, llama3)", label, type);
+                            "%s: %s type '%s' is not supported (supported: default, linear, llama3)", label, name, type);
     r->factor = 0.0f;
-    int rc = opt_float(d, rs, "factor", 0.0, 1, 1e6, &r->factor, NULL, label, err);
-    if (rc)
+    if ((rc = opt_float(d, rs, "factor", 0.0, 1, 1e6, &r->factor, NULL, label, err)))
         return rc;
     if (r->factor <= 0.0f)
-        return pg_error_set(err, PG_EFORMAT, "%s: rope_scaling: missing factor (expected a number > 0)", label);
+        return pg_error_set(err, PG_EFORMAT, "%s: %s: missing factor (expected a number > 0)", label, name);
     if (strcmp(type, "linear") == 0) {
         r->type = LLAMA_ROPE_LINEAR;
         return PG_OK;
     }
     /* llama3: transformers' _compute_llama3_parameters */
     r->type = LLAMA_ROPE_LLAMA3;
-    r->low_freq_factor = r->high_freq_factor = 0.0f;
-    r->original_max_position_embeddings = 0;
     if ((rc = opt_float(d, rs, "low_freq_factor", 0.0, 1, 1e6, &r->low_freq_factor, NULL, label, err)) ||
         (rc = opt_float(d, rs, "high_freq_factor", 0.0, 1, 1e6, &r->high_freq_factor, NULL, label, err)) ||
         (rc = opt_int(d, rs, "original_max_position_embeddings", 1, 1 << 24, &r->original_max_position_embeddings,
                       label, err)))
         return rc;
-    if (r->low_freq_factor <= 0.0f || r->high_freq_factor <= 0.0f || r->original_max_position_embeddings <= 0)
-        return pg_error_set(err, PG_EFORMAT,
-                            "%s: rope_scaling llama3: expected factor, low_freq_factor, high_freq_factor and original_max_position_embeddings",
-                            label);
+    out->has_original_max = r->original_max_position_embeddings > 0;
+    if (r->low_freq_factor <= 0.0f || r->high_freq_factor <= 0.0f)
+        return pg_error_set(err, PG_EFORMAT, "%s: %s llama3: expected factor, low_freq_factor and high_freq_factor",
+                            label, name);
     if (!(r->high_freq_factor > r->low_freq_factor))
-        return pg_error_set(err, PG_EFORMAT,
-                            "%s: rope_scaling llama3: expected high_freq_factor > low_freq_factor, got %g <= %g", label,
-                            (double)r->high_freq_factor, (double)r->low_freq_factor);
+        return pg_error_set(err, PG_EFORMAT, "%s: %s llama3: expected high_freq_factor > low_freq_factor, got %g <= %g",
+                            label, name, (double)r->high_freq_factor, (double)r->low_freq_factor);
     return PG_OK;
+}
+
+static bool same_scaling(const llama_rope_scaling *a, const llama_rope_scaling *b)
+{
+    if (a->type != b->type)
+        return false;
+    if (a->type == LLAMA_ROPE_NONE)
+        return true;
+    if (a->factor != b->factor)
+        return false;
+    return a->type != LLAMA_ROPE_LLAMA3 ||
+           (a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
+            a->original_max_position_embeddings == b->original_max_position_embeddings);
+}
+
+static const char *scaling_name(llama_rope_scaling_type t)
+{
+    return t == LLAMA_ROPE_LINEAR ? "linear" : t == LLAMA_ROPE_LLAMA3 ? "llama3" : "default";
+}
+
+/* Takes one value from up to three places that must agree; refuses a
+ * disagreement with both values. */
+static int agree_float(float *out, bool *have, const char *what, float v, bool has_v, const char *where,
+                       const char **first, const char *label, pg_error *err)
+{
+    if (!has_v)
+        return PG_OK;
+    if (*have && *out != v)
+        return pg_error_set(err, PG_EFORMAT, "%s: %s disagree: %s says %g, %s says %g", label, what, *first,
+                            (double)*out, where, (double)v);
+    *out = v;
+    *have = true;
+    *first = where;
+    return PG_OK;
+}
+
+/* RoPE. transformers <= 4.x keeps rope_theta at the top level and the
+ * scaling in rope_scaling; transformers 5 keeps both in rope_parameters
+ * (configuration_utils.py / modeling_rope_utils.py
+ * RotaryEmbeddingConfigMixin: rope_type defaults to "default", rope_theta
+ * to the top-level value then 10000, and for llama3
+ * original_max_position_embeddings to a top-level key of that name, else
+ * max_position_embeddings). Both layouts are read; where two places give a
+ * value and they differ, the file is refused naming both: transformers
+ * would silently let one win, and a wrong theta is invisible in output. */
+static int parse_rope(llama_config *c, const json_doc *d, const char *label, pg_error *err)
+{
+    rope_dict rs, rp;
+    int rc;
+    if ((rc = parse_rope_dict(&rs, d, "rope_scaling", true, label, err)) ||
+        (rc = parse_rope_dict(&rp, d, "rope_parameters", false, label, err)))
+        return rc;
+    if (rs.present && rp.present && !same_scaling(&rs.scaling, &rp.scaling))
+        return pg_error_set(err, PG_EFORMAT, "%s: rope_scaling (%s, factor %g) and rope_parameters (%s, factor %g) disagree",
+                            label, scaling_name(rs.scaling.type), (double)rs.scaling.factor,
+                            scaling_name(rp.scaling.type), (double)rp.scaling.factor);
+    c->rope_scaling = rp.present ? rp.scaling : rs.scaling;
+
+    float top_theta = 0.0f, prf = 1.0f;
+    bool has_top_theta = false, have = false;
+    const char *first = NULL;
+    if ((rc = opt_float(d, 0, "rope_theta", 0.0, 1, 1e12, &top_theta, &has_top_theta, label, err)) ||
+        (rc = opt_float(d, 0, "partial_rotary_factor", 0.0, 1, 1.0, &prf, NULL, label, err)))
+        return rc;
+    if (prf != 1.0f)
+        return pg_error_set(err, PG_EUNSUPPORTED, "%s: partial_rotary_factor %g: partial rotary embeddings are not supported (only 1.0)",
+                            label, (double)prf);
+    c->rope_theta = 10000.0f; /* LlamaConfig / RotaryEmbeddingConfigMixin default_theta */
+    if ((rc = agree_float(&c->rope_theta, &have, "rope_theta", top_theta, has_top_theta, "rope_theta", &first, label,
+                          err)) ||
+        (rc = agree_float(&c->rope_theta, &have, "rope_theta", rp.theta, rp.has_theta, "rope_parameters.rope_theta",
+                          &first, label, err)) ||
+        (rc = agree_float(&c->rope_theta, &have, "rope_theta", rs.theta, rs.has_theta, "rope_scaling.rope_theta",
+                          &first, label, err)))
+        return rc;
+
+    llama_rope_scaling *r = &c->rope_scaling;
+    if (r->type == LLAMA_ROPE_LLAMA3) {
+        int32_t top_orig = 0;
+        if ((rc = opt_int(d, 0, "original_max_position_embeddings", 1, 1 << 24, &top_orig, label, err)))
+            return rc;
+        bool in_dict = rp.present ? rp.has_original_max : rs.has_original_max;
+        if (top_orig > 0 && in_dict && top_orig != r->original_max_position_embeddings)
+            return pg_error_set(err, PG_EFORMAT,
+                                "%s: original_max_position_embeddings disagree: the top level says %d, the rope dict says %d",
+                                label, (int)top_orig, (int)r->original_max_position_embeddings);
+        if (top_orig > 0)
+            r->original_max_position_embeddings = top_orig;
+        else if (!in_dict)
+            r->original_max_position_embeddings = c->max_position_embeddings;
+    }
+    return PG_OK;
+}
+
+/* Mistral's sliding window (MistralConfig: sliding_window defaults to 4096
+ * when the key is absent; null means full attention). Attention over a
+ * window is not implemented, so the usable context is capped at the window
+ * (llama_config_max_context), which is exact — vLLM's
+ * --disable-sliding-window does the same. LlamaConfig has no such key; a
+ * Llama config that sets one is refused rather than guessed at. */
+static int parse_sliding_window(llama_config *c, const json_doc *d, const char *label, pg_error *err)
+{
+    bool mistral = strcmp(c->architecture, "MistralForCausalLM") == 0;
+    int v = json_obj_get(d, 0, "sliding_window");
+    c->sliding_window = 0;
+    if (v < 0) {
+        if (mistral)
+            c->sliding_window = 4096;
+        return PG_OK;
+    }
+    if (json_is_null(d, v))
+        return PG_OK;
+    if (!mistral)
+        return pg_error_set(err, PG_EUNSUPPORTED, "%s: sliding_window is set for %s: LlamaConfig has no sliding window (supported: MistralForCausalLM's)",
+                            label, c->architecture);
+    return opt_int(d, 0, "sliding_window", 1, 1 << 24, &c->sliding_window, label, err);
+}
+
+int32_t llama_config_max_context(const llama_config *c)
+{
+    int32_t n = c->max_position_embeddings;
+    return c->sliding_window > 0 && c->sliding_window < n ? c->sliding_window : n;
 }
 
 static int parse_architecture(llama_config *c, const json_doc *d, const char *label, pg_error *err)
 {
-    static const char *const supported = "supported: LlamaForCausalLM, MistralForCausalLM without sliding_window";
+    static const char *const supported = "supported: LlamaForCausalLM, MistralForCausalLM";
     int a = get_key(d, "architectures");
     if (a < 0) {
         /* no architectures: fall back on model_type, as transformers' AutoModel does */
@@ -192,9 +337,6 @@ static int parse_architecture(llama_config *c, const json_doc *d, const char *la
                                 supported);
         }
     }
-    if (get_key(d, "sliding_window") >= 0)
-        return pg_error_set(err, PG_EUNSUPPORTED, "%s: sliding_window is set: sliding-window attention is not supported (%s)",
-                            label, supported);
     return PG_OK;
 }
 
@@ -232,13 +374,11 @@ static int parse_doc(llama_config *c, const json_doc *d, const char *label, pg_e
                             c->head_dim);
     c->max_position_embeddings = 2048; /* LlamaConfig default */
     c->rms_norm_eps = 1e-6f;           /* LlamaConfig default */
-    c->rope_theta = 10000.0f;          /* LlamaConfig default */
     if ((rc = opt_int(d, 0, "max_position_embeddings", 1, 1 << 24, &c->max_position_embeddings, label, err)) ||
         (rc = opt_float(d, 0, "rms_norm_eps", 0.0, 1, 1.0, &c->rms_norm_eps, NULL, label, err)) ||
-        (rc = opt_float(d, 0, "rope_theta", 0.0, 1, 1e12, &c->rope_theta, NULL, label, err)) ||
         (rc = opt_bool(d, 0, "tie_word_embeddings", &c->tie_word_embeddings, NULL, label, err)))
         return rc;
-    if ((rc = parse_rope_scaling(c, d, label, err)))
+    if ((rc = parse_rope(c, d, label, err)) || (rc = parse_sliding_window(c, d, label, err)))
         return rc;
 
     static const char *const biases[] = {"attention_bias", "mlp_bias"};

@@ -37,6 +37,9 @@ typedef struct llama_config {
     float rope_theta;
     llama_rope_scaling rope_scaling;
     int32_t max_position_embeddings;
+    /* Mistral's attention window in tokens (MistralConfig default 4096 when
+     * the key is absent); 0 = full attention (Llama, or null). */
+    int32_t sliding_window;
     bool tie_word_embeddings;
     int32_t bos_token_id;         /* -1 if absent */
     int32_t eos_token_ids[LLAMA_MAX_EOS]; /* config's, then generation_config's, deduplicated */
@@ -50,11 +53,20 @@ typedef struct llama_config {
 
 /* Parses config.json text (pure; fuzz target). `label` names the file in
  * messages. Checks ranges (sizes > 0, nh % nkv == 0, head_dim even, ...)
- * and refuses unsupported architectures, attention_bias/mlp_bias true and
- * sliding windows with a message naming what is supported. *out is written
- * only on success. */
+ * and refuses, naming the key, what would change the math and is not
+ * implemented: unsupported architectures, attention_bias/mlp_bias true,
+ * hidden_act other than silu, rope types other than default/linear/llama3,
+ * partial_rotary_factor != 1, a sliding_window on a Llama config. RoPE is
+ * read from both layouts (rope_theta + rope_scaling, and transformers 5's
+ * rope_parameters); two places that disagree are refused with both values.
+ * weights/README.md has the table of keys. *out is written only on success. */
 int llama_config_parse(llama_config *out, const char *json, size_t len,
                        const char *label, pg_error *err);
+/* The longest context the model can run exactly: max_position_embeddings,
+ * capped at the sliding window when there is one (window attention is not
+ * implemented; within the window full attention is the same thing). */
+int32_t llama_config_max_context(const llama_config *c);
+
 /* Merges generation_config.json text on top of cfg: its eos ids are added
  * to the list (deduplicated), its bos_token_id is used only when cfg has
  * none, its temperature/top_p/top_k/do_sample set the has_* defaults. All

@@ -173,9 +173,9 @@ static void test_refusals(void **state)
                    "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3}",
                    "Qwen2ForCausalLM", "supported: LlamaForCausalLM, MistralForCausalLM");
     expect_refused("{\"model_type\":\"gpt2\",\"hidden_size\":64}", "LlamaForCausalLM", NULL);
-    expect_refused("{\"architectures\":[\"MistralForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+    expect_refused("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
                    "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3,\"sliding_window\":4096}",
-                   "sliding_window", "supported");
+                   "sliding_window", "supported: MistralForCausalLM");
     expect_refused("{\"architectures\":\"LlamaForCausalLM\"}", "architectures", NULL);
     expect_refused("{\"architectures\":[]}", "architectures", NULL);
     expect_refused(BASE(",\"attention_bias\":true"), "attention_bias", "not supported");
