@@ -261,6 +261,27 @@ def case_chat_errors():
         check(rc == 1 and r["response"]["status_code"] == 400 and "unknown role: tool" in r["error"]["message"],
               f"openai raise_exception record {r}")
 
+        # continue_final_message alone: add_generation_prompt defaults to true
+        # here, and transformers refuses the pair (so does vLLM, through it)
+        cfm = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "He"}],
+               "continue_final_message": True, "max_tokens": 2}
+        rc, out, _ = gen(["--chat-template", CHATML], stdin_bytes=(json.dumps(cfm) + "\n").encode())
+        r = json.loads(lines_of(out)[0])
+        check(rc == 1 and "not compatible" in r["error"]["message"], f"continue_final_message alone: {r}")
+        cfm["add_generation_prompt"] = False
+        rc, out, _ = gen(["--chat-template", CHATML, "--include-prompt"],
+                         stdin_bytes=(json.dumps(cfm) + "\n").encode())
+        r = json.loads(lines_of(out)[0])
+        check(rc == 0 and r["prompt"].endswith("<|im_start|>assistant\nHe"), f"continue_final_message: {r}")
+        # null chat fields = not set
+        nul = {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": None,
+               "continue_final_message": None, "chat_template_kwargs": None, "tools": None, "documents": None,
+               "max_tokens": None, "max_completion_tokens": None, "logprobs": None, "top_logprobs": None}
+        rc, out, _ = gen(["--chat-template", CHATML, "--include-prompt", "--max-tokens", "2"],
+                         stdin_bytes=(json.dumps(nul) + "\n").encode())
+        r = json.loads(lines_of(out)[0])
+        check(rc == 0 and r["prompt"].endswith("<|im_start|>assistant\n") and "logprobs" not in r["outputs"][0],
+              f"null chat fields: {r}")
         # no template: stories260K ships none
         rc, out, err = gen([], stdin_bytes=data)
         recs = [json.loads(l) for l in lines_of(out)]
