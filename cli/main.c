@@ -27,6 +27,8 @@ int main(int argc, char **argv)
         return fflush(stdout) == 0 ? CLI_EXIT_OK : CLI_EXIT_IO;
     case CLI_CMD_TOKENIZE:
         return cli_run_tokenize(&o);
+    case CLI_CMD_CHAT_TEMPLATE:
+        return cli_run_chat_template(&o);
     case CLI_CMD_GENERATE:
         return cli_run_generate(&o);
     }

@@ -17,6 +17,7 @@ enum {
     OPT_INCLUDE_PROMPT, OPT_UNORDERED, OPT_RESUME, OPT_METRICS, OPT_LOG_INTERVAL, OPT_SHARD,
     OPT_NO_SPECIAL, OPT_VERSION,
     OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM,
+    OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
 };
 
 static const struct option generate_opts[] = {
@@ -42,6 +43,8 @@ static const struct option generate_opts[] = {
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"cuda-device", required_argument, NULL, OPT_CUDA_DEVICE},
     {"fast-gemm", no_argument, NULL, OPT_FAST_GEMM},
+    {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+    {"chat-template-date", required_argument, NULL, OPT_CHAT_DATE},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
     {"temperature", required_argument, NULL, OPT_TEMPERATURE},
     {"top-p", required_argument, NULL, OPT_TOP_P},
@@ -79,6 +82,18 @@ static const struct option tokenize_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
+static const struct option chat_template_opts[] = {
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {"model", required_argument, NULL, 'm'},
+    {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+    {"chat-template-date", required_argument, NULL, OPT_CHAT_DATE},
+    {"input", required_argument, NULL, 'i'},
+    {"output", required_argument, NULL, 'o'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
 static const char *const generate_help[] = {
 "usage: pagedgen [generate] -m MODEL_DIR [-i FILE|-] [-o FILE|-] [options]\n"
 "\n"
@@ -95,6 +110,16 @@ static const char *const generate_help[] = {
 "      --input-format F       auto|text|jsonl|openai [default: auto: a first non-blank\n"
 "                             line starting with '{' is jsonl, or openai when it has\n"
 "                             \"custom_id\"/\"body\"; anything else is text]\n"
+"\n"
+"Chat (jsonl lines with \"messages\", openai /v1/chat/completions lines):\n"
+"      --chat-template FILE   Jinja chat template; always wins [default: the\n"
+"                             tokenizer folder's: tokenizer_config.json\n"
+"                             \"chat_template\", else chat_template.jinja, else\n"
+"                             chat_template.json; none: chat lines get an error]\n"
+"      --chat-template-date YYYY-MM-DD  the day strftime_now() sees (12:00 UTC)\n"
+"                             [default: $SOURCE_DATE_EPOCH when set, else the clock\n"
+"                             (UTC): then a template that prints the date makes the\n"
+"                             output depend on the day of the run]\n"
 "\n"
 ,
 "Engine (vLLM names):\n"
@@ -180,10 +205,17 @@ static const char *const generate_help[] = {
 "or \"prompt_token_ids\": [int], and optionally max_tokens, min_tokens, temperature,\n"
 "top_p, top_k, min_p, seed, n, stop, stop_token_ids, ignore_eos,\n"
 "include_stop_str_in_output, skip_special_tokens, presence_penalty,\n"
-"frequency_penalty, repetition_penalty, logprobs}. The request index counts\n"
-"non-blank lines from 0. A bad line gets an error record and the run goes on.\n"
+"frequency_penalty, repetition_penalty, logprobs}. A chat line has \"messages\"\n"
+"instead of a prompt, plus add_generation_prompt (default true),\n"
+"continue_final_message, chat_template_kwargs, tools, documents,\n"
+"max_completion_tokens, logprobs (true/false) and top_logprobs; without\n"
+"max_tokens it runs to the end of the context (vLLM's chat default) unless\n"
+"--max-tokens is given. openai lines: /v1/completions and /v1/chat/completions.\n"
+"The request index counts non-blank lines from 0. A bad line gets an error\n"
+"record and the run goes on.\n"
 "\n"
-"Exit codes: 0 success, 1 some lines failed, 2 usage error, 3 model load error,\n"
+"Exit codes: 0 success, 1 some lines failed, 2 usage error, 3 model, tokenizer or\n"
+"chat template load error (a template that does not parse: its line and column),\n"
 "4 I/O error, 130 interrupted (SIGINT/SIGTERM; finished records are flushed,\n"
 "--resume completes the run).\n",
     NULL,
@@ -205,22 +237,56 @@ static const char *const tokenize_help =
 "  -h, --help                 this help\n"
 "      --version              print the version\n";
 
+static const char *const chat_template_help =
+"usage: pagedgen chat-template --tokenizer DIR [--chat-template FILE]\n"
+"                              [--chat-template-date YYYY-MM-DD] [-i FILE|-] [-o FILE|-]\n"
+"\n"
+"Renders each input line, a chat request {\"messages\": [...],\n"
+"\"add_generation_prompt\", \"continue_final_message\", \"tools\", \"documents\",\n"
+"\"chat_template_kwargs\"} (other fields are ignored), with the model's chat\n"
+"template and writes {\"text\": \"<prompt>\", \"token_ids\": [...]} (tokenized as\n"
+"generate does: no BOS added, special tokens in the text are tokens), or\n"
+"{\"error\": {\"message\", \"line\"}} (a template's raise_exception message\n"
+"included), in order. add_generation_prompt defaults to false here\n"
+"(transformers' default; generate's chat lines default to true, as vLLM).\n"
+"\n"
+"      --tokenizer DIR        folder holding tokenizer.json (and tokenizer_config.json\n"
+"                             with the template, bos_token, eos_token) [required, or -m]\n"
+"  -m, --model DIR            use the model folder's tokenizer [default: none]\n"
+"      --chat-template FILE   Jinja chat template; always wins [default: the\n"
+"                             tokenizer folder's]\n"
+"      --chat-template-date YYYY-MM-DD  the day strftime_now() sees (12:00 UTC)\n"
+"                             [default: $SOURCE_DATE_EPOCH when set, else the clock]\n"
+"  -i, --input FILE|-         input [default: - (stdin)]\n"
+"  -o, --output FILE|-        output [default: - (stdout)]\n"
+"  -h, --help                 this help\n"
+"      --version              print the version\n"
+"\n"
+"Exit codes: 0 success, 1 some lines failed, 2 usage error, 3 tokenizer or\n"
+"template load error (a template that does not parse: its line and column),\n"
+"4 I/O error.\n";
+
 static const char *const overview_help =
 "usage: pagedgen [generate] -m MODEL_DIR [-i FILE|-] [-o FILE|-] [options]\n"
 "       pagedgen tokenize --tokenizer DIR [-i FILE|-] [-o FILE|-] [options]\n"
+"       pagedgen chat-template --tokenizer DIR [-i FILE|-] [-o FILE|-] [options]\n"
 "       pagedgen --version\n"
 "\n"
 "Commands:\n"
-"  generate   run a model over prompts, write JSONL completions (default)\n"
-"  tokenize   write the token ids of each input line\n"
+"  generate        run a model over prompts, write JSONL completions (default)\n"
+"  tokenize        write the token ids of each input line\n"
+"  chat-template   render chat requests with the chat template (check prompts)\n"
 "\n"
-"`pagedgen generate --help` and `pagedgen tokenize --help` list every flag.\n"
+"`pagedgen generate --help`, `pagedgen tokenize --help` and\n"
+"`pagedgen chat-template --help` list every flag.\n"
 "\n";
 
 void cli_options_help(FILE *f, cli_command cmd)
 {
     if (cmd == CLI_CMD_TOKENIZE) {
         fputs(tokenize_help, f);
+    } else if (cmd == CLI_CMD_CHAT_TEMPLATE) {
+        fputs(chat_template_help, f);
     } else if (cmd == CLI_CMD_GENERATE) {
         for (size_t k = 0; generate_help[k]; k++)
             fputs(generate_help[k], f);
@@ -235,8 +301,11 @@ const char *const *cli_options_names(cli_command cmd)
 {
     static const char *gen_names[sizeof generate_opts / sizeof generate_opts[0]];
     static const char *tok_names[sizeof tokenize_opts / sizeof tokenize_opts[0]];
-    const struct option *t = cmd == CLI_CMD_TOKENIZE ? tokenize_opts : generate_opts;
-    const char **names = cmd == CLI_CMD_TOKENIZE ? tok_names : gen_names;
+    static const char *chat_names[sizeof chat_template_opts / sizeof chat_template_opts[0]];
+    const struct option *t = cmd == CLI_CMD_TOKENIZE ? tokenize_opts
+                             : cmd == CLI_CMD_CHAT_TEMPLATE ? chat_template_opts : generate_opts;
+    const char **names = cmd == CLI_CMD_TOKENIZE ? tok_names
+                         : cmd == CLI_CMD_CHAT_TEMPLATE ? chat_names : gen_names;
     size_t k = 0;
     for (; t[k].name; k++)
         names[k] = t[k].name;
@@ -356,6 +425,42 @@ int cli_parse_size(const char *s, uint64_t *out, pg_error *err)
 bad:
     return pg_error_set(err, PG_EINVAL,
                         "--kv-cache-memory: expected a size like 2GiB, 512MiB or 1000000 (bytes), got '%s'",
+                        s ? s : "");
+}
+
+/* Days from 1970-01-01 to y-m-d (proleptic Gregorian; H. Hinnant's
+ * days_from_civil). */
+static int64_t days_from_civil(int64_t y, int64_t m, int64_t d)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+int cli_parse_date(const char *s, int64_t *out, pg_error *err)
+{
+    static const int mdays[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int y = 0, m = 0, d = 0;
+    if (!s || strlen(s) != 10 || s[4] != '-' || s[7] != '-')
+        goto bad;
+    for (int k = 0; k < 10; k++)
+        if (k != 4 && k != 7 && (s[k] < '0' || s[k] > '9'))
+            goto bad;
+    y = (s[0] - '0') * 1000 + (s[1] - '0') * 100 + (s[2] - '0') * 10 + (s[3] - '0');
+    m = (s[5] - '0') * 10 + (s[6] - '0');
+    d = (s[8] - '0') * 10 + (s[9] - '0');
+    if (y < 1970 || m < 1 || m > 12 || d < 1)
+        goto bad;
+    bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (d > mdays[m - 1] + (m == 2 && leap))
+        goto bad;
+    *out = days_from_civil(y, m, d) * 86400 + 12 * 3600;
+    return PG_OK;
+bad:
+    return pg_error_set(err, PG_EINVAL, "--chat-template-date: expected a day as YYYY-MM-DD, got '%s'",
                         s ? s : "");
 }
 
@@ -570,6 +675,11 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         break;
     case OPT_SHARD: rc = parse_shard(arg, &o->shard_k, &o->shard_n, err); break;
     case OPT_NO_SPECIAL: o->no_special = true; break;
+    case OPT_CHAT_TEMPLATE: o->chat_template_path = arg; break;
+    case OPT_CHAT_DATE:
+        rc = cli_parse_date(arg, &o->chat_date_unix, err);
+        o->has_chat_date = rc == PG_OK;
+        break;
     default:
         return pg_error_set(err, PG_EINVAL, "internal: unhandled option %d", c);
     }
@@ -585,21 +695,27 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
     } else if (argc > 1 && strcmp(argv[1], "tokenize") == 0) {
         o->cmd = CLI_CMD_TOKENIZE;
         first = 2;
+    } else if (argc > 1 && strcmp(argv[1], "chat-template") == 0) {
+        o->cmd = CLI_CMD_CHAT_TEMPLATE;
+        first = 2;
     } else if (argc > 1 && strcmp(argv[1], "help") == 0) {
         o->cmd = CLI_CMD_HELP;
         o->help_for = CLI_CMD_HELP;
         if (argc > 2 && strcmp(argv[2], "tokenize") == 0)
             o->help_for = CLI_CMD_TOKENIZE;
+        else if (argc > 2 && strcmp(argv[2], "chat-template") == 0)
+            o->help_for = CLI_CMD_CHAT_TEMPLATE;
         else if (argc > 2 && strcmp(argv[2], "generate") == 0)
             o->help_for = CLI_CMD_GENERATE;
         return PG_OK;
     } else if (argc > 1 && argv[1][0] != '-') {
         return pg_error_set(err, PG_EINVAL,
-                            "unknown command '%s' (expected generate or tokenize; see --help)", argv[1]);
+                            "unknown command '%s' (expected generate, tokenize or chat-template; see --help)", argv[1]);
     }
     bool explicit_cmd = first == 2;
-    const struct option *table = o->cmd == CLI_CMD_TOKENIZE ? tokenize_opts : generate_opts;
-    const char *shorts = o->cmd == CLI_CMD_TOKENIZE ? ":m:i:o:h" : ":m:i:o:qh";
+    const struct option *table = o->cmd == CLI_CMD_TOKENIZE ? tokenize_opts
+                                 : o->cmd == CLI_CMD_CHAT_TEMPLATE ? chat_template_opts : generate_opts;
+    const char *shorts = o->cmd == CLI_CMD_GENERATE ? ":m:i:o:qh" : ":m:i:o:h";
 
     /* getopt_long keeps its state in globals of libc; reset them so that the
      * parser can run more than once in a process (unit tests). */
@@ -645,11 +761,12 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
         int rc = cli_options_check_dtypes(o, o->device, err);
         if (rc != PG_OK)
             return rc;
-    } else if (o->cmd == CLI_CMD_TOKENIZE) {
+    } else if (o->cmd == CLI_CMD_TOKENIZE || o->cmd == CLI_CMD_CHAT_TEMPLATE) {
         if (!o->tokenizer_dir)
             o->tokenizer_dir = o->model_dir;
         if (!o->tokenizer_dir)
-            return pg_error_set(err, PG_EINVAL, "tokenize: --tokenizer DIR is required (see --help)");
+            return pg_error_set(err, PG_EINVAL, "%s: --tokenizer DIR is required (see --help)",
+                                o->cmd == CLI_CMD_TOKENIZE ? "tokenize" : "chat-template");
     }
     return PG_OK;
 }

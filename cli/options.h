@@ -19,6 +19,7 @@
 typedef enum cli_command {
     CLI_CMD_GENERATE = 0,
     CLI_CMD_TOKENIZE,
+    CLI_CMD_CHAT_TEMPLATE, /* `pagedgen chat-template`: render chat lines, no model */
     CLI_CMD_HELP,      /* --help: print help for `help_for` */
     CLI_CMD_VERSION,
 } cli_command;
@@ -58,7 +59,8 @@ enum cli_sampling_flag {
 
 typedef struct cli_options {
     cli_command cmd;
-    cli_command help_for;          /* with CLI_CMD_HELP: GENERATE, TOKENIZE, or HELP (overview) */
+    cli_command help_for;          /* with CLI_CMD_HELP: GENERATE, TOKENIZE, CHAT_TEMPLATE, or
+                                      HELP (overview) */
 
     /* files */
     const char *model_dir;         /* -m; required by generate */
@@ -99,6 +101,11 @@ typedef struct cli_options {
     double log_interval_s;         /* non-TTY progress line period; 10 */
     int32_t shard_k, shard_n;      /* 0/1 = everything */
 
+    /* chat (generate and chat-template) */
+    const char *chat_template_path;/* --chat-template FILE: always wins over the tokenizer's */
+    bool has_chat_date;            /* --chat-template-date given */
+    int64_t chat_date_unix;        /* its day at 12:00:00 UTC, seconds since the epoch */
+
     /* tokenize */
     bool no_special;
 } cli_options;
@@ -116,7 +123,8 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err);
  * it with --device; cli_device_open again with the device it picked. */
 int cli_options_check_dtypes(const cli_options *o, const char *device, pg_error *err);
 
-/* Writes the help of `cmd` (GENERATE, TOKENIZE, or HELP for the overview). */
+/* Writes the help of `cmd` (GENERATE, TOKENIZE, CHAT_TEMPLATE, or HELP for
+ * the overview). */
 void cli_options_help(FILE *f, cli_command cmd);
 
 /* Long option names of a command, NULL-terminated (for tests that check the
@@ -133,6 +141,11 @@ int cli_parse_int(const char *s, int64_t lo, int64_t hi, const char *what, int64
 /* Finite number in [lo, hi]. */
 int cli_parse_double(const char *s, double lo, double hi, const char *what, double *out,
                      pg_error *err);
+
+/* "YYYY-MM-DD" (a real calendar day, years 1970..9999) -> that day at
+ * 12:00:00 UTC in seconds since the epoch (noon: the time the chat
+ * template goldens pin strftime_now to). */
+int cli_parse_date(const char *s, int64_t *out, pg_error *err);
 
 const char *cli_format_name(cli_format f);
 const char *cli_kv_dtype_name(cli_kv_dtype d); /* "auto", "bf16", "fp16", "f32" */

@@ -96,13 +96,15 @@ static void put_logprobs_jsonl(json_buf *b, const seq_output *s)
 }
 
 /* The text one token adds after a BOS (so a leading space is kept, as in
- * the completion text): decode([bos, id]) - decode([bos]). */
-static void put_token_string(json_buf *b, const tokenizer *tok, int32_t id, size_t *len_out)
+ * the completion text): decode([bos, id]) - decode([bos]). malloc'd, or
+ * NULL without a tokenizer (or when decoding fails). */
+static char *token_text(const tokenizer *tok, int32_t id, size_t *len_out)
 {
     tok_stream *st = NULL;
     int32_t bos = tok ? tok_bos_id(tok) : -1;
     const char *t1 = NULL, *t2 = NULL;
     size_t n1 = 0, n2 = 0;
+    char *all = NULL;
     if (tok && tok_stream_create(&st, tok, false, &bos, bos >= 0 ? 1 : 0, NULL) == PG_OK &&
         tok_stream_push(st, id, &t1, &n1, NULL) == PG_OK) {
         char *joined = malloc(n1 + 1);
@@ -110,23 +112,77 @@ static void put_token_string(json_buf *b, const tokenizer *tok, int32_t id, size
             memcpy(joined, t1, n1);
             if (tok_stream_finish(st, &t2, &n2, NULL) != PG_OK)
                 n2 = 0;
-            char *all = realloc(joined, n1 + n2 + 1);
+            all = realloc(joined, n1 + n2 + 1);
             if (all) {
                 memcpy(all + n1, t2, n2);
-                json_buf_string(b, all, n1 + n2);
-                if (len_out)
-                    *len_out = n1 + n2;
-                free(all);
-                tok_stream_free(st);
-                return;
+                all[n1 + n2] = '\0';
+                *len_out = n1 + n2;
+            } else {
+                free(joined);
             }
-            free(joined);
         }
     }
     tok_stream_free(st);
-    json_buf_printf(b, "\"%d\"", (int)id);
+    return all;
+}
+
+/* token_text as a JSON string; without it the id as a string ("383"). */
+static void put_token_string(json_buf *b, const tokenizer *tok, int32_t id, size_t *len_out)
+{
+    size_t len = 0;
+    char *t = token_text(tok, id, &len);
+    if (t)
+        json_buf_string(b, t, len);
+    else
+        json_buf_printf(b, "\"%d\"", (int)id);
     if (len_out)
-        *len_out = 0;
+        *len_out = len;
+    free(t);
+}
+
+/* The fields of one chat API logprob: "token", "logprob", "bytes" (the
+ * token text's UTF-8 bytes) — vLLM's ChatCompletionLogProb. */
+static void put_chat_logprob(json_buf *b, const tokenizer *tok, int32_t id, float logprob)
+{
+    size_t len = 0;
+    char *t = token_text(tok, id, &len);
+    json_buf_puts(b, "\"token\":");
+    if (t)
+        json_buf_string(b, t, len);
+    else
+        json_buf_printf(b, "\"%d\"", (int)id);
+    json_buf_puts(b, ",\"logprob\":");
+    put_logprob(b, logprob);
+    json_buf_puts(b, ",\"bytes\":");
+    if (t) {
+        json_buf_puts(b, "[");
+        for (size_t k = 0; k < len; k++)
+            json_buf_printf(b, k ? ",%u" : "%u", (unsigned)(unsigned char)t[k]);
+        json_buf_puts(b, "]");
+    } else {
+        json_buf_puts(b, "null");
+    }
+    free(t);
+}
+
+/* The chat API's logprobs: {"content": [{token, logprob, bytes,
+ * "top_logprobs": [{token, logprob, bytes}, ... top_logprobs]}, ...]}. */
+static void put_logprobs_chat(json_buf *b, const cli_output_ctx *c, const seq_output *s)
+{
+    json_buf_puts(b, "{\"content\":[");
+    for (int32_t t = 0; t < s->n_tokens; t++) {
+        json_buf_puts(b, t ? ",{" : "{");
+        put_chat_logprob(b, c->tok, s->token_ids[t], s->token_logprobs[t]);
+        json_buf_puts(b, ",\"top_logprobs\":[");
+        for (int32_t k = 0; k < s->n_top; k++) {
+            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
+            json_buf_puts(b, k ? ",{" : "{");
+            put_chat_logprob(b, c->tok, s->top_ids[at], s->top_logprobs[at]);
+            json_buf_puts(b, "}");
+        }
+        json_buf_puts(b, "]}");
+    }
+    json_buf_puts(b, "]}");
 }
 
 /* OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset. */
@@ -204,18 +260,46 @@ static void openai_hash(char out[17], const char *id_json, int64_t line)
     snprintf(out, 17, "%016llx", (unsigned long long)h);
 }
 
-static void result_openai(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
-                          const request_output *o)
+/* The envelope of vLLM's run-batch BatchRequestOutput up to the body:
+ * {"id", "custom_id", "response": {"status_code", "request_id", "body": */
+static void put_batch_head(json_buf *b, const char h[17], const char *id_json, int status)
 {
-    char h[17];
-    openai_hash(h, p->id_json, p->line);
-    json_buf_printf(b, "{\"id\":\"batch_req_%s\",\"custom_id\":%s,\"response\":{\"status_code\":200,"
-                    "\"request_id\":\"batch-%s\",\"body\":{\"id\":\"cmpl-%s\",\"object\":\"text_completion\","
-                    "\"created\":%lld,\"model\":",
-                    h, p->id_json ? p->id_json : "null", h, h,
-                    c->metrics ? (long long)time(NULL) : 0LL);
+    json_buf_printf(b, "{\"id\":\"batch_req_%s\",\"custom_id\":%s,\"response\":{\"status_code\":%d,"
+                    "\"request_id\":\"batch-%s\",\"body\":",
+                    h, id_json ? id_json : "null", status, h);
+}
+
+/* ..."created": C, "model": M — the body fields both endpoints share. */
+static void put_body_head(json_buf *b, const cli_output_ctx *c, const char *id_prefix, const char h[17],
+                          const char *object)
+{
+    json_buf_printf(b, "{\"id\":\"%s%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", id_prefix, h,
+                    object, c->metrics ? (long long)time(NULL) : 0LL);
     const char *model = c->model_name ? c->model_name : "";
     json_buf_string(b, model, strlen(model));
+}
+
+/* ,"finish_reason": ..., "stop_reason": ...} — closes a choice. */
+static void put_choice_end(json_buf *b, const cli_output_ctx *c, const seq_output *s)
+{
+    json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));
+    put_stop_reason(b, c, s);
+    json_buf_puts(b, "}");
+}
+
+/* },"error":null(,"metrics")}\n — closes the response and the line. */
+static void put_batch_tail(json_buf *b, const cli_output_ctx *c, const request_output *o)
+{
+    json_buf_puts(b, "},\"error\":null");
+    if (c->metrics)
+        put_metrics(b, o);
+    json_buf_puts(b, "}\n");
+}
+
+/* /v1/completions: vLLM's CompletionResponse body. */
+static void body_completion(json_buf *b, const cli_output_ctx *c, const char h[17], const request_output *o)
+{
+    put_body_head(b, c, "cmpl-", h, "text_completion");
     json_buf_puts(b, ",\"choices\":[");
     for (int32_t k = 0; k < o->n_outputs; k++) {
         const seq_output *s = &o->outputs[k];
@@ -226,17 +310,51 @@ static void result_openai(json_buf *b, const cli_output_ctx *c, const cli_pendin
             put_logprobs_openai(b, c, s);
         else
             json_buf_puts(b, "null");
-        json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));
-        put_stop_reason(b, c, s);
-        json_buf_puts(b, "}");
+        put_choice_end(b, c, s);
     }
     int64_t ct = completion_tokens(o);
-    json_buf_printf(b, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld,\"total_tokens\":%lld}}}",
+    json_buf_printf(b, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld,\"total_tokens\":%lld}}",
                     (int)o->n_prompt_tokens, (long long)ct, (long long)(ct + o->n_prompt_tokens));
-    json_buf_puts(b, ",\"error\":null");
-    if (c->metrics)
-        put_metrics(b, o);
-    json_buf_puts(b, "}\n");
+}
+
+/* /v1/chat/completions: vLLM's ChatCompletionResponse body with every key
+ * its model_dump_json writes, in its field order (protocol.py at vLLM
+ * 0052bed3: ChatMessage, ChatCompletionResponseChoice, UsageInfo). */
+static void body_chat(json_buf *b, const cli_output_ctx *c, const char h[17], const request_output *o)
+{
+    put_body_head(b, c, "chatcmpl-", h, "chat.completion");
+    json_buf_puts(b, ",\"choices\":[");
+    for (int32_t k = 0; k < o->n_outputs; k++) {
+        const seq_output *s = &o->outputs[k];
+        json_buf_printf(b, "%s{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", k ? "," : "",
+                        (int)s->index);
+        put_text(b, s);
+        json_buf_puts(b, ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,"
+                         "\"tool_calls\":[],\"reasoning_content\":null},\"logprobs\":");
+        if (s->token_logprobs)
+            put_logprobs_chat(b, c, s);
+        else
+            json_buf_puts(b, "null");
+        put_choice_end(b, c, s);
+    }
+    int64_t ct = completion_tokens(o);
+    json_buf_printf(b, "],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":{\"prompt_tokens\":%d,"
+                    "\"total_tokens\":%lld,\"completion_tokens\":%lld,\"prompt_tokens_details\":null},"
+                    "\"prompt_logprobs\":null,\"kv_transfer_params\":null}",
+                    (int)o->n_prompt_tokens, (long long)(ct + o->n_prompt_tokens), (long long)ct);
+}
+
+static void result_openai(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
+                          const request_output *o)
+{
+    char h[17];
+    openai_hash(h, p->id_json, p->line);
+    put_batch_head(b, h, p->id_json, 200);
+    if (p->chat)
+        body_chat(b, c, h, o);
+    else
+        body_completion(b, c, h, o);
+    put_batch_tail(b, c, o);
 }
 
 void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
@@ -284,10 +402,8 @@ void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json,
     if (c->fmt == CLI_FORMAT_OPENAI) {
         char h[17];
         openai_hash(h, id_json, line);
-        json_buf_printf(b, "{\"id\":\"batch_req_%s\",\"custom_id\":%s,\"response\":{\"status_code\":400,"
-                        "\"request_id\":\"batch-%s\",\"body\":null},\"error\":{\"code\":\"invalid_request\","
-                        "\"message\":",
-                        h, id_json ? id_json : "null", h);
+        put_batch_head(b, h, id_json, 400);
+        json_buf_puts(b, "null},\"error\":{\"code\":\"invalid_request\",\"message\":");
     } else {
         json_buf_printf(b, "{\"id\":%s,\"error\":{\"message\":", id_json ? id_json : "null");
     }

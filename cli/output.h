@@ -35,8 +35,10 @@ typedef struct cli_output_ctx {
 typedef struct cli_pending {
     uint64_t seq;                /* output sequence number (reorder) */
     int64_t index, line;
+    bool chat;                   /* a chat request: openai lines get a chat.completion body */
     char *id_json;               /* owned */
-    char *prompt;                /* owned, only with --include-prompt (NULL for id prompts) */
+    char *prompt;                /* owned, only with --include-prompt (NULL for id prompts;
+                                    a chat request's rendered prompt) */
     size_t prompt_len;
     int32_t *prompt_ids;         /* owned, only with --include-prompt */
     int32_t n_prompt_ids;

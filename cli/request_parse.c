@@ -42,10 +42,18 @@ cli_format cli_detect_format(const char *line, size_t len)
         k++;
     if (k >= len || line[k] != '{')
         return CLI_FORMAT_TEXT;
-    /* An object: openai when it carries the batch envelope's keys. A cheap
-     * textual test keeps detection working on a malformed first line too. */
+    /* An object: openai when it carries the batch envelope's keys at the
+     * top level (so a chat message whose content is "body" stays jsonl). A
+     * cheap textual test keeps detection working on a malformed first line. */
     const char *s = line + k;
     size_t n = len - k;
+    json_doc d;
+    if (json_parse(&d, line, len, "line", NULL) == PG_OK) {
+        bool openai = json_is_object(&d, 0) &&
+                      (json_obj_get(&d, 0, "custom_id") >= 0 || json_obj_get(&d, 0, "body") >= 0);
+        json_doc_free(&d);
+        return openai ? CLI_FORMAT_OPENAI : CLI_FORMAT_JSONL;
+    }
     static const char *const keys[] = {"\"custom_id\"", "\"body\""};
     for (size_t j = 0; j < 2; j++) {
         size_t kl = strlen(keys[j]);
@@ -64,6 +72,7 @@ void cli_request_free(cli_request *r)
     free(r->id_key);
     free(r->prompt);
     free(r->prompt_ids);
+    free(r->chat_json);
     for (size_t k = 0; k < r->n_stop; k++)
         free(r->stop[k]);
     free(r->stop);
@@ -259,8 +268,10 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
                 return PG_OK;
         return unknown_field(c, key);
     }
-    if (json_str_eq(d, key, "max_tokens"))
+    if (json_str_eq(d, key, "max_tokens")) {
+        c->r->max_tokens_set = true;
         return get_i32(c, "max_tokens", v, 1, INT32_MAX, &sp->max_tokens);
+    }
     if (json_str_eq(d, key, "min_tokens"))
         return get_i32(c, "min_tokens", v, 0, INT32_MAX, &sp->min_tokens);
     if (json_str_eq(d, key, "temperature"))
@@ -408,6 +419,130 @@ static int read_prompt(pctx *c, const char *field, int v, bool allow_ids)
     return type_error(c, field, v, allow_ids ? "a string or an array of token ids" : "a string");
 }
 
+
+/* ---- chat requests ------------------------------------------------------------ */
+
+/* A chat field that must be of one JSON type or null (the template reads it;
+ * its contents are the renderer's to check). */
+static int chat_typed(pctx *c, const char *field, int v, bool (*is)(const json_doc *, int),
+                      const char *expected)
+{
+    if (json_is_null(c->d, v) || is(c->d, v))
+        return PG_OK;
+    return type_error(c, field, v, expected);
+}
+
+static int chat_messages(pctx *c, int v)
+{
+    const json_doc *d = c->d;
+    if (!json_is_array(d, v))
+        return type_error(c, "messages", v, "an array of message objects");
+    int n = json_size(d, v);
+    if (n == 0)
+        return pg_error_set(c->err, PG_EINVAL, "field 'messages': empty");
+    int t = v + 1;
+    for (int k = 0; k < n; k++) {
+        if (!json_is_object(d, t))
+            return type_error(c, "messages", t, "an array of message objects");
+        t = json_skip(d, t);
+    }
+    return PG_OK;
+}
+
+/* The body of a chat request: a jsonl line (`openai` false; its "id" was
+ * read by the caller) or an openai body. vLLM's ChatCompletionRequest
+ * names; every other key is an "unknown field" error. */
+static int parse_chat(pctx *c, int obj, bool openai)
+{
+    const json_doc *d = c->d;
+    cli_request *r = c->r;
+    if (check_duplicate_keys(c, obj) != PG_OK)
+        return PG_EINVAL;
+    int n = json_size(d, obj);
+    int key = obj + 1;
+    bool have_messages = false, agp_true = false, cfm_true = false, logprobs = false;
+    bool have_mct = false;
+    int32_t top_logprobs = 0, max_completion_tokens = 0;
+    for (int k = 0; k < n; k++) {
+        int v = key + 1;
+        int rc = PG_OK;
+        if (!openai && json_str_eq(d, key, "id")) {
+            /* read by the caller */
+        } else if (json_str_eq(d, key, "messages")) {
+            rc = chat_messages(c, v);
+            have_messages = true;
+        } else if (json_str_eq(d, key, "prompt") || json_str_eq(d, key, "prompt_token_ids")) {
+            rc = pg_error_set(c->err, PG_EINVAL, "give either 'messages' or '%s', not both",
+                              json_str_eq(d, key, "prompt") ? "prompt" : "prompt_token_ids");
+        } else if (json_str_eq(d, key, "add_generation_prompt") ||
+                   json_str_eq(d, key, "continue_final_message")) {
+            bool agp = json_str_eq(d, key, "add_generation_prompt");
+            bool b = false;
+            if (!json_is_null(d, v))
+                rc = get_bool(c, agp ? "add_generation_prompt" : "continue_final_message", v, &b);
+            if (agp)
+                agp_true = b;
+            else
+                cfm_true = b;
+        } else if (json_str_eq(d, key, "chat_template_kwargs")) {
+            rc = chat_typed(c, "chat_template_kwargs", v, json_is_object, "an object");
+        } else if (json_str_eq(d, key, "tools") || json_str_eq(d, key, "documents")) {
+            rc = chat_typed(c, json_str_eq(d, key, "tools") ? "tools" : "documents", v, json_is_array,
+                            "an array");
+        } else if (json_str_eq(d, key, "max_completion_tokens")) {
+            if (!json_is_null(d, v)) {
+                rc = get_i32(c, "max_completion_tokens", v, 1, INT32_MAX, &max_completion_tokens);
+                have_mct = true;
+            }
+        } else if (json_str_eq(d, key, "logprobs")) {
+            if (!json_is_null(d, v))
+                rc = get_bool(c, "logprobs", v, &logprobs);
+        } else if (json_str_eq(d, key, "top_logprobs")) {
+            if (!json_is_null(d, v))
+                rc = get_i32(c, "top_logprobs", v, 0, SAMPLING_PARAMS_MAX_LOGPROBS, &top_logprobs);
+        } else if (openai && (json_str_eq(d, key, "model") || json_str_eq(d, key, "user"))) {
+            if (!json_is_string(d, v) && !json_is_null(d, v))
+                rc = type_error(c, json_str_eq(d, key, "model") ? "model" : "user", v, "a string");
+        } else if (openai && json_str_eq(d, key, "stream")) {
+            bool b = false;
+            if (!json_is_null(d, v))
+                rc = get_bool(c, "stream", v, &b);
+            if (rc == PG_OK && b)
+                rc = pg_error_set(c->err, PG_EINVAL, "field 'stream': only false is supported");
+        } else {
+            rc = sampling_field(c, key, v, openai);
+        }
+        if (rc != PG_OK)
+            return rc;
+        key = json_skip(d, v);
+    }
+    if (!have_messages)
+        return pg_error_set(c->err, PG_EINVAL, openai ? "body: missing 'messages'" : "missing 'messages'");
+    /* vLLM's ChatCompletionRequest validators, with their messages */
+    if (cfm_true && agp_true)
+        return pg_error_set(c->err, PG_EINVAL,
+                            "cannot set both `continue_final_message` and `add_generation_prompt` to true");
+    if (top_logprobs > 0 && !logprobs)
+        return pg_error_set(c->err, PG_EINVAL,
+                            "when using `top_logprobs`, `logprobs` must be set to true");
+    /* the chat API's logprobs: a bool; the top list is top_logprobs long */
+    r->sp.logprobs = logprobs ? top_logprobs : -1;
+    if (have_mct) {
+        /* the newer OpenAI name wins over max_tokens */
+        r->sp.max_tokens = max_completion_tokens;
+        r->max_tokens_set = true;
+    }
+    size_t len;
+    const char *raw = json_raw(d, obj, &len);
+    r->chat_json = malloc(len + 1);
+    if (!r->chat_json)
+        return pg_error_set(c->err, PG_ENOMEM, "out of memory");
+    memcpy(r->chat_json, raw, len);
+    r->chat_json[len] = '\0';
+    r->chat_json_len = len;
+    return PG_OK;
+}
+
 /* ---- the formats ------------------------------------------------------------- */
 
 static int parse_jsonl(pctx *c)
@@ -436,6 +571,8 @@ static int parse_jsonl(pctx *c)
             return type_error(c, "id", idv, "a string or an integer");
         }
     }
+    if (json_obj_get(d, 0, "messages") >= 0)
+        return parse_chat(c, 0, false);
     if (check_duplicate_keys(c, 0) != PG_OK)
         return PG_EINVAL;
     int n = json_size(d, 0);
@@ -523,7 +660,7 @@ static int parse_openai(pctx *c)
     int n = json_size(d, 0);
     int key = 1;
     int body = -1;
-    bool have_url = false;
+    bool have_url = false, chat = false;
     for (int k = 0; k < n; k++) {
         int v = key + 1;
         if (json_str_eq(d, key, "custom_id")) {
@@ -532,10 +669,9 @@ static int parse_openai(pctx *c)
             if (!json_is_string(d, v) || !json_str_eq(d, v, "POST"))
                 return type_error(c, "method", v, "\"POST\"");
         } else if (json_str_eq(d, key, "url")) {
-            if (json_is_string(d, v) && json_str_eq(d, v, "/v1/chat/completions"))
-                return pg_error_set(c->err, PG_EUNSUPPORTED, "chat templates are not supported yet");
-            if (!json_is_string(d, v) || !json_str_eq(d, v, "/v1/completions"))
-                return type_error(c, "url", v, "\"/v1/completions\"");
+            chat = json_is_string(d, v) && json_str_eq(d, v, "/v1/chat/completions");
+            if (!chat && (!json_is_string(d, v) || !json_str_eq(d, v, "/v1/completions")))
+                return type_error(c, "url", v, "\"/v1/completions\" or \"/v1/chat/completions\"");
             have_url = true;
         } else if (json_str_eq(d, key, "body")) {
             body = v;
@@ -548,6 +684,11 @@ static int parse_openai(pctx *c)
         return pg_error_set(c->err, PG_EINVAL, "missing 'url'");
     if (body < 0)
         return pg_error_set(c->err, PG_EINVAL, "missing 'body'");
+    if (chat) {
+        if (!json_is_object(d, body))
+            return type_error(c, "body", body, "an object");
+        return parse_chat(c, body, true);
+    }
     return parse_openai_body(c, body);
 }
 

@@ -14,6 +14,18 @@
  *           "body": {"model", "prompt": string|[int], max_tokens, ...}}
  *           (the same sampling fields, OpenAI's logprobs as an integer, plus
  *           model/user ignored and stream/echo accepted only as false).
+ *
+ * Chat requests (vLLM's ChatCompletionRequest names): a jsonl line with
+ * "messages" instead of "prompt", or an openai line with "url":
+ * "/v1/chat/completions" whose body has "messages". Their fields: messages
+ * (an array of objects), add_generation_prompt, continue_final_message
+ * (bools; both true is an error, as vLLM's check_generation_prompt),
+ * chat_template_kwargs (object), tools, documents (arrays; only the template
+ * sees them), max_tokens / max_completion_tokens (the latter wins; neither
+ * = the rest of the context, see max_tokens_set), logprobs (a bool) +
+ * top_logprobs (an int in [0, 20]; > 0 needs logprobs true), and the
+ * sampling fields above. The request is not rendered here: chat_json keeps
+ * the request object's text for chat_template_render (cli/chat_render.h).
  */
 #ifndef PG_CLI_REQUEST_PARSE_H
 #define PG_CLI_REQUEST_PARSE_H
@@ -37,11 +49,19 @@ typedef struct cli_request {
      * "s:<unescaped string>" or "n:<integer>". NULL when id_json is. */
     char *id_key;
     size_t id_key_len;
-    /* Exactly one of prompt / prompt_ids on success. Owned. */
+    /* Exactly one of prompt / prompt_ids / chat_json on success. Owned. */
     char *prompt;               /* NUL-terminated UTF-8 */
     size_t prompt_len;
     int32_t *prompt_ids;
     int32_t n_prompt_ids;
+    /* A chat request: the JSON text of the request object (the jsonl line
+     * or the openai body), NUL-terminated, for chat_template_render. */
+    char *chat_json;
+    size_t chat_json_len;
+    /* The line set max_tokens or max_completion_tokens. A chat line that
+     * did not gets the rest of the context (vLLM's chat default) unless
+     * --max-tokens was given; run.c decides. */
+    bool max_tokens_set;
     sampling_params sp;         /* its stop / stop_token_ids point into the arrays below */
     char **stop;                /* owned strings */
     size_t n_stop;

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "chat_render.h"
 #include "config.h"
 #include "device.h"
 #include "engine.h"
@@ -35,6 +36,7 @@ typedef struct run_state {
     const cli_options *o;
     llama_config cfg;
     tokenizer *tok;
+    cli_chat chat;        /* the chat template (tmpl NULL: none found) */
     executor *ex;
     st_file *weights;
     model *mdl;
@@ -118,8 +120,14 @@ static void emit_error(run_state *s, const char *id_json, int64_t line, const ch
 
 /* ---- admission ------------------------------------------------------------- */
 
-static int tokenize_prompt(run_state *s, const cli_request *r, int32_t **ids, int32_t *n, pg_error *err)
+/* The prompt's token ids: given, tokenized (with BOS, as vLLM's
+ * completions), or for a chat request rendered by the chat template and
+ * tokenized without BOS (*text then holds the rendered prompt, owned). */
+static int tokenize_prompt(run_state *s, const cli_request *r, int32_t **ids, int32_t *n, char **text,
+                           size_t *text_len, pg_error *err)
 {
+    *text = NULL;
+    *text_len = 0;
     if (r->prompt_ids) {
         for (int32_t k = 0; k < r->n_prompt_ids; k++)
             if (r->prompt_ids[k] >= s->cfg.vocab_size)
@@ -131,6 +139,12 @@ static int tokenize_prompt(run_state *s, const cli_request *r, int32_t **ids, in
             return pg_error_set(err, PG_ENOMEM, "out of memory");
         memcpy(*ids, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof **ids);
         *n = r->n_prompt_ids;
+    } else if (r->chat_json) {
+        size_t nn = 0;
+        int rc = cli_chat_render(&s->chat, r->chat_json, r->chat_json_len, text, text_len, ids, &nn, err);
+        if (rc != PG_OK)
+            return rc;
+        *n = (int32_t)nn;
     } else {
         if (!s->tok)
             return pg_error_set(err, PG_EINVAL,
@@ -145,6 +159,8 @@ static int tokenize_prompt(run_state *s, const cli_request *r, int32_t **ids, in
         int32_t got = *n;
         free(*ids);
         *ids = NULL;
+        free(*text);
+        *text = NULL;
         return pg_error_set(err, PG_EINVAL,
                             "prompt is too long: %d tokens, but max_model_len is %d (prompt + output)",
                             (int)got, (int)s->max_model_len);
@@ -157,29 +173,42 @@ static void submit(run_state *s, cli_request *r)
 {
     int32_t *ids = NULL;
     int32_t n = 0;
+    char *chat_text = NULL;
+    size_t chat_len = 0;
     pg_error e;
-    if (tokenize_prompt(s, r, &ids, &n, &e) != PG_OK) {
+    if (tokenize_prompt(s, r, &ids, &n, &chat_text, &chat_len, &e) != PG_OK) {
         emit_error(s, r->id_json, r->line, e.msg);
         return;
     }
     cli_pending *p = calloc(1, sizeof *p);
     if (!p) {
         free(ids);
+        free(chat_text);
         emit_error(s, r->id_json, r->line, "out of memory");
         return;
     }
     p->seq = s->next_seq++;
     p->index = r->index;
     p->line = r->line;
+    p->chat = r->chat_json != NULL;
     p->id_json = r->id_json;
     r->id_json = NULL;
     if (s->o->include_prompt) {
-        p->prompt = r->prompt;
-        p->prompt_len = r->prompt_len;
-        r->prompt = NULL;
+        /* a chat request's prompt is its rendered text */
+        p->prompt = chat_text ? chat_text : r->prompt;
+        p->prompt_len = chat_text ? chat_len : r->prompt_len;
+        if (chat_text)
+            chat_text = NULL;
+        else
+            r->prompt = NULL;
         p->prompt_ids = ids;
         p->n_prompt_ids = n;
     }
+    free(chat_text);
+    /* vLLM's chat default: no max_tokens = the rest of the context
+     * (max_model_len - prompt tokens), unless --max-tokens says otherwise */
+    if (p->chat && !r->max_tokens_set && !(s->o->sampling_set & CLI_SET_MAX_TOKENS))
+        r->sp.max_tokens = -1;
     uint64_t rid;
     if (engine_add_request(s->eng, ids, n, &r->sp, p, &rid, &e) != PG_OK) {
         json_buf b = {0};
@@ -379,6 +408,14 @@ static int load_model(run_state *s)
         fprintf(stderr, "pagedgen: %s has no tokenizer.json: prompts must be prompt_token_ids and "
                         "outputs carry no text (give --tokenizer DIR)\n", o->model_dir);
     }
+    /* The chat template is parsed now, so that one that does not parse is
+     * refused before any work (exit 3, with its line and column); none
+     * found is not an error: chat lines then get CLI_CHAT_NO_TEMPLATE. */
+    int crc = cli_chat_open(&s->chat, o, tdir, s->tok, true, &s->err);
+    if (crc != PG_OK) {
+        fail(s, crc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, NULL);
+        return -1;
+    }
     const int32_t ctx_limit = llama_config_max_context(&s->cfg);
     s->max_model_len = o->max_model_len ? o->max_model_len : ctx_limit;
     if (s->max_model_len > s->cfg.max_position_embeddings) {
@@ -533,6 +570,7 @@ static void teardown(run_state *s)
     st_close(s->weights);
     if (s->ex)
         s->ex->op->destroy(s->ex);
+    cli_chat_close(&s->chat);
     tok_free(s->tok);
     cli_input_close(s->in);
     if (s->out_fd > STDERR_FILENO)

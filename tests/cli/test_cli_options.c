@@ -95,6 +95,53 @@ static void test_defaults_and_flags(void **state)
     assert_int_equal(parse(&o, &err, 3, "tokenize", "--help"), PG_OK);
     assert_int_equal(o.cmd, CLI_CMD_HELP);
     assert_int_equal(o.help_for, CLI_CMD_TOKENIZE);
+
+    /* chat: the generate flags and the chat-template subcommand */
+    assert_int_equal(parse(&o, &err, 7, "-m", "d", "--chat-template", "t.jinja", "--chat-template-date",
+                           "2026-07-26"), PG_OK);
+    assert_string_equal(o.chat_template_path, "t.jinja");
+    assert_true(o.has_chat_date);
+    assert_true(o.chat_date_unix == 1785067200); /* 2026-07-26T12:00:00Z */
+    assert_int_equal(parse(&o, &err, 3, "-m", "d"), PG_OK);
+    assert_null(o.chat_template_path);
+    assert_false(o.has_chat_date);
+    assert_int_equal(parse(&o, &err, 8, "chat-template", "--tokenizer", "t", "-i", "in", "--chat-template",
+                           "f"), PG_OK);
+    assert_int_equal(o.cmd, CLI_CMD_CHAT_TEMPLATE);
+    assert_string_equal(o.tokenizer_dir, "t");
+    assert_string_equal(o.input_path, "in");
+    assert_string_equal(o.chat_template_path, "f");
+    assert_int_equal(parse(&o, &err, 4, "chat-template", "-m", "mdir"), PG_OK);
+    assert_string_equal(o.tokenizer_dir, "mdir");
+    assert_int_equal(parse(&o, &err, 3, "chat-template", "--help"), PG_OK);
+    assert_int_equal(o.cmd, CLI_CMD_HELP);
+    assert_int_equal(o.help_for, CLI_CMD_CHAT_TEMPLATE);
+    assert_int_equal(parse(&o, &err, 3, "help", "chat-template"), PG_OK);
+    assert_int_equal(o.help_for, CLI_CMD_CHAT_TEMPLATE);
+}
+
+static void test_dates(void **state)
+{
+    (void)state;
+    pg_error err;
+    int64_t t = 0;
+    struct { const char *s; int64_t want; } good[] = {
+        {"1970-01-01", 43200}, {"2000-02-29", 951825600}, {"2026-07-26", 1785067200},
+        {"2024-12-31", 1735646400}, {"9999-12-31", 253402257600},
+    };
+    for (size_t k = 0; k < sizeof good / sizeof good[0]; k++) {
+        assert_int_equal(cli_parse_date(good[k].s, &t, &err), PG_OK);
+        if (t != good[k].want)
+            fail_msg("%s -> %lld, expected %lld", good[k].s, (long long)t, (long long)good[k].want);
+    }
+    const char *bad[] = {"", "2026-7-26", "2026-07-26T00", "1969-12-31", "2026-13-01", "2026-00-10",
+                         "2026-02-29", "1900-02-29", "2026-04-31", "2026-07-00", "2026/07/26", "+026-07-26",
+                         "２０２６-07-26"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        if (cli_parse_date(bad[k], &t, &err) != PG_EINVAL)
+            fail_msg("'%s' accepted", bad[k]);
+        assert_non_null(strstr(err.msg, "--chat-template-date: expected a day as YYYY-MM-DD"));
+    }
 }
 
 static void test_cuda_flags(void **state)
@@ -174,6 +221,10 @@ static void test_usage_errors(void **state)
         {1, {"frobnicate"}, "unknown command"},
         {3, {"-m", "d", "extra"}, "unexpected argument"},
         {2, {"tokenize", "--input-format=openai"}, "--input-format"},
+        {4, {"-m", "d", "--chat-template-date", "2026-02-30"}, "--chat-template-date"},
+        {1, {"chat-template"}, "chat-template: --tokenizer DIR is required"},
+        {4, {"chat-template", "--tokenizer", "t", "--max-tokens=3"}, "unknown option"},
+        {4, {"chat-template", "--tokenizer", "t", "-q"}, "unknown option"},
         {2, {"-m", "--temperature"}, NULL},
         {4, {"-m", "d", "--gpu-memory-utilization", "0"}, "--gpu-memory-utilization: expected a number in (0, 1]"},
         {4, {"-m", "d", "--gpu-memory-utilization", "1.01"}, "--gpu-memory-utilization"},
@@ -233,6 +284,7 @@ static void test_help_lists_every_flag(void **state)
     (void)state;
     check_help_lists(CLI_CMD_GENERATE);
     check_help_lists(CLI_CMD_TOKENIZE);
+    check_help_lists(CLI_CMD_CHAT_TEMPLATE);
 }
 
 static void test_kv_blocks_arithmetic(void **state)
@@ -252,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_defaults_and_flags),
         cmocka_unit_test(test_cuda_flags),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_dates),
         cmocka_unit_test(test_help_lists_every_flag),
         cmocka_unit_test(test_kv_blocks_arithmetic),
     };

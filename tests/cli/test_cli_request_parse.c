@@ -143,7 +143,9 @@ static void test_openai(void **state)
 
     struct { const char *line; const char *msg; } bad[] = {
         {"{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": {}}",
-         "chat templates are not supported yet"},
+         "body: missing 'messages'"},
+        {"{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", \"body\": {}}",
+         "field 'url': expected \"/v1/completions\" or \"/v1/chat/completions\""},
         {"{\"custom_id\": \"c\", \"method\": \"GET\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": \"x\"}}",
          "field 'method'"},
         {"{\"custom_id\": \"c\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": \"x\", \"foo\": 1}}",

@@ -29,6 +29,9 @@ SAMPLE_RUNS = [
     ("prompts.jsonl", "prompts.jsonl.out.jsonl", [], 0),
     ("batch_openai.jsonl", "batch_openai.out.jsonl", [], 0),
     ("bad_lines.jsonl", "bad_lines.out.jsonl", [], 1),
+    ("chat_batch.jsonl", "chat_batch.out.jsonl", ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")], 0),
+    ("chat_messages.jsonl", "chat_messages.out.jsonl", ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")],
+     0),
 ]
 
 
@@ -136,7 +139,7 @@ def case_bad_lines():
     for r in recs:
         if "error" in r:
             check(isinstance(r["error"]["message"], str) and r["error"]["line"] >= 1, "error shape")
-    # openai: chat lines are refused per line, the rest runs
+    # openai: chat lines without a chat template are refused per line, the rest runs
     lines = [
         {"custom_id": "a", "method": "POST", "url": "/v1/completions",
          "body": {"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 5}},
@@ -153,7 +156,8 @@ def case_bad_lines():
     check(body["object"] == "text_completion" and body["created"] == 0 and body["model"] == "stories260K",
           "openai body")
     check(recs[1]["custom_id"] == "b" and recs[1]["response"]["status_code"] == 400
-          and "chat templates are not supported yet" in recs[1]["error"]["message"], "openai chat error")
+          and "model has no chat template: pass --chat-template FILE" in recs[1]["error"]["message"],
+          "openai chat error")
 
 
 def case_exit_codes():
@@ -222,7 +226,8 @@ def case_help():
                  "--presence-penalty", "--frequency-penalty", "--repetition-penalty", "--logprobs",
                  "--include-prompt", "--unordered", "--resume", "--metrics", "--quiet",
                  "--log-interval", "--shard", "--help", "--version", "--gpu-memory-utilization",
-                 "--kv-cache-dtype", "--dtype", "--cuda-device", "--fast-gemm"]
+                 "--kv-cache-dtype", "--dtype", "--cuda-device", "--fast-gemm", "--chat-template",
+                 "--chat-template-date"]
     for args in (["--help"], ["generate", "--help"], ["help"]):
         rc, out, _ = run(args)
         check(rc == 0, f"{args}: exit {rc}")

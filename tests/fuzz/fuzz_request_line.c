@@ -1,5 +1,6 @@
 /* fuzz_request_line: cli_request_parse over arbitrary bytes in every input
- * format; an accepted request must be well formed (one prompt, valid
+ * format; an accepted request must be well formed (one prompt, or one chat
+ * request whose kept text is itself one JSON object, valid
  * params, arrays as long as they claim), and an error must come with a
  * message. The record writer is then run on the id it found. */
 #include <stdint.h>
@@ -31,8 +32,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         err.msg[0] = '\0';
         int rc = cli_request_parse(&r, line, size, fmts[k], 3, 4, &def, 9, &err);
         if (rc == PG_OK) {
-            if ((r.prompt == NULL) == (r.prompt_ids == NULL))
+            if ((r.prompt != NULL) + (r.prompt_ids != NULL) + (r.chat_json != NULL) != 1)
                 abort();
+            if (r.chat_json) {
+                json_doc d;
+                if (json_parse(&d, r.chat_json, r.chat_json_len, "chat", NULL) != PG_OK)
+                    abort();
+                bool obj = json_is_object(&d, 0) && json_obj_get(&d, 0, "messages") >= 0;
+                json_doc_free(&d);
+                if (!obj)
+                    abort();
+            }
             if (r.prompt && r.prompt_len == 0)
                 abort();
             if (r.prompt_ids && r.n_prompt_ids <= 0)
