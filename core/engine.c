@@ -473,7 +473,11 @@ int engine_step(engine *e, pg_error *err)
     e->util_filled_sum += (double)m.filled_slots;
     e->util_alloc_sum += (double)m.allocated_slots;
 
-    /* forks (the leader has just computed the prompt), then sampling */
+    /* forks (the leader has just computed the prompt), then sampling. Only
+     * the KV is forked: every sequence keeps its own sampling state from
+     * request_create (RNG stream i; per-sequence state such as a grammar
+     * belongs there too, so a fanned-out child, which never forks, has its
+     * own: see request_fan_out) */
     int32_t row = 0;
     for (int32_t i = 0; i < st.n_entries; i++) {
         sequence *q = st.entries[i].seq;
