@@ -147,7 +147,8 @@ typedef struct engine_stats {
     int32_t num_blocks;
     int32_t blocks_in_use;           /* now */
     int32_t blocks_in_use_peak;
-    int32_t running, waiting;        /* requests now */
+    int32_t running, waiting;        /* requests now (a fanned-out request: its
+                                        children, each counted) */
     int32_t peak_running_seqs;
     double kv_utilization;           /* filled slots / slots of allocated blocks, now */
     double kv_utilization_mean;      /* averaged over steps, weighted by blocks in use */
@@ -234,8 +235,9 @@ const kv_pool *engine_kv_pool(const engine *e);
 /* Inside backend->forward: for each of the step's b->num_seqs sequences,
  * (request_id << 8) | sequence index. Borrowed, valid during the step. */
 const uint64_t *engine_step_seq_ids(const engine *e);
-/* The waiting queue front to back (request ids), up to max; returns the
- * total number waiting. */
+/* The waiting queue front to back (request ids; a fanned-out request's
+ * waiting children each give its id), up to max; returns the total number
+ * waiting. */
 int32_t engine_waiting_ids(const engine *e, uint64_t *ids, int32_t max);
 
 #endif /* PG_ENGINE_H */
