@@ -226,10 +226,10 @@ static bool should_fan_out(const scheduler *s, const request *r, int32_t n_seqs)
 {
     if (r->parent || r->n_live < 2) return false;
     if (r->must_fan_out || r->n_live > s->p.max_num_seqs) return true;
-    /* the group would wait for sequence slots: its children start now and
-     * lose no sharing when the prompt's full blocks are found in the prefix
-     * cache (contiguous KV shares nothing anyway) */
-    return n_seqs + r->n_live > s->p.max_num_seqs &&
+    /* the group would wait for sequence slots while some are free: its
+     * children start now and lose no sharing when the prompt's full blocks
+     * are found in the prefix cache (contiguous KV shares nothing anyway) */
+    return n_seqs < s->p.max_num_seqs && n_seqs + r->n_live > s->p.max_num_seqs &&
            (s->p.prefix_caching || s->p.layout == KV_LAYOUT_CONTIGUOUS);
 }
 
