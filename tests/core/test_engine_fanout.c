@@ -19,6 +19,7 @@
 
 #include "engine_harness.h"
 #include "kv_pool.h"
+#include "sequence.h"
 
 static workload g_wl;
 static run_result g_ref; /* every request a forked group, plenty of room */
@@ -381,9 +382,70 @@ static void test_fanout_abort_and_teardown(void **state)
     rig_close(&r);
 }
 
+/* request_fan_out on a request that already generated (a preempted
+ * group): one child per live sequence in index order, each running the
+ * parent's sequence in place (tokens, RNG, index kept); finished
+ * sequences stay with the parent; children free only themselves. */
+static void test_request_fan_out_keeps_sequences(void **state)
+{
+    (void)state;
+    sampling_params sp = sampling_params_default();
+    sp.n = 4;
+    sp.max_tokens = 10;
+    sp.seed = 3;
+    int32_t p[3] = {5, 6, 7};
+    request *r;
+    pg_error err;
+    assert_int_equal(request_create(&r, 9, p, 3, &sp, 64, eos_ids, 1, NULL, NULL, &err), PG_OK);
+    for (int32_t i = 0; i < 4; i++)
+        for (int32_t t = 0; t <= i; t++)
+            assert_int_equal(sequence_append(&r->seqs[i], 10 + i, NULL, &err), PG_OK);
+    r->seqs[1].finished = true;
+    r->seqs[1].finish = FINISH_STOP;
+    r->n_live = 3;
+    sampler_rng rng2 = r->seqs[2].rng;
+    request *kids[4];
+    int32_t n = 0;
+    assert_int_equal(request_fan_out(r, kids, &n), PG_OK);
+    assert_int_equal(n, 3);
+    assert_true(r->fanned_out);
+    assert_int_equal(r->n_children, 3);
+    const int32_t want_index[3] = {0, 2, 3};
+    for (int32_t k = 0; k < 3; k++) {
+        request *c = kids[k];
+        assert_ptr_equal(c->parent, r);
+        assert_ptr_equal(request_root(c), r);
+        assert_int_equal(c->n, 1);
+        assert_int_equal(c->n_live, 1);
+        assert_int_equal(c->id, 9);
+        assert_ptr_equal(c->seqs, &r->seqs[want_index[k]]);
+        assert_ptr_equal(c->seqs[0].req, c);
+        assert_int_equal(c->seqs[0].index, want_index[k]);
+        assert_int_equal(c->seqs[0].n_tokens, 3 + want_index[k] + 1);
+        assert_ptr_equal(request_leader(c), &c->seqs[0]);
+        assert_int_equal(request_seq_target(c, &c->seqs[0], true), c->seqs[0].n_tokens);
+    }
+    assert_memory_equal(&kids[1]->seqs[0].rng, &rng2, sizeof rng2);
+    for (int32_t k = 0; k < 3; k++) {
+        kids[k]->seqs[0].req = r;
+        request_destroy(kids[k]);
+    }
+    request_output *o = request_make_output(r, 0.0);
+    assert_non_null(o);
+    assert_int_equal(o->n_outputs, 4);
+    for (int32_t k = 0; k < 4; k++) {
+        assert_int_equal(o->outputs[k].index, k);
+        assert_int_equal(o->outputs[k].n_tokens, k + 1);
+    }
+    assert_int_equal(o->outputs[1].finish, FINISH_STOP);
+    request_output_free(o);
+    request_destroy(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest single[] = {
+        cmocka_unit_test(test_request_fan_out_keeps_sequences),
         cmocka_unit_test(test_fanout_prefix_sharing_counted),
         cmocka_unit_test(test_fanout_refusals),
         cmocka_unit_test(test_fanout_abort_and_teardown),
