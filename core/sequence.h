@@ -87,7 +87,10 @@ struct request {
     /* fan-out (see the top of this file) */
     request *parent;            /* a child: its parent (the fields above are a shallow
                                    copy of the parent's; seqs points into parent->seqs;
-                                   the child owns only itself) */
+                                   the child owns only itself). Request-level state that
+                                   changes while running (timing, n_preemptions, prompt
+                                   logprobs, ...) must be written to request_root(r), or
+                                   a child's write is lost with its shell */
     int32_t n_children;         /* a fanned-out parent: children not yet retired */
     bool fanned_out;            /* a parent whose live sequences run as children */
     bool must_fan_out;          /* the n sequences can never run together (engine) */
