@@ -161,6 +161,25 @@ static void destroy_request(engine *e, request *r)
     request_destroy(r);
 }
 
+/* Frees a child shell (out of the scheduler's queues; its sequence stays
+ * in the parent). Returns its parent when that was the last child (the
+ * caller retires or destroys it), else NULL. */
+static request *detach_child(request *c)
+{
+    request *p = c->parent;
+    c->seqs[0].req = p;
+    p->n_live--; /* each child ran one of the parent's live sequences */
+    request_destroy(c);
+    return --p->n_children == 0 ? p : NULL;
+}
+
+/* Frees a request taken out of the scheduler's queues (teardown). */
+static void drop_request(engine *e, request *r)
+{
+    if (r->parent && !(r = detach_child(r))) return;
+    destroy_request(e, r);
+}
+
 void engine_destroy(engine *e)
 {
     if (!e) return;
@@ -168,11 +187,11 @@ void engine_destroy(engine *e)
         request *r;
         while ((r = scheduler_running(e->sched))) {
             scheduler_remove(e->sched, r);
-            destroy_request(e, r);
+            drop_request(e, r);
         }
         while ((r = scheduler_waiting(e->sched))) {
             scheduler_remove_waiting(e->sched, r);
-            destroy_request(e, r);
+            drop_request(e, r);
         }
     }
     for (int32_t i = 0; i < e->fin_n; i++)
@@ -196,7 +215,8 @@ void engine_destroy(engine *e)
     free(e);
 }
 
-/* Blocks a request needs at its longest (each sequence at its cap). */
+/* Blocks a request needs at its longest (each sequence at its cap, the
+ * prompt's full blocks shared by its n sequences; n = 1: one child). */
 static int64_t request_blocks_needed(const engine *e, int32_t n_prompt, int32_t n,
                                      int32_t max_output)
 {
@@ -233,22 +253,25 @@ int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
         return pg_error_set(err, PG_EINVAL, "request: prompt of %d tokens does not fit "
                             "max_model_len %d (at least one token of room is needed)",
                             (int)n_prompt, (int)e->p.max_model_len);
-    if (sp->n > e->max_seqs)
-        return pg_error_set(err, PG_EINVAL, "request: n = %d sequences can never run: at most %d "
-                            "run in one step (max_num_seqs, max_num_batched_tokens)",
-                            (int)sp->n, (int)e->max_seqs);
     int32_t max_output = e->p.max_model_len - n_prompt;
     if (sp->max_tokens >= 0 && sp->max_tokens < max_output) max_output = sp->max_tokens;
-    int64_t need = request_blocks_needed(e, n_prompt, sp->n, max_output);
-    if (need > e->p.num_blocks)
+    /* n sequences that cannot run together (more than a step holds, or
+     * more than the pool holds at their longest) run as independent
+     * children (scheduler.h); refused only if one sequence alone can never
+     * fit the pool */
+    int64_t need_one = request_blocks_needed(e, n_prompt, 1, max_output);
+    if (need_one > e->p.num_blocks)
         return pg_error_set(err, PG_EINVAL, "request: needs %lld KV blocks (%d prompt tokens, up to "
-                            "%d generated, n = %d, block size %d), the pool has %d",
-                            (long long)need, (int)n_prompt, (int)max_output, (int)sp->n,
+                            "%d generated, block size %d), the pool has %d",
+                            (long long)need_one, (int)n_prompt, (int)max_output,
                             (int)e->p.block_size, (int)e->p.num_blocks);
+    bool must_fan_out = e->p.fan_out_always || sp->n > e->max_seqs ||
+                        request_blocks_needed(e, n_prompt, sp->n, max_output) > e->p.num_blocks;
     request *r;
     rc = request_create(&r, e->next_id, prompt_ids, n_prompt, sp, e->p.max_model_len, e->eos,
                         e->n_eos, e->tok, user, err);
     if (rc) return rc;
+    r->must_fan_out = must_fan_out;
     for (int32_t i = 0; i < r->n; i++) {
         if ((rc = kv_pool_table_new(e->pool, &r->seqs[i].table, err))) {
             destroy_request(e, r);
@@ -294,9 +317,12 @@ bool engine_pop_finished(engine *e, request_output **out)
 }
 
 /* Hands a request whose sequences are all finished (or aborted) to the
- * finished queue and frees it. */
+ * finished queue and frees it; a child only when it is its parent's last. */
 static int retire(engine *e, request *r, pg_error *err)
 {
+    /* a child: its sequence (finished or aborted) stays in the parent,
+     * which is handed out with all n outputs when its last child goes */
+    if (r->parent && !(r = detach_child(r))) return PG_OK;
     request_output *o = request_make_output(r, now_ms());
     destroy_request(e, r);
     e->n_unfinished--;
@@ -390,9 +416,10 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         return pg_error_set(err, rc, "engine: request %llu sequence %d: %s",
                             (unsigned long long)r->id, (int)q->index,
                             sampler_workspace_error(e->ws));
-    if (!r->sampled_once) {
-        r->sampled_once = true;
-        r->t_first_token_ms = now_ms();
+    request *root = request_root(r);
+    if (!root->sampled_once) {
+        root->sampled_once = true;
+        root->t_first_token_ms = now_ms();
     }
     e->stats.generated_tokens++;
     rc = sequence_accept(q, res.token_id, &res, e->eos, e->n_eos, err);
@@ -418,7 +445,7 @@ int engine_step(engine *e, pg_error *err)
     if (st.n_entries == 0) goto done; /* everything was preempted: readmit next step */
     double t = now_ms();
     for (int32_t i = 0; i < st.n_entries; i++) {
-        request *r = st.entries[i].seq->req;
+        request *r = request_root(st.entries[i].seq->req);
         if (!r->admitted_once) {
             r->admitted_once = true;
             r->t_first_admit_ms = t;
@@ -446,7 +473,11 @@ int engine_step(engine *e, pg_error *err)
     e->util_filled_sum += (double)m.filled_slots;
     e->util_alloc_sum += (double)m.allocated_slots;
 
-    /* forks (the leader has just computed the prompt), then sampling */
+    /* forks (the leader has just computed the prompt), then sampling. Only
+     * the KV is forked: every sequence keeps its own sampling state from
+     * request_create (RNG stream i; per-sequence state such as a grammar
+     * belongs there too, so a fanned-out child, which never forks, has its
+     * own: see request_fan_out) */
     int32_t row = 0;
     for (int32_t i = 0; i < st.n_entries; i++) {
         sequence *q = st.entries[i].seq;

@@ -97,6 +97,10 @@ oom:
 void request_destroy(request *r)
 {
     if (!r) return;
+    if (r->parent) { /* a child owns only its shell */
+        free(r);
+        return;
+    }
     if (r->seqs) {
         for (int32_t i = 0; i < r->n; i++) {
             sequence *s = &r->seqs[i];
@@ -116,6 +120,37 @@ void request_destroy(request *r)
     free(r->banned);
     free(r->prompt);
     free(r);
+}
+
+int request_fan_out(request *r, request **children, int32_t *n_children)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < r->n; i++) {
+        if (r->seqs[i].finished) continue;
+        request *c = malloc(sizeof *c);
+        if (!c) {
+            while (n > 0) free(children[--n]);
+            return PG_ENOMEM;
+        }
+        *c = *r; /* params, prompt, stops, banned ids: borrowed from r */
+        c->parent = r;
+        c->seqs = &r->seqs[i];
+        c->n = 1;
+        c->n_live = 1;
+        c->forked = false;
+        c->n_children = 0;
+        c->fanned_out = false;
+        c->must_fan_out = false;
+        c->retiring = false;
+        c->prev = c->next = NULL;
+        children[n++] = c;
+    }
+    for (int32_t k = 0; k < n; k++) children[k]->seqs[0].req = children[k];
+    r->fanned_out = true;
+    r->forked = false;
+    r->n_children = n;
+    *n_children = n;
+    return PG_OK;
 }
 
 sequence *request_leader(request *r)
