@@ -29,6 +29,7 @@ SAMPLE_RUNS = [
     ("prompts.jsonl", "prompts.jsonl.out.jsonl", [], 0),
     ("batch_openai.jsonl", "batch_openai.out.jsonl", [], 0),
     ("bad_lines.jsonl", "bad_lines.out.jsonl", [], 1),
+    ("extract.jsonl", "extract.out.jsonl", [], 1),
 ]
 
 
