@@ -17,6 +17,23 @@
 #include "sequence.h"
 #include "tokenizer.h"
 
+/* A compiled constraint shared by the requests that give the same one
+ * (kind and text): compiled once, one mask cache. Freed with its last
+ * request. */
+typedef struct gram_entry {
+    grammar_kind kind;
+    char *text;
+    size_t len;
+    grammar *g;
+    grammar_cache *cache;
+    int32_t refs;
+    struct gram_entry *next;
+} gram_entry;
+
+/* Mask-cache memory per distinct constraint (grammar_cache_create): about
+ * 500 states of a 128k vocabulary; past it masks are walked each time. */
+#define ENGINE_GRAMMAR_CACHE_BYTES ((size_t)8 << 20)
+
 struct engine {
     engine_params p;
     int32_t max_seqs;           /* min(max_num_seqs, max_num_batched_tokens) */
@@ -41,6 +58,7 @@ struct engine {
      * request) and one mask */
     grammar_vocab *gvocab;
     uint64_t *gmask;                            /* [grammar_mask_words] */
+    gram_entry *grams;                          /* live compiled constraints */
     int32_t top_ids[SAMPLING_PARAMS_MAX_LOGPROBS];
     float top_lp[SAMPLING_PARAMS_MAX_LOGPROBS];
     /* finished outputs, FIFO */
@@ -159,8 +177,59 @@ fail:
     return rc;
 }
 
+static void gram_release(engine *e, gram_entry *g)
+{
+    if (!g || --g->refs > 0) return;
+    for (gram_entry **p = &e->grams; *p; p = &(*p)->next)
+        if (*p == g) {
+            *p = g->next;
+            break;
+        }
+    grammar_cache_destroy(g->cache);
+    grammar_destroy(g->g);
+    free(g->text);
+    free(g);
+}
+
+/* The shared compile of sp's constraint (a new reference). */
+static int gram_acquire(engine *e, const sampling_params *sp, gram_entry **out, pg_error *err)
+{
+    const char *text = sp->structured ? sp->structured : "";
+    size_t len = sp->structured ? sp->structured_len : 0;
+    for (gram_entry *g = e->grams; g; g = g->next)
+        if (g->kind == sp->structured_kind && g->len == len && memcmp(g->text, text, len) == 0) {
+            g->refs++;
+            *out = g;
+            return PG_OK;
+        }
+    gram_entry *g = calloc(1, sizeof *g);
+    if (!g || !(g->text = malloc(len + 1))) {
+        free(g);
+        return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a constraint");
+    }
+    memcpy(g->text, text, len);
+    g->text[len] = '\0';
+    g->len = len;
+    g->kind = sp->structured_kind;
+    int rc = grammar_compile(&g->g, g->kind, g->text, len, err);
+    if (!rc) rc = grammar_cache_create(&g->cache, g->g, e->gvocab, ENGINE_GRAMMAR_CACHE_BYTES, err);
+    if (rc) {
+        grammar_destroy(g->g);
+        free(g->text);
+        free(g);
+        return rc;
+    }
+    g->refs = 1;
+    g->next = e->grams;
+    e->grams = g;
+    *out = g;
+    return PG_OK;
+}
+
 static void destroy_request(engine *e, request *r)
 {
+    gram_release(e, r->gentry);
+    r->gentry = NULL;
     for (int32_t i = 0; i < r->n; i++)
         if (r->seqs[i].table >= 0) kv_pool_table_delete(e->pool, r->seqs[i].table);
     request_destroy(r);
@@ -286,12 +355,14 @@ int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
                         e->n_eos, e->tok, user, err);
     if (rc) return rc;
     if (sp->structured_kind != GRAMMAR_NONE) {
-        if ((rc = ensure_grammar_vocab(e, err)) ||
-            (rc = grammar_compile(&r->gram, sp->structured_kind, sp->structured,
-                                  sp->structured_len, err))) {
+        gram_entry *g = NULL;
+        if ((rc = ensure_grammar_vocab(e, err)) || (rc = gram_acquire(e, sp, &g, err))) {
             destroy_request(e, r);
             return pg_error_wrap(err, rc == PG_ENOMEM ? rc : PG_EINVAL, "request: structured outputs");
         }
+        r->gentry = g;
+        r->gram = g->g;
+        r->gcache = g->cache;
         for (int32_t i = 0; i < r->n; i++) grammar_state_init(r->gram, &r->seqs[i].gst);
     }
     for (int32_t i = 0; i < r->n; i++) {
@@ -435,7 +506,7 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         /* structured outputs: tokens that kill the automaton get -inf before
          * anything else (penalties, temperature, top-k/p, min-p, greedy);
          * eos and stop ids only where the text so far is a complete match */
-        int32_t cnt = grammar_mask(r->gram, e->gvocab, &q->gst, e->gmask);
+        int32_t cnt = grammar_mask_cached(r->gcache, &q->gst, e->gmask);
         if (cnt < 0)
             return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
         bool can_end = grammar_can_end(r->gram, &q->gst);

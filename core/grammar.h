@@ -94,4 +94,18 @@ size_t grammar_mask_words(const grammar_vocab *v);
 int32_t grammar_mask(const grammar *g, const grammar_vocab *v, const grammar_state *s,
                      uint64_t *mask);
 
+/* A per-(grammar, vocabulary) cache of masks by automaton top state (the
+ * walk from the top frame alone, with the tokens whose fate depends on the
+ * frames below checked one by one at mask time): a state seen again costs
+ * a copy of the mask plus those few tokens. Mutable: one thread at a time.
+ * Entries are added until they hold max_bytes, then masks are walked. g and
+ * v are borrowed and must outlive it. */
+typedef struct grammar_cache grammar_cache;
+int grammar_cache_create(grammar_cache **out, const grammar *g, const grammar_vocab *v,
+                         size_t max_bytes, pg_error *err);
+void grammar_cache_destroy(grammar_cache *c); /* accepts NULL */
+size_t grammar_cache_bytes(const grammar_cache *c);
+/* The same mask as grammar_mask(g, v, s, mask), through the cache. */
+int32_t grammar_mask_cached(grammar_cache *c, const grammar_state *s, uint64_t *mask);
+
 #endif /* PG_GRAMMAR_H */

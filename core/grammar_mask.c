@@ -267,3 +267,224 @@ int32_t grammar_mask(const grammar *g, const grammar_vocab *v, const grammar_sta
     free(log);
     return count;
 }
+
+/* ---- the per-state mask cache ------------------------------------------------ */
+
+/* For a DFA state t, the walk from the one-frame stack [t] sorts every token
+ * into: accepted without ever leaving t's frame (then the frames below are
+ * never read: accepted under any stack, but for the depth limit when it
+ * pushed frames: `deep` keeps those with the most frames they stacked),
+ * refused inside t's frame (refused under any stack), or uncertain: its
+ * bytes ran t's rule to its end, so the caller frames decide (checked
+ * token by token against the whole stack at mask time). xgrammar's
+ * "adaptive token mask cache" (Dong et al., 2024) in its simplest form. */
+typedef struct gc_entry {
+    uint64_t *bits;          /* [words] accepted */
+    int32_t *deep;           /* pairs (id, most frames on the relative stack), n_deep */
+    int32_t *unsure;         /* ids, n_unsure */
+    int32_t n_deep, n_unsure;
+} gc_entry;
+
+struct grammar_cache {
+    const grammar *g;
+    const grammar_vocab *v;
+    gc_entry **e;            /* [g->n_states], NULL until computed */
+    size_t bytes, max_bytes;
+};
+
+int grammar_cache_create(grammar_cache **out, const grammar *g, const grammar_vocab *v,
+                         size_t max_bytes, pg_error *err)
+{
+    *out = NULL;
+    grammar_cache *c = calloc(1, sizeof *c);
+    if (c)
+        c->e = calloc((size_t)g->n_states, sizeof *c->e);
+    if (!c || !c->e) {
+        free(c);
+        return pg_error_set(err, PG_ENOMEM, "grammar cache: out of memory");
+    }
+    c->g = g;
+    c->v = v;
+    c->max_bytes = max_bytes;
+    *out = c;
+    return PG_OK;
+}
+
+void grammar_cache_destroy(grammar_cache *c)
+{
+    if (!c)
+        return;
+    for (int32_t s = 0; s < c->g->n_states; s++)
+        if (c->e[s]) {
+            free(c->e[s]->bits);
+            free(c->e[s]->deep);
+            free(c->e[s]->unsure);
+            free(c->e[s]);
+        }
+    free(c->e);
+    free(c);
+}
+
+size_t grammar_cache_bytes(const grammar_cache *c) { return c->bytes; }
+
+static bool push2(int32_t **a, int32_t *n, int32_t *cap, int32_t x, int32_t y, int per)
+{
+    if (*n + per > *cap) {
+        int32_t nc = *cap ? 2 * *cap : 64;
+        int32_t *p = realloc(*a, (size_t)nc * sizeof *p);
+        if (!p)
+            return false;
+        *a = p;
+        *cap = nc;
+    }
+    (*a)[(*n)++] = x;
+    if (per == 2)
+        (*a)[(*n)++] = y;
+    return true;
+}
+
+/* The walk of grammar_mask from [t], classifying (see above). NULL on OOM. */
+static gc_entry *classify(const grammar *g, const grammar_vocab *v, int32_t t)
+{
+    gc_entry *en = calloc(1, sizeof *en);
+    int32_t levels = v->max_len + 1;
+    const int32_t per_byte = 4 * GRAMMAR_MAX_DEPTH + 2;
+    int32_t cap = 8 * per_byte, cap_deep = 0, cap_unsure = 0;
+    int32_t *save = malloc((size_t)levels * 3 * sizeof *save);
+    int32_t *log = malloc((size_t)cap * sizeof *log);
+    if (en)
+        en->bits = calloc(grammar_mask_words(v), sizeof *en->bits);
+    if (!en || !en->bits || !save || !log)
+        goto oom;
+    int32_t *save_n = save, *save_log = save + levels, *save_max = save + 2 * levels;
+    grammar_state w;
+    w.n = 1;
+    w.st[0] = t;
+    int32_t nlog = 0;
+    save_n[0] = 1;
+    save_log[0] = 0;
+    save_max[0] = 1;
+    int32_t i = 0;
+    while (i < v->n_nodes) {
+        int32_t d = v->depth[i];
+        int32_t stop = save_log[d - 1];
+        while (nlog > stop) {
+            nlog -= 2;
+            w.st[log[nlog]] = log[nlog + 1];
+        }
+        w.n = save_n[d - 1];
+        if (nlog + per_byte > cap) {
+            int32_t *nl = realloc(log, (size_t)cap * 2 * sizeof *nl);
+            if (!nl)
+                goto oom;
+            log = nl;
+            cap *= 2;
+        }
+        /* one byte; a pop of the base frame makes the whole subtree unsure */
+        uint8_t b = v->byte[i];
+        int32_t c = g->cls[b];
+        int verdict = 0; /* 1 ok, 0 refused, 2 unsure */
+        for (;;) {
+            int32_t top = w.st[w.n - 1];
+            int32_t x = g->trans[(size_t)top * (size_t)g->n_classes + (size_t)c];
+            if (x >= 0) {
+                log[nlog++] = w.n - 1;
+                log[nlog++] = top;
+                w.st[w.n - 1] = x;
+                verdict = 1;
+                break;
+            }
+            if (x <= -2) {
+                if (w.n == GRAMMAR_MAX_DEPTH)
+                    break;
+                const gcall *k = &g->calls[-2 - x];
+                log[nlog++] = w.n - 1;
+                log[nlog++] = top;
+                log[nlog++] = w.n;
+                log[nlog++] = w.st[w.n];
+                w.st[w.n - 1] = k->ret;
+                w.st[w.n++] = g->rule_start[k->rule];
+                continue;
+            }
+            if (g->accept[top] && w.n > 1) {
+                w.n--;
+                continue;
+            }
+            if (g->accept[top])
+                verdict = 2; /* t's rule ended: the callers decide */
+            break;
+        }
+        if (verdict == 2) {
+            for (int32_t j = i; j < v->next[i]; j++)
+                for (int32_t k = 0; k < v->ntok[j]; k++)
+                    if (!push2(&en->unsure, &en->n_unsure, &cap_unsure, v->ids[v->tok0[j] + k], 0, 1))
+                        goto oom;
+            i = v->next[i];
+            continue;
+        }
+        if (verdict == 0) {
+            i = v->next[i];
+            continue;
+        }
+        int32_t mx = save_max[d - 1] > w.n ? save_max[d - 1] : w.n;
+        for (int32_t k = 0; k < v->ntok[i]; k++) {
+            int32_t id = v->ids[v->tok0[i] + k];
+            en->bits[id >> 6] |= 1ull << (id & 63);
+            if (mx > 1 && !push2(&en->deep, &en->n_deep, &cap_deep, id, mx, 2))
+                goto oom;
+        }
+        save_n[d] = w.n;
+        save_log[d] = nlog;
+        save_max[d] = mx;
+        i++;
+    }
+    en->n_deep /= 2;
+    free(save);
+    free(log);
+    return en;
+oom:
+    if (en) {
+        free(en->bits);
+        free(en->deep);
+        free(en->unsure);
+        free(en);
+    }
+    free(save);
+    free(log);
+    return NULL;
+}
+
+int32_t grammar_mask_cached(grammar_cache *c, const grammar_state *s, uint64_t *mask)
+{
+    const grammar *g = c->g;
+    const grammar_vocab *v = c->v;
+    int32_t t = s->st[s->n - 1];
+    gc_entry *en = c->e[t];
+    if (!en) {
+        if (c->bytes >= c->max_bytes)
+            return grammar_mask(g, v, s, mask); /* over budget: walk every time */
+        en = classify(g, v, t);
+        if (!en)
+            return -1;
+        c->e[t] = en;
+        c->bytes += grammar_mask_words(v) * 8 + (size_t)en->n_deep * 8 + (size_t)en->n_unsure * 4;
+    }
+    size_t words = grammar_mask_words(v);
+    memcpy(mask, en->bits, words * sizeof *mask);
+    for (int32_t k = 0; k < en->n_deep; k++) {
+        int32_t id = en->deep[2 * k], frames = en->deep[2 * k + 1];
+        if (s->n - 1 + frames > GRAMMAR_MAX_DEPTH)
+            mask[id >> 6] &= ~(1ull << (id & 63));
+    }
+    if (s->n > 1)
+        for (int32_t k = 0; k < en->n_unsure; k++) {
+            int32_t id = en->unsure[k];
+            grammar_state w = *s;
+            if (grammar_advance(g, &w, v->arena + v->off[id], v->len[id]))
+                mask[id >> 6] |= 1ull << (id & 63);
+        }
+    int32_t count = 0;
+    for (size_t k = 0; k < words; k++)
+        count += __builtin_popcountll(mask[k]);
+    return count;
+}

@@ -114,7 +114,6 @@ void request_destroy(request *r)
     if (r->stops)
         for (size_t i = 0; i < r->sp.n_stop; i++) free(r->stops[i]);
     free(r->stops);
-    grammar_destroy(r->gram);
     free(r->stop_ids);
     free(r->banned);
     free(r->prompt);

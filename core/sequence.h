@@ -67,7 +67,9 @@ struct request {
     int32_t n_prompt;
     int32_t max_output;         /* max_tokens truncated to the context */
     int32_t n_top;              /* logprobs k, or 0 */
-    grammar *gram;              /* structured outputs constraint (owned), or NULL */
+    grammar *gram;              /* structured outputs constraint, or NULL; borrowed from */
+    grammar_cache *gcache;      /* the engine's shared compile (gentry, released by the */
+    void *gentry;               /* engine when the request is destroyed) */
     sequence *seqs;             /* [n] */
     int32_t n, n_live;
     bool forked;                /* the live sequences run on their own */

@@ -289,11 +289,14 @@ static const struct {
 
 /* Random walks: at every state, the trie mask must equal the reference.
  * Returns the mask times (µs) in *times, their count. */
-static int walk_and_check(const grammar_vocab *v, int walks, int steps, double *times, int max_times)
+static int walk_and_check(const grammar_vocab *v, int walks, int steps, double *times,
+                          double *ctimes, int max_times)
 {
     int32_t n = grammar_vocab_size(v);
     size_t words = grammar_mask_words(v);
     uint64_t *mask = malloc(words * sizeof *mask);
+    uint64_t *cmask = malloc(words * sizeof *cmask);
+    assert_non_null(cmask);
     int32_t *allowed = malloc((size_t)n * sizeof *allowed);
     assert_non_null(mask);
     assert_non_null(allowed);
@@ -301,6 +304,8 @@ static int walk_and_check(const grammar_vocab *v, int walks, int steps, double *
     int nt = 0;
     for (size_t gi = 0; gi < sizeof mask_grammars / sizeof *mask_grammars; gi++) {
         grammar *g = compile_ok(mask_grammars[gi].kind, mask_grammars[gi].src);
+        grammar_cache *cache = NULL;
+        assert_int_equal(grammar_cache_create(&cache, g, v, (size_t)256 << 20, NULL), PG_OK);
         for (int w = 0; w < walks; w++) {
             grammar_state st;
             grammar_state_init(g, &st);
@@ -308,8 +313,18 @@ static int walk_and_check(const grammar_vocab *v, int walks, int steps, double *
                 double t0 = now_us();
                 int32_t cnt = grammar_mask(g, v, &st, mask);
                 double t1 = now_us();
-                if (nt < max_times)
-                    times[nt++] = t1 - t0;
+                int32_t ccnt = grammar_mask_cached(cache, &st, cmask);
+                double t2 = now_us();
+                /* a second time: from the cache */
+                assert_int_equal(grammar_mask_cached(cache, &st, cmask), ccnt);
+                double t3 = now_us();
+                (void)t2;
+                if (nt < max_times) {
+                    times[nt] = t1 - t0;
+                    ctimes[nt++] = t3 - t2;
+                }
+                assert_int_equal(ccnt, cnt);
+                assert_memory_equal(cmask, mask, words * sizeof *mask);
                 int32_t na = 0;
                 for (int32_t id = 0; id < n; id++) {
                     uint32_t len;
@@ -345,19 +360,23 @@ static int walk_and_check(const grammar_vocab *v, int walks, int steps, double *
                 assert_true(grammar_advance(g, &st, b, len));
             }
         }
+        grammar_cache_destroy(cache);
         grammar_destroy(g);
     }
+    free(cmask);
     free(mask);
     free(allowed);
     return nt;
 }
 
-static void report(const char *name, const grammar_vocab *v, double *times, int nt)
+static void report(const char *name, const grammar_vocab *v, double *times, double *ctimes, int nt)
 {
     qsort(times, (size_t)nt, sizeof *times, cmp_double);
-    printf("# grammar mask %s (vocab %d, %d trie nodes): %d masks, p50 %.1f us, p99 %.1f us\n", name,
-           (int)grammar_vocab_size(v), (int)grammar_vocab_trie_nodes(v), nt, times[nt / 2],
-           times[(nt * 99) / 100]);
+    qsort(ctimes, (size_t)nt, sizeof *ctimes, cmp_double);
+    printf("# grammar mask %s (vocab %d, %d trie nodes): %d masks; trie walk p50 %.1f us, p99 %.1f us; "
+           "cached state p50 %.1f us, p99 %.1f us\n", name, (int)grammar_vocab_size(v),
+           (int)grammar_vocab_trie_nodes(v), nt, times[nt / 2], times[(nt * 99) / 100], ctimes[nt / 2],
+           ctimes[(nt * 99) / 100]);
 }
 
 static void test_mask_stories(void **state)
@@ -365,9 +384,9 @@ static void test_mask_stories(void **state)
     (void)state;
     tokenizer *tok;
     grammar_vocab *v = load_vocab("models/stories260K", &tok);
-    static double times[20000];
-    int nt = walk_and_check(v, 20, 60, times, 20000);
-    report("stories260K", v, times, nt);
+    static double times[20000], ctimes[20000];
+    int nt = walk_and_check(v, 20, 60, times, ctimes, 20000);
+    report("stories260K", v, times, ctimes, nt);
     /* the byte-fallback pieces are single bytes, "\u2581" is a space */
     uint32_t len;
     int32_t n = grammar_vocab_size(v);
@@ -388,9 +407,9 @@ static void test_mask_llama3(void **state)
     (void)state;
     tokenizer *tok;
     grammar_vocab *v = load_vocab("tokenizers/llama3", &tok);
-    static double times[2000];
-    int nt = walk_and_check(v, 2, 25, times, 2000);
-    report("llama3", v, times, nt);
+    static double times[2000], ctimes[2000];
+    int nt = walk_and_check(v, 2, 25, times, ctimes, 2000);
+    report("llama3", v, times, ctimes, nt);
     grammar_vocab_destroy(v);
     tok_free(tok);
 }
