@@ -8,7 +8,9 @@
  * the document ("#/$defs/x", "#/definitions/x", ...), inlined, or a rule
  * call when it recurses; string minLength/maxLength (code points), pattern
  * (the whole string must match: implicit ^...$, as xgrammar), format
- * date/time/date-time/uuid; array items, minItems/maxItems; object
+ * date/time/date-time/uuid; integer minimum/maximum/exclusiveMinimum/
+ * exclusiveMaximum (a digit-by-digit range automaton; refused on number);
+ * array items, minItems/maxItems; object
  * properties (emitted in the listed order, the required ones always, the
  * others optionally), required, additionalProperties false/true (ignored
  * when properties are listed: only they are emitted, as xgrammar's strict
@@ -19,6 +21,8 @@
  * writeOnly, $defs/definitions as containers); any other keyword is an
  * error naming it.
  */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +49,7 @@ static const char *const annotations[] = {
 static const char *const keywords[] = {
     "type", "enum", "const", "anyOf", "oneOf", "$ref", "minLength", "maxLength", "pattern",
     "format", "items", "minItems", "maxItems", "properties", "required", "additionalProperties",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
 };
 
 static void emit_value(sctx *c, int node, int32_t from, int32_t to);
@@ -76,6 +81,132 @@ static void emit_integer(sctx *c, int32_t from, int32_t to)
 {
     static const char re[] = "-?(0|[1-9][0-9]*)";
     gre_emit(c->a, from, to, re, sizeof re - 1, GRE_RAW, "integer");
+}
+
+/* ---- integer ranges ---------------------------------------------------------- */
+
+/* Same-length decimal strings x <= y (L digits, from position pos on):
+ * every string between them, digit by digit. */
+static void emit_digits_between(gnfa *a, int32_t from, int32_t to, const char *x, const char *y,
+                                int pos, int L)
+{
+    if (a->status)
+        return;
+    if (pos == L) {
+        gnfa_eps(a, from, to);
+        return;
+    }
+    if (x[pos] == y[pos]) {
+        int32_t nxt = pos + 1 == L ? to : gnfa_state(a);
+        gnfa_bytes(a, from, nxt, (uint8_t)x[pos], (uint8_t)x[pos]);
+        if (pos + 1 < L)
+            emit_digits_between(a, nxt, to, x, y, pos + 1, L);
+        return;
+    }
+    char nines[24], zeros[24];
+    memset(nines, '9', sizeof nines);
+    memset(zeros, '0', sizeof zeros);
+    /* x[pos], then the rest >= x's rest */
+    int32_t s1 = pos + 1 == L ? to : gnfa_state(a);
+    gnfa_bytes(a, from, s1, (uint8_t)x[pos], (uint8_t)x[pos]);
+    if (pos + 1 < L)
+        emit_digits_between(a, s1, to, x, nines, pos + 1, L);
+    /* strictly between: any rest */
+    if (y[pos] - x[pos] > 1) {
+        int32_t s2 = pos + 1 == L ? to : gnfa_state(a);
+        gnfa_bytes(a, from, s2, (uint8_t)(x[pos] + 1), (uint8_t)(y[pos] - 1));
+        if (pos + 1 < L)
+            emit_digits_between(a, s2, to, zeros, nines, pos + 1, L);
+    }
+    /* y[pos], then the rest <= y's rest */
+    int32_t s3 = pos + 1 == L ? to : gnfa_state(a);
+    gnfa_bytes(a, from, s3, (uint8_t)y[pos], (uint8_t)y[pos]);
+    if (pos + 1 < L)
+        emit_digits_between(a, s3, to, zeros, y, pos + 1, L);
+}
+
+/* Naturals in [lo, hi] written without leading zeros; hi < 0: no upper
+ * bound (then every length past hi's is allowed, beyond int64 too). */
+static void emit_naturals(gnfa *a, int32_t from, int32_t to, int64_t lo, int64_t hi)
+{
+    char xs[24], ys[24];
+    int llo = snprintf(xs, sizeof xs, "%lld", (long long)lo);
+    int lhi = hi >= 0 ? snprintf(ys, sizeof ys, "%lld", (long long)hi) : llo;
+    for (int L = llo; L <= lhi && !a->status; L++) {
+        char x[24], y[24];
+        if (L == llo) {
+            memcpy(x, xs, (size_t)L + 1);
+        } else {
+            x[0] = '1';
+            memset(x + 1, '0', (size_t)L - 1);
+        }
+        if (hi >= 0 && L == lhi)
+            memcpy(y, ys, (size_t)L + 1);
+        else
+            memset(y, '9', (size_t)L);
+        x[L] = y[L] = 0;
+        emit_digits_between(a, from, to, x, y, 0, L);
+    }
+    if (hi < 0 && !a->status) { /* [1-9][0-9]{llo}[0-9]*: every longer number */
+        int32_t cur = gnfa_state(a);
+        gnfa_bytes(a, from, cur, '1', '9');
+        for (int k = 0; k < llo && !a->status; k++) {
+            int32_t nxt = gnfa_state(a);
+            gnfa_bytes(a, cur, nxt, '0', '9');
+            cur = nxt;
+        }
+        gnfa_bytes(a, cur, cur, '0', '9');
+        gnfa_eps(a, cur, to);
+    }
+}
+
+/* A bound as an integer: ceil for a lower one, floor for an upper one;
+ * an exclusive bound moves one past an integral value. */
+static bool int_bound(sctx *c, int node, const char *key, bool lower, bool exclusive, int64_t *out)
+{
+    int v = json_obj_get(&c->d, node, key);
+    if (v < 0)
+        return false;
+    double x;
+    if (json_get_double(&c->d, v, &x, NULL) != PG_OK || !(x > -1e18 && x < 1e18)) {
+        gnfa_fail(c->a, PG_EINVAL, "json schema: %s: expected a number of magnitude below 1e18", key);
+        return false;
+    }
+    int64_t i = lower ? (int64_t)ceil(x) : (int64_t)floor(x);
+    if (exclusive && (double)i == x)
+        i += lower ? 1 : -1;
+    *out = i;
+    return true;
+}
+
+static void emit_integer_range(sctx *c, int node, int32_t from, int32_t to)
+{
+    gnfa *a = c->a;
+    int64_t lo = INT64_MIN, hi = INT64_MAX, t;
+    if (int_bound(c, node, "minimum", true, false, &t) && t > lo)
+        lo = t;
+    if (int_bound(c, node, "exclusiveMinimum", true, true, &t) && t > lo)
+        lo = t;
+    if (int_bound(c, node, "maximum", false, false, &t) && t < hi)
+        hi = t;
+    if (int_bound(c, node, "exclusiveMaximum", false, true, &t) && t < hi)
+        hi = t;
+    if (a->status)
+        return;
+    if (lo > hi) {
+        gnfa_fail(a, PG_EINVAL, "json schema: integer range [%lld, %lld] is empty (empty language)",
+                  (long long)lo, (long long)hi);
+        return;
+    }
+    /* the non-negative part [max(lo, 0), hi] */
+    if (hi >= 0)
+        emit_naturals(a, from, to, lo > 0 ? lo : 0, hi == INT64_MAX ? -1 : hi);
+    /* the negative part: '-' then naturals in [max(1, -hi), -lo] (no "-0") */
+    if (lo < 0) {
+        int32_t m = gnfa_state(a);
+        gnfa_bytes(a, from, m, '-', '-');
+        emit_naturals(a, m, to, hi < 0 ? -hi : 1, lo == INT64_MIN ? -1 : -lo);
+    }
 }
 
 static void emit_number(sctx *c, int32_t from, int32_t to)
@@ -548,6 +679,13 @@ static void emit_object(sctx *c, int node, int32_t from, int32_t to)
     free(st);
 }
 
+static bool has_bounds(const sctx *c, int node)
+{
+    return json_obj_get(&c->d, node, "minimum") >= 0 || json_obj_get(&c->d, node, "maximum") >= 0 ||
+           json_obj_get(&c->d, node, "exclusiveMinimum") >= 0 ||
+           json_obj_get(&c->d, node, "exclusiveMaximum") >= 0;
+}
+
 static void emit_type(sctx *c, int node, const char *t, size_t tl, int32_t from, int32_t to)
 {
     gnfa *a = c->a;
@@ -557,8 +695,12 @@ static void emit_type(sctx *c, int node, const char *t, size_t tl, int32_t from,
     else if (IS("boolean")) {
         gnfa_literal(a, from, to, "true", 4);
         gnfa_literal(a, from, to, "false", 5);
-    } else if (IS("integer"))
+    } else if (IS("integer") && has_bounds(c, node))
+        emit_integer_range(c, node, from, to);
+    else if (IS("integer"))
         emit_integer(c, from, to);
+    else if (IS("number") && has_bounds(c, node))
+        gnfa_fail(a, PG_EUNSUPPORTED, "json schema: minimum/maximum on type 'number' is not supported (only on 'integer')");
     else if (IS("number"))
         emit_number(c, from, to);
     else if (IS("string"))
@@ -662,6 +804,8 @@ static void emit_value(sctx *c, int node, int32_t from, int32_t to)
     } else if (json_obj_get(d, node, "items") >= 0 || json_obj_get(d, node, "minItems") >= 0 ||
                json_obj_get(d, node, "maxItems") >= 0) {
         emit_array(c, node, from, to);
+    } else if (has_bounds(c, node)) {
+        gnfa_fail(a, PG_EUNSUPPORTED, "json schema: minimum/maximum without \"type\": \"integer\" is not supported");
     } else if (typed) {
         emit_string(c, node, from, to);
     } else {

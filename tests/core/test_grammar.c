@@ -139,6 +139,19 @@ static void test_schema(void **state)
                "\"123e4567-e89b-12d3-a456-426614174000\"", NULL, "\"123e4567\"", NULL);
     check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"time\"}", "\"10:20:30+00:00\"",
                NULL, "\"25:00:00Z\"", NULL);
+    /* integer ranges */
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":0,\"maximum\":100}", "0", "7",
+               "10", "99", "100", NULL, "-1", "101", "007", "1000", "-0", "", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":-25,\"exclusiveMaximum\":-3}",
+               "-25", "-4", "-10", "-19", NULL, "-3", "-26", "0", "-0", "-30", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":15}", "15", "99", "100", "16",
+               "123456789012345678901234", NULL, "14", "9", "-1", "015", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"maximum\":-7}", "-7", "-100", "-99999999999",
+               NULL, "-6", "0", "7", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"exclusiveMinimum\":2.5,\"maximum\":3.9}",
+               "3", NULL, "2", "4", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":-3,\"maximum\":1234}", "-3", "0",
+               "-1", "1234", "999", "1000", "1199", NULL, "-4", "1235", "1240", "2000", NULL);
     /* recursion through $ref, and $defs / definitions pointers */
     check_lang(GRAMMAR_JSON_SCHEMA,
                "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
@@ -190,7 +203,11 @@ static void test_errors(void **state)
 {
     (void)state;
     check_error(GRAMMAR_JSON_SCHEMA, "{\"not\":{}}", "unsupported keyword 'not'");
-    check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":3}", "unsupported keyword 'minimum'");
+    check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":3}", "unsupported keyword 'multipleOf'");
+    check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":3}", "only on 'integer'");
+    check_error(GRAMMAR_JSON_SCHEMA, "{\"minimum\":3}", "without");
+    check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "empty language");
+    check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"exclusiveMinimum\":4,\"exclusiveMaximum\":5}", "empty language");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"required\":[\"x\"]}", "empty language");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", "empty language");
     check_error(GRAMMAR_JSON_SCHEMA,

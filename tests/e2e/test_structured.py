@@ -88,7 +88,11 @@ def valid_type(t, s, v, root):
     if t == "boolean":
         return isinstance(v, bool)
     if t == "integer":
-        return isinstance(v, int) and not isinstance(v, bool)
+        if not isinstance(v, int) or isinstance(v, bool):
+            return False
+        return (v >= s.get("minimum", v) and v <= s.get("maximum", v) and
+                ("exclusiveMinimum" not in s or v > s["exclusiveMinimum"]) and
+                ("exclusiveMaximum" not in s or v < s["exclusiveMaximum"]))
     if t == "number":
         return isinstance(v, (int, float)) and not isinstance(v, bool)
     if t == "string":
@@ -194,6 +198,10 @@ CONSTRAINTS = [
     {"guided_regex": "(yes|no), because [a-z ]{0,20}"},
     {"structured_outputs": {"choice": ["A", "B", "C"]}},
     {"guided_json": {"type": "object", "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "delta": {"type": "integer", "exclusiveMinimum": -10, "exclusiveMaximum": 10}},
+        "required": ["age", "delta"]}},
+    {"guided_json": {"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"}, "ok": {"type": ["boolean", "null"]},
         "n": {"enum": [1, 2, 3]}}, "required": ["when", "ok"], "additionalProperties": False}},
 ]
@@ -274,7 +282,7 @@ def case_fork():
 def case_errors():
     """Per-line errors name the keyword; the other lines still run."""
     bad = [
-        ({"guided_json": {"type": "integer", "minimum": 0}}, "unsupported keyword 'minimum'"),
+        ({"guided_json": {"type": "number", "multipleOf": 2}}, "unsupported keyword 'multipleOf'"),
         ({"guided_json": {"type": "object", "required": ["x"]}}, "empty language"),
         ({"guided_regex": "(a)\\1"}, "backreference"),
         ({"guided_regex": "(a|b)*a(a|b){24}"}, "too large"),
