@@ -101,7 +101,9 @@ static int structured_outputs(cli_structured *s, const json_doc *d, int v, pg_er
         } else if (json_str_eq(d, key, "json_object")) {
             if (!json_is_bool(d, x))
                 return pg_error_set(err, PG_EINVAL, "field 'structured_outputs.json_object': expected a boolean");
-            if (json_str_eq(d, x, "true"))
+            bool on = false;
+            json_get_bool(d, x, &on, NULL);
+            if (on)
                 rc = set(s, "structured_outputs.json_object", GRAMMAR_JSON_OBJECT, "", 0, err);
         } else if (json_str_eq(d, key, "disable_any_whitespace")) {
             /* compact JSON is the only mode: true is what we do anyway */

@@ -55,6 +55,13 @@ static const char *const keywords[] = {
 static void emit_value(sctx *c, int node, int32_t from, int32_t to);
 static void emit_any(sctx *c, int32_t from, int32_t to);
 
+/* A JSON true / false literal (json_str_eq only compares strings). */
+static bool is_bool_lit(const json_doc *d, int i, bool want)
+{
+    bool b;
+    return json_is_bool(d, i) && json_get_bool(d, i, &b, NULL) == PG_OK && b == want;
+}
+
 static int key_text(const sctx *c, int key, char *buf, size_t cap)
 {
     size_t n = 0;
@@ -581,7 +588,7 @@ static void emit_object(sctx *c, int node, int32_t from, int32_t to)
             gnfa_fail(a, PG_EINVAL, "json schema: required names properties that are not listed (empty language)");
             return;
         }
-        if (ap >= 0 && json_str_eq(d, ap, "false")) {
+        if (ap >= 0 && is_bool_lit(d, ap, false)) {
             gnfa_literal(a, from, to, "{}", 2);
         } else if (ap >= 0 && json_is_object(d, ap)) {
             emit_map(c, ap, from, to);
@@ -725,7 +732,7 @@ static void emit_value(sctx *c, int node, int32_t from, int32_t to)
         return;
     }
     if (json_is_bool(d, node)) {
-        if (json_str_eq(d, node, "true"))
+        if (is_bool_lit(d, node, true))
             emit_any(c, from, to);
         else
             gnfa_fail(a, PG_EINVAL, "json schema: the schema 'false' matches nothing (empty language)");
@@ -826,6 +833,22 @@ int gschema_emit(gnfa *a, grammar_kind kind, const char *src, size_t len)
         int rc = a->status;
         free(c);
         return rc;
+    }
+    /* a whole schema `true` / `false` (json_parse takes no bare literal) */
+    size_t b = 0, n = len;
+    while (b < n && (src[b] == ' ' || src[b] == '\t' || src[b] == '\n' || src[b] == '\r'))
+        b++;
+    while (n > b && (src[n - 1] == ' ' || src[n - 1] == '\t' || src[n - 1] == '\n' || src[n - 1] == '\r'))
+        n--;
+    if (n - b == 4 && memcmp(src + b, "true", 4) == 0) {
+        emit_any(c, a->rule_start[0], a->rule_accept[0]);
+        int rc = a->status;
+        free(c);
+        return rc;
+    }
+    if (n - b == 5 && memcmp(src + b, "false", 5) == 0) {
+        free(c);
+        return gnfa_fail(a, PG_EINVAL, "json schema: the schema 'false' matches nothing (empty language)");
     }
     pg_error e;
     if (json_parse(&c->d, src, len, "json schema", &e) != PG_OK) {

@@ -169,6 +169,11 @@ static void test_schema(void **state)
     /* any value / object */
     check_lang(GRAMMAR_JSON_SCHEMA, "{}", "1", "\"s\"", "[1,{\"a\":[null]},true]", "{}", NULL, "",
                "[1,]", "{\"a\"}", "tru", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "true", "1", "{\"a\":[]}", NULL, "", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"additionalProperties\":false}", "{}", NULL,
+               "{\"a\":1}", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"a\":true},\"additionalProperties\":true}", "{}",
+               "{\"a\":[1]}", NULL, "{\"b\":1}", NULL);
     check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"}", "{}", "{\"a\":{\"b\":[]}}", NULL, "[]",
                "1", NULL);
     check_lang(GRAMMAR_JSON_SCHEMA,
@@ -215,6 +220,7 @@ static void test_errors(void **state)
                 "empty language");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"strin\"}", "unsupported type 'strin'");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "unsupported format 'email'");
+    check_error(GRAMMAR_JSON_SCHEMA, " false ", "empty language");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"http://x/y\"}", "unsupported $ref");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/nope\"}", "points to nothing");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"", "json schema");
