@@ -176,28 +176,37 @@ oom:
     return pg_error_set(err, PG_ENOMEM, "grammar vocab: out of memory for %d tokens", (int)vocab_size);
 }
 
-/* gstep_byte with every stack write logged as (index, old value). */
-static inline bool step_logged(const grammar *g, grammar_state *s, uint8_t b, int32_t *log,
-                               int32_t *nlog)
+/* gstep_byte with the stack writes logged as (index, old value), except
+ * writes to index `skip` (-1: none), which the caller restores itself.
+ * Returns 1 (accepted), 0 (refused) or 2: refused because the bottom frame's
+ * rule ended (a frame below, if there were one, would decide). */
+static inline int step_logged(const grammar *g, grammar_state *s, uint8_t b, int32_t *log,
+                               int32_t *nlog, int32_t skip)
 {
     int32_t c = g->cls[b];
     for (;;) {
         int32_t t = s->st[s->n - 1];
         int32_t v = g->trans[(size_t)t * (size_t)g->n_classes + (size_t)c];
         if (v >= 0) {
-            log[(*nlog)++] = s->n - 1;
-            log[(*nlog)++] = t;
+            if (s->n - 1 != skip) {
+                log[(*nlog)++] = s->n - 1;
+                log[(*nlog)++] = t;
+            }
             s->st[s->n - 1] = v;
-            return true;
+            return 1;
         }
         if (v <= -2) {
             if (s->n == GRAMMAR_MAX_DEPTH)
-                return false;
+                return 0;
             const gcall *k = &g->calls[-2 - v];
-            log[(*nlog)++] = s->n - 1;
-            log[(*nlog)++] = t;
-            log[(*nlog)++] = s->n;
-            log[(*nlog)++] = s->st[s->n];
+            if (s->n - 1 != skip) {
+                log[(*nlog)++] = s->n - 1;
+                log[(*nlog)++] = t;
+            }
+            if (s->n != skip) {
+                log[(*nlog)++] = s->n;
+                log[(*nlog)++] = s->st[s->n];
+            }
             s->st[s->n - 1] = k->ret;
             s->st[s->n++] = g->rule_start[k->rule];
             continue;
@@ -206,8 +215,51 @@ static inline bool step_logged(const grammar *g, grammar_state *s, uint8_t b, in
             s->n--;
             continue;
         }
-        return false;
+        return g->accept[t] ? 2 : 0;
     }
+}
+
+/* The walk's per-trie-depth snapshots. Level d is the stack after the d-th
+ * byte of the current path: its height n, its top value, the undo-log
+ * position, and the largest height of levels 0..d. Going back to level d
+ * undoes the log, then rewrites the top. A write to level d's top index
+ * needs no log entry when no shallower level was higher (such a level
+ * would have that index below its own top; a level as high or lower has it
+ * as its top, restored the same way, or above its stack). */
+typedef struct gw_levels {
+    int32_t *n, *top, *log, *maxn;
+} gw_levels;
+
+static bool levels_alloc(gw_levels *L, int32_t levels)
+{
+    int32_t *p = malloc((size_t)levels * 4 * sizeof *p);
+    L->n = p;
+    L->top = p ? p + levels : NULL;
+    L->log = p ? p + 2 * levels : NULL;
+    L->maxn = p ? p + 3 * levels : NULL;
+    return p != NULL;
+}
+
+static inline void levels_save(gw_levels *L, int32_t d, const grammar_state *w, int32_t nlog)
+{
+    L->n[d] = w->n;
+    L->top[d] = w->st[w->n - 1];
+    L->log[d] = nlog;
+    L->maxn[d] = d > 0 && L->maxn[d - 1] > w->n ? L->maxn[d - 1] : w->n;
+}
+
+/* Back to level d; returns the index whose writes need no log entry. */
+static inline int32_t levels_restore(const gw_levels *L, int32_t d, grammar_state *w,
+                                     const int32_t *log, int32_t *nlog)
+{
+    int32_t stop = L->log[d];
+    while (*nlog > stop) {
+        *nlog -= 2;
+        w->st[log[*nlog]] = log[*nlog + 1];
+    }
+    w->n = L->n[d];
+    w->st[w->n - 1] = L->top[d];
+    return L->maxn[d] == L->n[d] ? L->n[d] - 1 : -1;
 }
 
 int32_t grammar_mask(const grammar *g, const grammar_vocab *v, const grammar_state *s,
@@ -218,39 +270,32 @@ int32_t grammar_mask(const grammar *g, const grammar_vocab *v, const grammar_sta
     /* one byte logs at most 4 words per call (<= GRAMMAR_MAX_DEPTH) + 2 */
     const int32_t per_byte = 4 * GRAMMAR_MAX_DEPTH + 2;
     int32_t cap = 8 * per_byte;
-    int32_t *save_n = malloc((size_t)levels * 2 * sizeof *save_n);
+    gw_levels L;
+    bool ok = levels_alloc(&L, levels);
     int32_t *log = malloc((size_t)cap * sizeof *log);
-    if (!save_n || !log) {
-        free(save_n);
+    if (!ok || !log) {
+        free(L.n);
         free(log);
         return -1;
     }
-    int32_t *save_log = save_n + levels;
     grammar_state w = *s;
     int32_t nlog = 0, count = 0;
-    save_n[0] = w.n;
-    save_log[0] = 0;
+    levels_save(&L, 0, &w, 0);
     int32_t i = 0;
     while (i < v->n_nodes) {
         int32_t d = v->depth[i];
-        /* back to the state after the parent */
-        int32_t stop = save_log[d - 1];
-        while (nlog > stop) {
-            nlog -= 2;
-            w.st[log[nlog]] = log[nlog + 1];
-        }
-        w.n = save_n[d - 1];
+        int32_t skip = levels_restore(&L, d - 1, &w, log, &nlog);
         if (nlog + per_byte > cap) {
             int32_t *nl = realloc(log, (size_t)cap * 2 * sizeof *nl);
             if (!nl) {
-                free(save_n);
+                free(L.n);
                 free(log);
                 return -1;
             }
             log = nl;
             cap *= 2;
         }
-        if (!step_logged(g, &w, v->byte[i], log, &nlog)) {
+        if (step_logged(g, &w, v->byte[i], log, &nlog, skip) != 1) {
             i = v->next[i];
             continue;
         }
@@ -259,11 +304,10 @@ int32_t grammar_mask(const grammar *g, const grammar_vocab *v, const grammar_sta
             mask[id >> 6] |= 1ull << (id & 63);
             count++;
         }
-        save_n[d] = w.n;
-        save_log[d] = nlog;
+        levels_save(&L, d, &w, nlog);
         i++;
     }
-    free(save_n);
+    free(L.n);
     free(log);
     return count;
 }
@@ -350,29 +394,24 @@ static gc_entry *classify(const grammar *g, const grammar_vocab *v, int32_t t)
     int32_t levels = v->max_len + 1;
     const int32_t per_byte = 4 * GRAMMAR_MAX_DEPTH + 2;
     int32_t cap = 8 * per_byte, cap_deep = 0, cap_unsure = 0;
-    int32_t *save = malloc((size_t)levels * 3 * sizeof *save);
+    gw_levels L;
+    bool ok = levels_alloc(&L, levels);
+    int32_t *frames = malloc((size_t)levels * sizeof *frames); /* most frames on the path */
     int32_t *log = malloc((size_t)cap * sizeof *log);
     if (en)
         en->bits = calloc(grammar_mask_words(v), sizeof *en->bits);
-    if (!en || !en->bits || !save || !log)
+    if (!en || !en->bits || !ok || !frames || !log)
         goto oom;
-    int32_t *save_n = save, *save_log = save + levels, *save_max = save + 2 * levels;
     grammar_state w;
     w.n = 1;
     w.st[0] = t;
     int32_t nlog = 0;
-    save_n[0] = 1;
-    save_log[0] = 0;
-    save_max[0] = 1;
+    levels_save(&L, 0, &w, 0);
+    frames[0] = 1;
     int32_t i = 0;
     while (i < v->n_nodes) {
         int32_t d = v->depth[i];
-        int32_t stop = save_log[d - 1];
-        while (nlog > stop) {
-            nlog -= 2;
-            w.st[log[nlog]] = log[nlog + 1];
-        }
-        w.n = save_n[d - 1];
+        int32_t skip = levels_restore(&L, d - 1, &w, log, &nlog);
         if (nlog + per_byte > cap) {
             int32_t *nl = realloc(log, (size_t)cap * 2 * sizeof *nl);
             if (!nl)
@@ -380,41 +419,8 @@ static gc_entry *classify(const grammar *g, const grammar_vocab *v, int32_t t)
             log = nl;
             cap *= 2;
         }
-        /* one byte; a pop of the base frame makes the whole subtree unsure */
-        uint8_t b = v->byte[i];
-        int32_t c = g->cls[b];
-        int verdict = 0; /* 1 ok, 0 refused, 2 unsure */
-        for (;;) {
-            int32_t top = w.st[w.n - 1];
-            int32_t x = g->trans[(size_t)top * (size_t)g->n_classes + (size_t)c];
-            if (x >= 0) {
-                log[nlog++] = w.n - 1;
-                log[nlog++] = top;
-                w.st[w.n - 1] = x;
-                verdict = 1;
-                break;
-            }
-            if (x <= -2) {
-                if (w.n == GRAMMAR_MAX_DEPTH)
-                    break;
-                const gcall *k = &g->calls[-2 - x];
-                log[nlog++] = w.n - 1;
-                log[nlog++] = top;
-                log[nlog++] = w.n;
-                log[nlog++] = w.st[w.n];
-                w.st[w.n - 1] = k->ret;
-                w.st[w.n++] = g->rule_start[k->rule];
-                continue;
-            }
-            if (g->accept[top] && w.n > 1) {
-                w.n--;
-                continue;
-            }
-            if (g->accept[top])
-                verdict = 2; /* t's rule ended: the callers decide */
-            break;
-        }
-        if (verdict == 2) {
+        int verdict = step_logged(g, &w, v->byte[i], log, &nlog, skip);
+        if (verdict == 2) { /* t's rule ended: the callers decide, for the whole subtree */
             for (int32_t j = i; j < v->next[i]; j++)
                 for (int32_t k = 0; k < v->ntok[j]; k++)
                     if (!push2(&en->unsure, &en->n_unsure, &cap_unsure, v->ids[v->tok0[j] + k], 0, 1))
@@ -426,20 +432,20 @@ static gc_entry *classify(const grammar *g, const grammar_vocab *v, int32_t t)
             i = v->next[i];
             continue;
         }
-        int32_t mx = save_max[d - 1] > w.n ? save_max[d - 1] : w.n;
+        int32_t mx = frames[d - 1] > w.n ? frames[d - 1] : w.n;
         for (int32_t k = 0; k < v->ntok[i]; k++) {
             int32_t id = v->ids[v->tok0[i] + k];
             en->bits[id >> 6] |= 1ull << (id & 63);
             if (mx > 1 && !push2(&en->deep, &en->n_deep, &cap_deep, id, mx, 2))
                 goto oom;
         }
-        save_n[d] = w.n;
-        save_log[d] = nlog;
-        save_max[d] = mx;
+        levels_save(&L, d, &w, nlog);
+        frames[d] = mx;
         i++;
     }
     en->n_deep /= 2;
-    free(save);
+    free(L.n);
+    free(frames);
     free(log);
     return en;
 oom:
@@ -449,7 +455,8 @@ oom:
         free(en->unsure);
         free(en);
     }
-    free(save);
+    free(L.n);
+    free(frames);
     free(log);
     return NULL;
 }

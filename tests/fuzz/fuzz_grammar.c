@@ -1,8 +1,8 @@
 /* fuzz_grammar: grammar_compile over arbitrary bytes (the first byte picks
  * the kind: JSON schema, regex or choice), then masks along a walk over a
- * small fixed vocabulary: every masked-in token must advance the state, and
- * the mask must equal feeding each token's bytes (the brute-force
- * reference). Compile limits keep each input bounded in time and memory. */
+ * small fixed vocabulary: every masked-in token must advance the state, the
+ * mask must equal feeding each token's bytes (the brute-force reference),
+ * and the cached mask must equal the walk. Compile limits keep each input bounded in time and memory. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,12 +40,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     grammar_vocab *v = NULL;
     if (grammar_vocab_create(&v, NV, bytes, lens, NULL) != PG_OK)
         abort();
-    uint64_t mask[1];
+    grammar_cache *cache = NULL;
+    if (grammar_cache_create(&cache, g, v, 1 << 16, NULL) != PG_OK)
+        abort();
+    uint64_t mask[1], cmask[1];
     grammar_state st;
     grammar_state_init(g, &st);
     for (int step = 0; step < 64; step++) {
         int32_t cnt = grammar_mask(g, v, &st, mask);
-        if (cnt < 0)
+        if (cnt < 0 || grammar_mask_cached(cache, &st, cmask) != cnt || cmask[0] != mask[0])
             abort();
         int32_t pick = -1, seen = 0;
         for (int i = 0; i < NV; i++) {
@@ -64,6 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     }
     (void)grammar_can_end(g, &st);
+    grammar_cache_destroy(cache);
     grammar_vocab_destroy(v);
     grammar_destroy(g);
     return 0;
