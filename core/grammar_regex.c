@@ -221,7 +221,10 @@ static int64_t re_escape_cp(re_parser *p)
     }
     if (c >= 0x80) {
         p->i--;
-        return re_utf8(p);
+        int64_t cp = re_utf8(p);
+        if (cp < 0)
+            re_err(p, "invalid UTF-8", NULL);
+        return cp;
     }
     return c; /* escaped punctuation */
 }
@@ -642,6 +645,8 @@ int gre_emit(gnfa *a, int32_t from, int32_t to, const char *src, size_t len, gre
     int32_t root = re_alt(&p);
     if (root >= 0 && p.i < p.n)
         re_err(&p, "unbalanced ')'", NULL);
+    if (root < 0 && !a->status)
+        re_err(&p, "cannot parse", NULL); /* every failure above sets a message; never reached */
     if (!a->status)
         re_emit(&p, root, from, to, ctx);
     free(p.nodes);
