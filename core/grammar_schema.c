@@ -10,7 +10,8 @@
  * (the whole string must match: implicit ^...$, as xgrammar), format
  * date/time/date-time/uuid; integer minimum/maximum/exclusiveMinimum/
  * exclusiveMaximum (a digit-by-digit range automaton; refused on number);
- * array items, minItems/maxItems; object
+ * array items, prefixItems (tuples; items false closes them),
+ * minItems/maxItems; object
  * properties (emitted in the listed order, the required ones always, the
  * others optionally), required, additionalProperties false/true (ignored
  * when properties are listed: only they are emitted, as xgrammar's strict
@@ -49,7 +50,7 @@ static const char *const annotations[] = {
 static const char *const keywords[] = {
     "type", "enum", "const", "anyOf", "oneOf", "$ref", "minLength", "maxLength", "pattern",
     "format", "items", "minItems", "maxItems", "properties", "required", "additionalProperties",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems",
 };
 
 static void emit_value(sctx *c, int node, int32_t from, int32_t to);
@@ -507,18 +508,34 @@ static void emit_string(sctx *c, int node, int32_t from, int32_t to)
     gnfa_eps(a, cur, e);
 }
 
-static void emit_item(sctx *c, int items, int32_t from, int32_t to)
+/* The schema of item k: a prefixItems entry, else `items` (-1: any value,
+ * -2: no more items). */
+static int item_at(sctx *c, int pre, int npre, int items, int64_t k)
 {
-    if (items < 0)
-        emit_any(c, from, to);
-    else
-        emit_value(c, items, from, to);
+    if (k < npre)
+        return json_arr_at(&c->d, pre, (int)k);
+    if (items < 0 || is_bool_lit(&c->d, items, true))
+        return -1;
+    if (is_bool_lit(&c->d, items, false))
+        return -2;
+    return items;
 }
 
+static void emit_item(sctx *c, int schema, int32_t from, int32_t to)
+{
+    if (schema < 0)
+        emit_any(c, from, to);
+    else
+        emit_value(c, schema, from, to);
+}
+
+/* '[' items ']': item k follows item_at(k); minItems/maxItems count them;
+ * past the prefix and the minimum an unbounded tail is a loop. */
 static void emit_array(sctx *c, int node, int32_t from, int32_t to)
 {
     gnfa *a = c->a;
-    int items = json_obj_get(&c->d, node, "items");
+    const json_doc *d = &c->d;
+    int items = json_obj_get(d, node, "items"), pre = json_obj_get(d, node, "prefixItems");
     int64_t mn = 0, mx = -1;
     get_count(c, node, "minItems", &mn);
     bool has_max = get_count(c, node, "maxItems", &mx);
@@ -529,39 +546,47 @@ static void emit_array(sctx *c, int node, int32_t from, int32_t to)
                   (long long)mx, (long long)mn);
         return;
     }
-    if (items >= 0 && json_is_array(&c->d, items)) {
-        gnfa_fail(a, PG_EUNSUPPORTED, "json schema: unsupported keyword 'items' as an array (tuple)");
+    if (items >= 0 && json_is_array(d, items)) {
+        gnfa_fail(a, PG_EUNSUPPORTED, "json schema: unsupported keyword 'items' as an array (use prefixItems)");
         return;
     }
-    int32_t s0 = gnfa_state(a);
-    gnfa_bytes(a, from, s0, '[', '[');
-    if (mn == 0)
-        gnfa_bytes(a, s0, to, ']', ']');
-    if (mx == 0)
+    if (pre >= 0 && !json_is_array(d, pre)) {
+        gnfa_fail(a, PG_EINVAL, "json schema: prefixItems: expected an array of schemas");
         return;
+    }
+    int npre = pre >= 0 ? json_size(d, pre) : 0;
     int32_t cur = gnfa_state(a);
-    emit_item(c, items, s0, cur);
-    int64_t have = 1;
-    for (; have < mn && !a->status; have++) {
-        int32_t x = gnfa_state(a), y = gnfa_state(a);
-        gnfa_bytes(a, cur, x, ',', ',');
-        emit_item(c, items, x, y);
+    gnfa_bytes(a, from, cur, '[', '[');
+    int64_t have = 0;
+    bool closed = false;
+    while (!a->status) {
+        if (have >= mn) {
+            gnfa_bytes(a, cur, to, ']', ']');
+            closed = true;
+        }
+        if (mx >= 0 && have >= mx)
+            break;
+        int sch = item_at(c, pre, npre, items, have);
+        if (sch == -2)
+            break;
+        if (have >= npre && mx < 0 && have >= mn && have >= 1) {
+            int32_t x = gnfa_state(a);
+            gnfa_bytes(a, cur, x, ',', ',');
+            emit_item(c, sch, x, cur);
+            break;
+        }
+        int32_t x = cur, y = gnfa_state(a);
+        if (have > 0) {
+            x = gnfa_state(a);
+            gnfa_bytes(a, cur, x, ',', ',');
+        }
+        emit_item(c, sch, x, y);
         cur = y;
+        have++;
     }
-    gnfa_bytes(a, cur, to, ']', ']');
-    if (mx < 0) {
-        int32_t x = gnfa_state(a);
-        gnfa_bytes(a, cur, x, ',', ',');
-        emit_item(c, items, x, cur);
-        return;
-    }
-    for (; have < mx && !a->status; have++) {
-        int32_t x = gnfa_state(a), y = gnfa_state(a);
-        gnfa_bytes(a, cur, x, ',', ',');
-        emit_item(c, items, x, y);
-        gnfa_bytes(a, y, to, ']', ']');
-        cur = y;
-    }
+    if (!closed && !a->status)
+        gnfa_fail(a, PG_EINVAL, "json schema: minItems %lld is more than the items allowed (empty language)",
+                  (long long)mn);
 }
 
 static void emit_object(sctx *c, int node, int32_t from, int32_t to)
@@ -808,7 +833,8 @@ static void emit_value(sctx *c, int node, int32_t from, int32_t to)
     } else if (json_obj_get(d, node, "properties") >= 0 || json_obj_get(d, node, "required") >= 0 ||
                json_obj_get(d, node, "additionalProperties") >= 0) {
         emit_object(c, node, from, to);
-    } else if (json_obj_get(d, node, "items") >= 0 || json_obj_get(d, node, "minItems") >= 0 ||
+    } else if (json_obj_get(d, node, "items") >= 0 || json_obj_get(d, node, "prefixItems") >= 0 ||
+               json_obj_get(d, node, "minItems") >= 0 ||
                json_obj_get(d, node, "maxItems") >= 0) {
         emit_array(c, node, from, to);
     } else if (has_bounds(c, node)) {

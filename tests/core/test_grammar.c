@@ -121,6 +121,17 @@ static void test_schema(void **state)
     check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"null\"},\"minItems\":2}",
                "[null,null]", "[null,null,null,null]", NULL, "[null]", NULL);
     check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"maxItems\":0}", "[]", NULL, "[1]", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}", "[]", "[1]",
+               "[1,2,3,4]", NULL, "[1,]", "[,1]", "[\"a\"]", NULL);
+    /* tuples (pydantic's Tuple[int, str]) */
+    check_lang(GRAMMAR_JSON_SCHEMA,
+               "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],"
+               "\"minItems\":2,\"maxItems\":2}", "[1,\"a\"]", NULL, "[1]", "[\"a\",1]", "[1,\"a\",2]", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA,
+               "{\"prefixItems\":[{\"const\":1}],\"items\":{\"type\":\"boolean\"}}", "[]", "[1]",
+               "[1,true,false]", NULL, "[true]", "[1,2]", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"prefixItems\":[{\"const\":1}],\"items\":false}", "[]", "[1]", NULL,
+               "[1,1]", NULL);
     check_lang(GRAMMAR_JSON_SCHEMA,
                "{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\",\"pattern\":\"^x+$\"}]}",
                "12", "\"xx\"", NULL, "\"y\"", "\"\"", "1.5", NULL);
@@ -221,6 +232,7 @@ static void test_errors(void **state)
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"strin\"}", "unsupported type 'strin'");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "unsupported format 'email'");
     check_error(GRAMMAR_JSON_SCHEMA, " false ", "empty language");
+    check_error(GRAMMAR_JSON_SCHEMA, "{\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", "empty language");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"http://x/y\"}", "unsupported $ref");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/nope\"}", "points to nothing");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"", "json schema");
