@@ -291,6 +291,23 @@ static grammar_vocab *load_vocab(const char *rel, tokenizer **tok_out)
     return v;
 }
 
+/* The decoded bytes of the one token text encodes to are `want`. */
+static void check_token_bytes(const tokenizer *tok, const grammar_vocab *v, const char *text,
+                              const char *want)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    pg_error err;
+    assert_int_equal(tok_encode(tok, text, strlen(text), false, &ids, &n, &err), PG_OK);
+    assert_true(n >= 1);
+    uint32_t len;
+    const uint8_t *b = grammar_vocab_bytes(v, ids[n - 1], &len);
+    if (len != strlen(want) || memcmp(b, want, len) != 0)
+        fail_msg("'%s': token %d has bytes '%.*s', expected '%s'", text, (int)ids[n - 1], (int)len,
+                 (const char *)b, want);
+    free(ids);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -428,6 +445,12 @@ static void test_mask_stories(void **state)
     static double times[20000], etimes[20000], ctimes[20000];
     int nt = walk_and_check(v, 20, 60, times, etimes, ctimes, 20000);
     report("stories260K", v, times, etimes, ctimes, nt);
+    /* SentencePiece: "\u2581" is a space mid-text; "{" is the byte-fallback <0x7B> */
+    check_token_bytes(tok, v, "Once", " Once");
+    check_token_bytes(tok, v, "{", "{");
+    uint32_t eos_len = 1;
+    grammar_vocab_bytes(v, tok_eos_id(tok), &eos_len);
+    assert_int_equal(eos_len, 0); /* special tokens never match */
     /* the byte-fallback pieces are single bytes, "\u2581" is a space */
     uint32_t len;
     int32_t n = grammar_vocab_size(v);
@@ -451,6 +474,10 @@ static void test_mask_llama3(void **state)
     static double times[2000], etimes[2000], ctimes[2000];
     int nt = walk_and_check(v, 2, 25, times, etimes, ctimes, 2000);
     report("llama3", v, times, etimes, ctimes, nt);
+    /* byte-level: "\u0120" is a space, "\u010a" a newline */
+    check_token_bytes(tok, v, " the", " the");
+    check_token_bytes(tok, v, "\n\n", "\n\n");
+    check_token_bytes(tok, v, "\"}", "\"}");
     grammar_vocab_destroy(v);
     tok_free(tok);
 }
