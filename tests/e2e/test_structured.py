@@ -3,7 +3,8 @@
 
 usage: test_structured.py PAGEDGEN CASE            run one case (meson runs each)
        test_structured.py PAGEDGEN --batch N FILE  write the mixed batch of N requests
-       test_structured.py PAGEDGEN --bench N       throughput with and without constraints
+       test_structured.py PAGEDGEN --bench N [MODEL_DIR]
+                                                   throughput with and without constraints
 
 Every output is checked by a validator written here (json + re), not by the
 automaton's code: it parses, matches its schema / regex / choice, and ends
@@ -334,7 +335,7 @@ def bench(n):
 
 
 def main():
-    global EXE
+    global EXE, MODEL
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     EXE = os.path.abspath(sys.argv[1])
@@ -348,6 +349,8 @@ def main():
             open(sys.argv[4], "wb").write(batch_lines(int(sys.argv[3])))
             return
         if sys.argv[2] == "--bench":
+            if len(sys.argv) > 4:
+                MODEL = sys.argv[4]
             bench(int(sys.argv[3]))
             return
         CASES[sys.argv[2]]()
