@@ -42,7 +42,7 @@ typedef enum grammar_kind {
 #define GRAMMAR_MAX_DEPTH 32            /* automaton stack: JSON nesting of recursive rules */
 #define GRAMMAR_MAX_NFA_STATES 200000   /* Thompson NFA before determinization */
 #define GRAMMAR_MAX_DFA_STATES 100000   /* all rules together */
-#define GRAMMAR_MAX_WORK 100000000      /* subset-construction steps (a deterministic time bound) */
+#define GRAMMAR_MAX_WORK 40000000       /* subset-construction steps (a deterministic time bound) */
 #define GRAMMAR_MAX_SRC_BYTES (1 << 20) /* schema / regex text */
 
 /* A compiled constraint: immutable, shareable across sequences and threads. */

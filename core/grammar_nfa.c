@@ -545,41 +545,102 @@ static void det_free(det *d, ivec *buckets, ivec *callb)
 }
 
 /* Removes transitions into states that cannot reach acceptance (given the
- * rules); the language is empty when rule 0's start is such a state. */
+ * rules); the language is empty when rule 0's start is such a state.
+ * "Can finish" is a Horn-clause closure solved in linear time: an accepting
+ * state can; a state with a goto into one that can, can; a state with a
+ * call can once the callee's start and the return state both can. A
+ * backward search over the reversed gotos, re-seeded by the calls that
+ * became possible (at most n_calls + 1 rounds). */
 static int prune(grammar *g)
 {
     int32_t n = g->n_states, nc = g->n_classes;
     uint8_t *ok = calloc((size_t)n, 1);
-    if (!ok)
-        return PG_ENOMEM;
-    for (int32_t s = 0; s < n; s++)
-        ok[s] = g->accept[s];
-    bool changed = true;
-    while (changed) {
-        changed = false;
-        for (int32_t s = 0; s < n; s++) {
-            if (ok[s])
-                continue;
-            for (int32_t c = 0; c < nc && !ok[s]; c++) {
-                int32_t v = g->trans[(size_t)s * (size_t)nc + (size_t)c];
-                if (v >= 0)
-                    ok[s] = ok[v];
-                else if (v <= -2)
-                    ok[s] = ok[g->rule_start[g->calls[-2 - v].rule]] && ok[g->calls[-2 - v].ret];
-            }
-            changed |= ok[s];
-        }
-    }
-    for (int32_t s = 0; s < n; s++)
+    uint8_t *call_done = calloc((size_t)g->n_calls + 1, 1);
+    int32_t *roff = calloc((size_t)n + 1, sizeof *roff);      /* reversed gotos, CSR */
+    int32_t *coff = calloc((size_t)g->n_calls + 1, sizeof *coff); /* callers per call */
+    int32_t *queue = malloc(((size_t)n + 1) * sizeof *queue);
+    int32_t *rsrc = NULL, *csrc = NULL, *fill = NULL;
+    int rc = PG_ENOMEM;
+    if (!ok || !call_done || !roff || !coff || !queue)
+        goto done;
+    size_t n_goto = 0, n_callers = 0;
+    for (int32_t st = 0; st < n; st++)
         for (int32_t c = 0; c < nc; c++) {
-            int32_t *v = &g->trans[(size_t)s * (size_t)nc + (size_t)c];
-            if ((*v >= 0 && !ok[*v]) ||
-                (*v <= -2 && !(ok[g->rule_start[g->calls[-2 - *v].rule]] && ok[g->calls[-2 - *v].ret])))
+            int32_t v = g->trans[(size_t)st * (size_t)nc + (size_t)c];
+            if (v >= 0) {
+                roff[v + 1]++;
+                n_goto++;
+            } else if (v <= -2) {
+                coff[-2 - v + 1]++;
+                n_callers++;
+            }
+        }
+    for (int32_t st = 0; st < n; st++)
+        roff[st + 1] += roff[st];
+    for (int32_t k = 0; k < g->n_calls; k++)
+        coff[k + 1] += coff[k];
+    rsrc = malloc((n_goto + 1) * sizeof *rsrc);
+    csrc = malloc((n_callers + 1) * sizeof *csrc);
+    fill = malloc(((size_t)n + (size_t)g->n_calls + 1) * sizeof *fill);
+    if (!rsrc || !csrc || !fill)
+        goto done;
+    memcpy(fill, roff, (size_t)n * sizeof *fill);
+    memcpy(fill + n, coff, (size_t)g->n_calls * sizeof *fill);
+    for (int32_t st = 0; st < n; st++)
+        for (int32_t c = 0; c < nc; c++) {
+            int32_t v = g->trans[(size_t)st * (size_t)nc + (size_t)c];
+            if (v >= 0)
+                rsrc[fill[v]++] = st;
+            else if (v <= -2)
+                csrc[fill[n + (-2 - v)]++] = st;
+        }
+    int32_t qh = 0, qt = 0;
+    for (int32_t st = 0; st < n; st++)
+        if (g->accept[st]) {
+            ok[st] = 1;
+            queue[qt++] = st;
+        }
+    for (;;) {
+        while (qh < qt) {
+            int32_t v = queue[qh++];
+            for (int32_t k = roff[v]; k < roff[v + 1]; k++)
+                if (!ok[rsrc[k]]) {
+                    ok[rsrc[k]] = 1;
+                    queue[qt++] = rsrc[k];
+                }
+        }
+        bool more = false;
+        for (int32_t k = 0; k < g->n_calls; k++) {
+            if (call_done[k] || !ok[g->rule_start[g->calls[k].rule]] || !ok[g->calls[k].ret])
+                continue;
+            call_done[k] = 1;
+            for (int32_t j = coff[k]; j < coff[k + 1]; j++)
+                if (!ok[csrc[j]]) {
+                    ok[csrc[j]] = 1;
+                    queue[qt++] = csrc[j];
+                    more = true;
+                }
+        }
+        if (!more)
+            break;
+    }
+    for (int32_t st = 0; st < n; st++)
+        for (int32_t c = 0; c < nc; c++) {
+            int32_t *v = &g->trans[(size_t)st * (size_t)nc + (size_t)c];
+            if ((*v >= 0 && !ok[*v]) || (*v <= -2 && !call_done[-2 - *v]))
                 *v = -1;
         }
-    bool empty = !ok[g->rule_start[0]];
+    rc = ok[g->rule_start[0]] ? PG_OK : PG_EINVAL;
+done:
     free(ok);
-    return empty ? PG_EINVAL : PG_OK;
+    free(call_done);
+    free(roff);
+    free(coff);
+    free(queue);
+    free(rsrc);
+    free(csrc);
+    free(fill);
+    return rc;
 }
 
 static int determinize(gnfa *a, grammar **out)

@@ -256,6 +256,13 @@ static void test_errors(void **state)
     check_error(GRAMMAR_REGEX, "(a{1000}){1000}", "too large");
     check_error(GRAMMAR_REGEX, "(a|b)*a(a|b){24}", "too large");
     check_error(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":1000000}", "too large");
+    check_error(GRAMMAR_REGEX, "(a|b|c)*(a{50}|b{50}){40}", "too complex");
+    /* a 99,001-state chain: pruning is linear (it was quadratic: a minute) */
+    clock_t t0 = clock();
+    grammar *g = compile_ok(GRAMMAR_REGEX, "(a{9000}){11}");
+    assert_true(grammar_num_states(g) > 99000);
+    assert_true((double)(clock() - t0) / CLOCKS_PER_SEC < 5.0);
+    grammar_destroy(g);
 }
 
 /* ---- masks against the brute-force reference --------------------------------- */
