@@ -510,10 +510,13 @@ static void emit_string(sctx *c, int node, int32_t from, int32_t to)
 
 /* The schema of item k: a prefixItems entry, else `items` (-1: any value,
  * -2: no more items). */
-static int item_at(sctx *c, int pre, int npre, int items, int64_t k)
+static int item_at(sctx *c, int *pre_cur, int npre, int items, int64_t k)
 {
-    if (k < npre)
-        return json_arr_at(&c->d, pre, (int)k);
+    if (k < npre) { /* k grows by one per call: walk the array once */
+        int at = *pre_cur;
+        *pre_cur = json_skip(&c->d, at);
+        return at;
+    }
     if (items < 0 || is_bool_lit(&c->d, items, true))
         return -1;
     if (is_bool_lit(&c->d, items, false))
@@ -554,7 +557,7 @@ static void emit_array(sctx *c, int node, int32_t from, int32_t to)
         gnfa_fail(a, PG_EINVAL, "json schema: prefixItems: expected an array of schemas");
         return;
     }
-    int npre = pre >= 0 ? json_size(d, pre) : 0;
+    int npre = pre >= 0 ? json_size(d, pre) : 0, pre_cur = pre + 1;
     int32_t cur = gnfa_state(a);
     gnfa_bytes(a, from, cur, '[', '[');
     int64_t have = 0;
@@ -566,7 +569,7 @@ static void emit_array(sctx *c, int node, int32_t from, int32_t to)
         }
         if (mx >= 0 && have >= mx)
             break;
-        int sch = item_at(c, pre, npre, items, have);
+        int sch = item_at(c, &pre_cur, npre, items, have);
         if (sch == -2)
             break;
         if (have >= npre && mx < 0 && have >= mn && have >= 1) {
@@ -642,6 +645,12 @@ static void emit_object(sctx *c, int node, int32_t from, int32_t to)
         return;
     }
     int nr = req >= 0 ? json_size(d, req) : 0;
+    if (nr > 1000) {
+        free(is_req);
+        free(st);
+        gnfa_fail(a, PG_EINVAL, "json schema: required lists more than 1000 names");
+        return;
+    }
     for (int k = 0, i = req + 1; k < nr && !a->status; k++, i = json_skip(d, i)) {
         char *name = NULL;
         size_t nl = 0;
