@@ -35,6 +35,10 @@ typedef struct gnfa {
     int32_t n_rules, cap_rules;
     pg_error *err;
     int status;        /* first failure (sticky): every builder call is then a no-op */
+    bool ambiguous;    /* the failure was an ambiguous recursion (determinization) */
+    int any_inline;    /* JSON schemas: nesting levels of "any value" written inline
+                          before falling back to rule calls (grammar_compile raises it
+                          when calls make the automaton ambiguous) */
 } gnfa;
 
 /* Builders: on failure they set nfa->status (once, with a message) and

@@ -483,7 +483,7 @@ static int expand(det *d, int32_t id, ivec *buckets, ivec *callb, ivec *cl)
     }
     for (int32_t c = 0; c < d->n_classes; c++) {
         int32_t v = -1;
-        if (buckets[c].n > 0 && callb[c].n > 0)
+        if (buckets[c].n > 0 && callb[c].n > 0 && (d->a->ambiguous = true))
             return gnfa_fail(d->a, PG_EUNSUPPORTED,
                              "grammar: ambiguous recursion: a recursive $ref or nested value and "
                              "another alternative can start with the same byte at one point");
@@ -495,7 +495,7 @@ static int expand(det *d, int32_t id, ivec *buckets, ivec *callb, ivec *cl)
             int32_t rule = callb[c].p[0];
             int32_t nt = 0;
             for (int32_t k = 0; k < callb[c].n; k += 2) {
-                if (callb[c].p[k] != rule)
+                if (callb[c].p[k] != rule && (d->a->ambiguous = true))
                     return gnfa_fail(d->a, PG_EUNSUPPORTED,
                                      "grammar: ambiguous recursion: two recursive alternatives can "
                                      "start with the same byte at one point");
@@ -793,18 +793,16 @@ static int emit_choice(gnfa *a, const char *src, size_t len)
     return rc;
 }
 
-int grammar_compile(grammar **out, grammar_kind kind, const char *src, size_t len,
-                    pg_error *err)
+/* One attempt: the NFA with `any_inline` inline levels of generic JSON,
+ * then determinization. *ambiguous tells whether a failure was an
+ * ambiguous recursion. */
+static int compile_once(grammar **out, grammar_kind kind, const char *src, size_t len,
+                        int any_inline, bool *ambiguous, pg_error *err)
 {
-    *out = NULL;
-    if (kind != GRAMMAR_JSON_OBJECT && !src)
-        return pg_error_set(err, PG_EINVAL, "grammar: expected a constraint, got NULL");
-    if (len > GRAMMAR_MAX_SRC_BYTES)
-        return pg_error_set(err, PG_EINVAL, "grammar: the constraint is %zu bytes, more than %d",
-                            len, GRAMMAR_MAX_SRC_BYTES);
     gnfa a;
     memset(&a, 0, sizeof a);
     a.err = err;
+    a.any_inline = any_inline;
     int32_t r0 = gnfa_rule(&a);
     int rc = a.status;
     if (!rc) {
@@ -827,10 +825,35 @@ int grammar_compile(grammar **out, grammar_kind kind, const char *src, size_t le
         rc = determinize(&a, out);
     else if (!rc)
         rc = a.status;
+    *ambiguous = a.ambiguous;
     free(a.edges);
     free(a.rule_start);
     free(a.rule_accept);
     return rc;
+}
+
+/* "Any value" next to an alternative that starts with the same bracket
+ * (anyOf [{}, {"type": "array", ...}]) makes a rule call ambiguous: then
+ * the generic value is written out inline one more level, up to this many
+ * (each level roughly doubles its size), before giving up. */
+#define GRAMMAR_MAX_ANY_INLINE 4
+
+int grammar_compile(grammar **out, grammar_kind kind, const char *src, size_t len,
+                    pg_error *err)
+{
+    *out = NULL;
+    if (kind != GRAMMAR_JSON_OBJECT && !src)
+        return pg_error_set(err, PG_EINVAL, "grammar: expected a constraint, got NULL");
+    if (len > GRAMMAR_MAX_SRC_BYTES)
+        return pg_error_set(err, PG_EINVAL, "grammar: the constraint is %zu bytes, more than %d",
+                            len, GRAMMAR_MAX_SRC_BYTES);
+    for (int k = 0;; k++) {
+        bool ambiguous = false;
+        int rc = compile_once(out, kind, src, len, k, &ambiguous, err);
+        if (rc == PG_OK || !ambiguous || k == GRAMMAR_MAX_ANY_INLINE ||
+            (kind != GRAMMAR_JSON_SCHEMA && kind != GRAMMAR_JSON_OBJECT))
+            return rc;
+    }
 }
 
 /* ---- stepping --------------------------------------------------------------------- */

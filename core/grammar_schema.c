@@ -40,6 +40,7 @@ typedef struct sctx {
     int32_t n_refs, n_done;            /* rules [n_done, n_refs) still need their bodies */
     int32_t inl[GS_MAX_NEST];          /* $ref targets being inlined */
     int32_t n_inl;
+    int json_depth;                    /* containers open around what is emitted now */
     int depth;
 } sctx;
 
@@ -235,10 +236,12 @@ static void emit_map(sctx *c, int node, int32_t from, int32_t to)
     gnfa_eps(a, open, mem);
     emit_string_any(c, mem, colon);
     gnfa_bytes(a, colon, val, ':', ':');
+    c->json_depth++;
     if (node < 0)
         emit_any(c, val, after);
     else
         emit_value(c, node, val, after);
+    c->json_depth--;
     gnfa_bytes(a, after, mem, ',', ',');
     /* ',' must be followed by a member: mem -> KEY is the only way on */
     gnfa_bytes(a, after, to, '}', '}');
@@ -251,7 +254,9 @@ static void emit_list(sctx *c, int32_t from, int32_t to)
     gnfa_bytes(a, from, open, '[', '[');
     gnfa_bytes(a, open, to, ']', ']');
     gnfa_eps(a, open, item);
+    c->json_depth++;
     emit_any(c, item, after);
+    c->json_depth--;
     gnfa_bytes(a, after, item, ',', ',');
     gnfa_bytes(a, after, to, ']', ']');
 }
@@ -264,12 +269,32 @@ static int32_t generic_rule(sctx *c, bool obj)
         if (*r < 0)
             return -1;
         int32_t s = c->a->rule_start[*r], e = c->a->rule_accept[*r];
+        int save = c->json_depth;
+        c->json_depth = c->a->any_inline; /* inside the rules: calls */
         if (obj)
             emit_map(c, -1, s, e);
         else
             emit_list(c, s, e);
+        c->json_depth = save;
     }
     return *r;
+}
+
+/* Any object / array: written inline above JSON nesting depth any_inline
+ * (see GRAMMAR_MAX_ANY_INLINE; the depth is absolute, so every alternative
+ * switches to calls at the same depth), else a call of the generic rule. */
+static void emit_any_container(sctx *c, bool obj, int32_t from, int32_t to)
+{
+    if (c->json_depth < c->a->any_inline) {
+        if (obj)
+            emit_map(c, -1, from, to);
+        else
+            emit_list(c, from, to);
+        return;
+    }
+    int32_t r = generic_rule(c, obj);
+    if (r >= 0)
+        gnfa_call(c->a, from, to, r);
 }
 
 static void emit_any(sctx *c, int32_t from, int32_t to)
@@ -282,11 +307,8 @@ static void emit_any(sctx *c, int32_t from, int32_t to)
     gnfa_literal(a, from, to, "true", 4);
     gnfa_literal(a, from, to, "false", 5);
     gnfa_literal(a, from, to, "null", 4);
-    int32_t ro = generic_rule(c, true), ra = generic_rule(c, false);
-    if (ro >= 0 && ra >= 0) {
-        gnfa_call(a, from, to, ro);
-        gnfa_call(a, from, to, ra);
-    }
+    emit_any_container(c, true, from, to);
+    emit_any_container(c, false, from, to);
 }
 
 /* ---- literals (enum, const) ----------------------------------------------- */
@@ -526,10 +548,12 @@ static int item_at(sctx *c, int *pre_cur, int npre, int items, int64_t k)
 
 static void emit_item(sctx *c, int schema, int32_t from, int32_t to)
 {
+    c->json_depth++;
     if (schema < 0)
         emit_any(c, from, to);
     else
         emit_value(c, schema, from, to);
+    c->json_depth--;
 }
 
 /* '[' items ']': item k follows item_at(k); minItems/maxItems count them;
@@ -621,9 +645,7 @@ static void emit_object(sctx *c, int node, int32_t from, int32_t to)
         } else if (ap >= 0 && json_is_object(d, ap)) {
             emit_map(c, ap, from, to);
         } else {
-            int32_t r = generic_rule(c, true);
-            if (r >= 0)
-                gnfa_call(a, from, to, r);
+            emit_any_container(c, true, from, to);
         }
         return;
     }
@@ -707,7 +729,9 @@ static void emit_object(sctx *c, int node, int32_t from, int32_t to)
         else
             gnfa_literal(a, name, val, kb.data, kb.len);
         json_buf_free(&kb);
+        c->json_depth++;
         emit_value(c, key + 1, val, st[p + 1]);
+        c->json_depth--;
     }
     for (int i = 0; i <= np && !a->status; i++) {
         bool ok = true;

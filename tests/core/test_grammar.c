@@ -177,6 +177,14 @@ static void test_schema(void **state)
     check_lang(GRAMMAR_JSON_SCHEMA,
                "{\"type\":\"object\",\"properties\":{\"items\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}}}",
                "{}", "{\"items\":[{},{\"items\":[]}]}", NULL, "{\"items\":[1]}", NULL);
+    /* any value next to alternatives that start with the same bracket: the
+     * generic value is written inline down to their depth (no ambiguous calls) */
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{},{\"type\":\"array\",\"items\":{\"type\":\"number\"}}]}",
+               "[1]", "[[1]]", "{\"a\":1}", "\"s\"", "[[[[[[[]]]]]]]", NULL, "[1,]", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA,
+               "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"object\",\"properties\":"
+               "{\"b\":{\"type\":\"array\",\"items\":{\"enum\":[[1]]}}}}}},{\"type\":\"object\"}]}",
+               "{\"a\":{\"b\":[[1]]}}", "{\"a\":{\"b\":[[2,{}]]}}", "{\"z\":[[[[{}]]]]}", NULL, "{\"a\":}", NULL);
     /* any value / object */
     check_lang(GRAMMAR_JSON_SCHEMA, "{}", "1", "\"s\"", "[1,{\"a\":[null]},true]", "{}", NULL, "",
                "[1,]", "{\"a\"}", "tru", NULL);
