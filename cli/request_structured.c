@@ -161,6 +161,10 @@ int cli_structured_field(const json_doc *d, int key, int v, cli_structured *s, p
         return null ? PG_OK : set_choice(s, "guided_choice", d, v, err);
     if (json_str_eq(d, key, "response_format"))
         return null ? PG_OK : response_format(s, d, v, err);
+    if (json_str_eq(d, key, "guided_decoding_backend")) /* vLLM's backend choice: one here */
+        return null || json_is_string(d, v)
+                   ? PG_OK
+                   : pg_error_set(err, PG_EINVAL, "field 'guided_decoding_backend': expected a string");
     if (json_str_eq(d, key, "guided_grammar"))
         return null ? PG_OK
                     : pg_error_set(err, PG_EINVAL, "field 'guided_grammar': grammars (EBNF) are not supported");

@@ -4,7 +4,9 @@
  *   structured_outputs: {"json": schema (object, or its JSON text as a string)
  *                        | "regex": string | "choice": [string]
  *                        | "json_object": true}          (vLLM >= 0.10.2)
- *   guided_json, guided_regex, guided_choice              (vLLM's older names)
+ *   guided_json, guided_regex, guided_choice              (vLLM's older names;
+ *                                                          guided_decoding_backend
+ *                                                          accepted and ignored)
  *   response_format: {"type": "json_schema", "json_schema": {"name", "schema",
  *                     "strict", "description"}} | {"type": "json_object"}
  *                    | {"type": "text"}                   (OpenAI)

@@ -53,6 +53,8 @@ static void test_fields(void **state)
     expect("{\"prompt\": \"x\", \"guided_json\": \"{\\\"type\\\":\\\"null\\\"}\"}", CLI_FORMAT_JSONL,
            GRAMMAR_JSON_SCHEMA, "{\"type\":\"null\"}");
     expect("{\"prompt\": \"x\", \"guided_regex\": \"a\\\\d+\"}", CLI_FORMAT_JSONL, GRAMMAR_REGEX, "a\\d+");
+    expect("{\"prompt\": \"x\", \"guided_regex\": \"a\", \"guided_decoding_backend\": \"xgrammar\"}",
+           CLI_FORMAT_JSONL, GRAMMAR_REGEX, "a");
     expect("{\"prompt\": \"x\", \"guided_choice\": [\"a\", \"b\"]}", CLI_FORMAT_JSONL, GRAMMAR_CHOICE,
            "[\"a\", \"b\"]");
     expect("{\"prompt\": \"x\", \"structured_outputs\": {\"json\": true}}", CLI_FORMAT_JSONL,
