@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar.h"
 #include "pg_error.h"
 
 /* Caps that validate() enforces: n (parallel samples per request) and
@@ -34,6 +35,12 @@ typedef struct sampling_params {
     bool include_stop_str_in_output;
     bool skip_special_tokens;     /* for the output text (default true) */
     int32_t logprobs;             /* -1 = none; k in [0, 20]: the sampled token's logprob plus the top k */
+    /* structured outputs (vLLM's StructuredOutputsParams): GRAMMAR_NONE, or
+     * the kind of constraint and its text (grammar.h: a schema as JSON, a
+     * regex, a JSON array of choices; none for json_object), copied and
+     * compiled by engine_add_request */
+    grammar_kind structured_kind;
+    const char *structured;       size_t structured_len;
 } sampling_params;
 
 /* vLLM's defaults: n 1, max_tokens 16, temperature 1, top_p 1, top_k -1,

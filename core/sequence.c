@@ -30,6 +30,8 @@ int request_create(request **out, uint64_t id, const int32_t *prompt, int32_t n_
     r->sp.n_stop_token_ids = 0;
     r->sp.stop = NULL;
     r->sp.n_stop = 0;
+    r->sp.structured = NULL; /* compiled by the engine into r->gram */
+    r->sp.structured_len = 0;
     if (sp->n_stop_token_ids > 0) {
         r->stop_ids = malloc(sp->n_stop_token_ids * sizeof *r->stop_ids);
         if (!r->stop_ids) goto oom;
@@ -271,6 +273,11 @@ static int finish(sequence *s, finish_reason why, pg_error *err)
     s->finished = true;
     s->finish = why;
     return s->stop_str >= 0 ? PG_OK : flush_text(s, err);
+}
+
+int sequence_finish(sequence *s, finish_reason why, pg_error *err)
+{
+    return finish(s, why, err);
 }
 
 int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const int32_t *eos_ids,

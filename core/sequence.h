@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "grammar.h"
 #include "sampler.h"
 #include "sampling_params.h"
 
@@ -49,6 +50,9 @@ typedef struct sequence {
     int32_t num_computed;       /* tokens whose K/V are in the table */
     int32_t table;              /* kv_pool table handle */
     sampler_rng rng;
+    grammar_state gst;          /* structured outputs: the automaton after the generated
+                                   tokens (host state: kept across preemption, which
+                                   re-computes KV but samples nothing again) */
     bool finished;
     finish_reason finish;
     int32_t stop_token_id;      /* the eos id or stop_token_ids entry that stopped it, or -1 */
@@ -76,6 +80,9 @@ struct request {
     int32_t n_prompt;
     int32_t max_output;         /* max_tokens truncated to the context */
     int32_t n_top;              /* logprobs k, or 0 */
+    grammar *gram;              /* structured outputs constraint, or NULL; borrowed from */
+    grammar_cache *gcache;      /* the engine's shared compile (gentry, released by the */
+    void *gentry;               /* engine when the request is destroyed) */
     sequence *seqs;             /* [n] */
     int32_t n, n_live;
     bool forked;                /* the live sequences run on their own */
@@ -134,6 +141,11 @@ int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error
  * borrowed. Returns 0 or an error. */
 int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const int32_t *eos_ids,
                     int32_t n_eos, pg_error *err);
+
+/* Finishes s now for a reason outside the stop rules (a structured-output
+ * automaton that can only end: FINISH_STOP, or a dead end: FINISH_ABORT);
+ * flushes its text. Returns 0 or an error. */
+int sequence_finish(sequence *s, finish_reason why, pg_error *err);
 
 /* Builds the output of a finished (or aborted) request. NULL on OOM. */
 request_output *request_make_output(const request *r, double now_ms);
