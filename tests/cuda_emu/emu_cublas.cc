@@ -9,8 +9,9 @@
  * device allocation (an emulator error: on a device, an illegal address).
  * C is not read when beta == 0 (cuBLAS: C need not be initialized then).
  *
- * Arithmetic: f32 products accumulated in f32 with fma, l = 0 .. k-1 in
- * order, then alpha/beta, then rounded once (RNE) to C's type. cuBLAS's
+ * Arithmetic: f32 products accumulated in f32 in a fixed order (8
+ * interleaved partial sums), then alpha/beta, then rounded once (RNE) to
+ * C's type. cuBLAS's
  * real kernels sum in another order (tiles, split-K) and may differ in the
  * last bits: the emulation checks the call, the layout and the data flow,
  * not cuBLAS's choice of kernel (README.md). The work runs on the handle's
@@ -50,6 +51,23 @@ static void store(void *p, cudaDataType t, size_t i, float v)
         ((float *)p)[i] = v;
     else
         ((uint16_t *)p)[i] = t == CUDA_R_16BF ? f32_to_bf16_rn(v) : f32_to_f16_rn(v);
+}
+
+/* f32 dot product in a fixed order: 8 interleaved partial sums (lane q
+ * takes l = q, q + 8, ...), added 0..7 in order, then the tail. */
+static float dot(const float *x, const float *y, int k)
+{
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int l = 0;
+    for (; l + 8 <= k; l += 8)
+        for (int q = 0; q < 8; q++)
+            acc[q] += x[l + q] * y[l + q];
+    float s = 0.0f;
+    for (int q = 0; q < 8; q++)
+        s += acc[q];
+    for (; l < k; l++)
+        s += x[l] * y[l];
+    return s;
 }
 
 /* [p, p + the bytes a rows x cols column-major matrix with leading dim ld
@@ -180,22 +198,23 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     const size_t b_sl = transb == CUBLAS_OP_N ? 1 : (size_t)ldb, b_sj = transb == CUBLAS_OP_N ? (size_t)ldb : 1;
     cudaError_t e = enqueue(handle->st, [=]() {
         return std::function<void()>([=]() {
-            std::vector<float> arow((size_t)k), bcol((size_t)k);
-            for (int j = 0; j < n; j++) {
+            /* op(A) as rows [m][k] and op(B) as columns [n][k], in f32 */
+            std::vector<float> a((size_t)m * (size_t)k), b((size_t)n * (size_t)k);
+            for (int i = 0; i < m; i++)
                 for (int l = 0; l < k; l++)
-                    bcol[(size_t)l] = load(B, Btype, (size_t)l * b_sl + (size_t)j * b_sj);
+                    a[(size_t)i * (size_t)k + (size_t)l] = load(A, Atype, (size_t)i * a_si + (size_t)l * a_sl);
+            for (int j = 0; j < n; j++)
+                for (int l = 0; l < k; l++)
+                    b[(size_t)j * (size_t)k + (size_t)l] = load(B, Btype, (size_t)l * b_sl + (size_t)j * b_sj);
+            for (int j = 0; j < n; j++)
                 for (int i = 0; i < m; i++) {
-                    float acc = 0.0f;
-                    for (int l = 0; l < k; l++)
-                        acc = fmaf(load(A, Atype, (size_t)i * a_si + (size_t)l * a_sl), bcol[(size_t)l], acc);
+                    float acc = dot(&a[(size_t)i * (size_t)k], &b[(size_t)j * (size_t)k], k);
                     size_t c = (size_t)i + (size_t)j * (size_t)ldc;
                     float v = al * acc;
                     if (be != 0.0f)
-                        v = fmaf(be, load(C, Ctype, c), v);
+                        v += be * load(C, Ctype, c);
                     store(C, Ctype, c, v);
                 }
-            }
-            (void)arow;
         });
     }, "cublasGemmEx");
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
