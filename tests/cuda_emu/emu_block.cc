@@ -58,6 +58,7 @@ struct block_exec {
     int n;                  /* threads */
     int done;
     int at_barrier;
+    bool reported;          /* one divergence report per block */
     std::vector<thread_ctx> th;
     std::vector<warp_state> warps;
     void *dyn;
@@ -105,7 +106,8 @@ static void thread_main(void *arg)
     block_exec *b = t->blk;
     t->state = TH_DONE;
     b->done++;
-    if (b->at_barrier > 0) {
+    if (b->at_barrier > 0 && !b->reported) {
+        b->reported = true;
         char w[160];
         where(w, sizeof w, t);
         fatal("%s exited while %d threads wait at __syncthreads (a barrier not every thread "
@@ -125,7 +127,8 @@ void syncthreads()
 {
     thread_ctx *t = t_thread;
     block_exec *b = t->blk;
-    if (b->done > 0) {
+    if (b->done > 0 && !b->reported) {
+        b->reported = true;
         char w[160];
         where(w, sizeof w, t);
         fatal("%s reached __syncthreads after %d threads of its block exited (a barrier not every "
@@ -288,6 +291,7 @@ void run_block(const launch_desc *d, uint3 bid, order_kind ord_kind, uint64_t rn
     b.n = (int)(d->block.x * d->block.y * d->block.z);
     b.done = 0;
     b.at_barrier = 0;
+    b.reported = false;
     b.static_bytes = 0;
     b.th.resize((size_t)b.n);
     b.warps.assign((size_t)((b.n + 31) / 32), warp_state{});

@@ -18,7 +18,8 @@
  *     the same), so the caller may reuse it at once;
  *   - device -> pinned host: the destination is filled with 0xff (NaN) at
  *     the call and written when the stream runs, so reading it before a
- *     synchronization reads NaN;
+ *     synchronization reads NaN (not when a queued copy still reads that
+ *     memory as its source: stream order makes that reuse legal);
  *   - device -> pageable host: CUDA returns only after the copy, so the
  *     stream is flushed and the copy done before returning. */
 #include "emu_internal.h"
@@ -210,6 +211,28 @@ cudaError_t cudaFreeHost(void *p)
     return mem_free(p, MEM_PINNED) ? cudaSuccess : ret(cudaErrorInvalidValue);
 }
 
+/* Pinned ranges that queued host -> device copies will still read. */
+struct pending_read {
+    const unsigned char *p;
+    size_t bytes;
+    std::shared_ptr<bool> done;
+};
+static std::vector<pending_read> g_pending;
+
+static bool pending_overlap(const unsigned char *p, size_t bytes)
+{
+    bool hit = false;
+    for (size_t i = 0; i < g_pending.size();) {
+        if (*g_pending[i].done) {
+            g_pending.erase(g_pending.begin() + (long)i);
+            continue;
+        }
+        hit = hit || (p < g_pending[i].p + g_pending[i].bytes && g_pending[i].p < p + bytes);
+        i++;
+    }
+    return hit;
+}
+
 static bool is_device(const void *p)
 {
     const allocation *a = mem_find(p);
@@ -258,7 +281,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     if (pinned_src) {
         return enqueue(st, [d, s, bytes]() {
             auto snap = std::make_shared<std::vector<unsigned char>>(s, s + bytes);
-            return std::function<void()>([d, s, bytes, snap]() {
+            auto done = std::make_shared<bool>(false);
+            g_pending.push_back(pending_read{s, bytes, done});
+            return std::function<void()>([d, s, bytes, snap, done]() {
+                *done = true;
                 if (memcmp(s, snap->data(), bytes) != 0) {
                     size_t k = 0;
                     while (s[k] == (*snap)[k])
@@ -273,7 +299,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     }
     if (pinned_dst) {
         return enqueue(st, [d, s, bytes]() {
-            memset(d, 0xff, bytes); /* not there until the stream ran the copy */
+            if (!pending_overlap(d, bytes))
+                memset(d, 0xff, bytes); /* not there until the stream ran the copy */
             return std::function<void()>([d, s, bytes]() { memcpy(d, s, bytes); });
         }, "cudaMemcpyAsync");
     }
