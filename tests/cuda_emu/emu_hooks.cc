@@ -1,13 +1,20 @@
 /* emu_hooks: C entry points into the emulator for its tests (test_emu.c). */
 #include "emu_internal.h"
 
+#include <string.h>
+
 extern "C" {
-#include "emu_selftest.h"
+#include "emu_hooks.h"
 }
 
 extern "C" long emu_error_count(void)
 {
     return emu::error_count();
+}
+
+extern "C" long emu_blocks_launched(const char *kernel)
+{
+    return emu::blocks_launched(kernel);
 }
 
 extern "C" uint16_t emu_test_f32_to_bf16(float f)

@@ -75,6 +75,8 @@ size_t dynamic_smem_limit(const void *func);
 
 /* Executes a validated launch (called by the stream when it reaches it). */
 void execute_launch(launch_desc *d);
+/* Blocks executed by launches named `name` (once per launch). */
+long blocks_launched(const char *name);
 /* cudaFuncSetAttribute(MaxDynamicSharedMemorySize) bookkeeping */
 cudaError_t set_max_dynamic_smem(const void *func, int bytes);
 

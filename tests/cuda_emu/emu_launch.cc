@@ -25,11 +25,19 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace emu {
 
 static std::map<const void *, int> g_max_dyn_smem; /* kernel -> opt-in bytes */
+static std::map<std::string, long> g_blocks;        /* kernel name -> blocks run */
+
+long blocks_launched(const char *name)
+{
+    auto it = g_blocks.find(name);
+    return it == g_blocks.end() ? 0 : it->second;
+}
 
 cudaError_t set_max_dynamic_smem(const void *func, int bytes)
 {
@@ -128,6 +136,7 @@ void execute_launch(launch_desc *d)
     const uint64_t rng_seed = seed() * 1000003u + launches++;
     order_kind ord[3];
     const int n_ord = orders(ord, 3);
+    g_blocks[d->name] += (long)d->grid.x * d->grid.y * d->grid.z;
     if (verbose())
         fprintf(stderr, "cuda-emu: %s grid (%u,%u,%u) block (%u,%u,%u) smem %zu\n", d->name,
                 d->grid.x, d->grid.y, d->grid.z, d->block.x, d->block.y, d->block.z, d->smem_bytes);

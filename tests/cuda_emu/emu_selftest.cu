@@ -83,6 +83,15 @@ static __global__ void load8_kernel(float *out, const bf16_t *p)
         out[i] = v[i];
 }
 
+/* every thread of every block adds its index: atomics across blocks */
+static __global__ void atomic_kernel(int32_t *sum, float *fsum, int32_t *mx)
+{
+    int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    atomicAdd(sum, i);
+    atomicAdd(fsum, 1.0f);
+    atomicMax(mx, i);
+}
+
 static __global__ void add_one_kernel(float *x, int n)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -153,5 +162,12 @@ extern "C" int emu_st_add_one(float *d_x, int n, cudaStream_t st)
 extern "C" int emu_st_grid(float *d_out, unsigned gx, unsigned gy, unsigned bx)
 {
     add_one_kernel<<<dim3(gx, gy), bx>>>(d_out, 1);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int emu_st_atomics(int32_t *d_sum, float *d_fsum, int32_t *d_max, unsigned blocks,
+                              unsigned threads)
+{
+    atomic_kernel<<<blocks, threads>>>(d_sum, d_fsum, d_max);
     return (int)cudaGetLastError();
 }

@@ -29,12 +29,10 @@ int emu_st_add_one(float *d_x, int n, cudaStream_t st);
 /* a launch with grid (gx, gy) and bx threads */
 int emu_st_grid(float *d_out, unsigned gx, unsigned gy, unsigned bx);
 
-/* emu_hooks.cc: the emulator's error count (EMU_ON_ERROR=count) and its
- * 16-bit float conversions, for the tests */
-long emu_error_count(void);
-uint16_t emu_test_f32_to_bf16(float f);
-uint16_t emu_test_f32_to_f16(float f);
-float emu_test_bf16_to_f32(uint16_t h);
-float emu_test_f16_to_f32(uint16_t h);
+/* sum += i, fsum += 1, max = max(max, i) over the blocks * threads thread
+ * indices i, with atomicAdd / atomicMax */
+int emu_st_atomics(int32_t *d_sum, float *d_fsum, int32_t *d_max, unsigned blocks, unsigned threads);
+
+#include "emu_hooks.h"
 
 #endif

@@ -91,6 +91,21 @@ static void test_warp_ops(void **state)
     assert_int_equal(emu_error_count(), 0);
 }
 
+static void test_atomics(void **state)
+{
+    (void)state;
+    int32_t *d = dmalloc(12), h[3] = {0, 0, -1};
+    assert_int_equal(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(emu_st_atomics(d, (float *)(d + 1), d + 2, 5, 96), 0);
+    assert_int_equal(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), cudaSuccess);
+    float f;
+    memcpy(&f, &h[1], 4);
+    assert_int_equal(h[0], 479 * 480 / 2);
+    assert_true(f == 480.0f);
+    assert_int_equal(h[2], 479);
+    cudaFree(d);
+}
+
 static void test_race_detected(void **state)
 {
     (void)state;
@@ -315,6 +330,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conversions),
         cmocka_unit_test(test_warp_ops),
+        cmocka_unit_test(test_atomics),
         cmocka_unit_test(test_race_detected),
         cmocka_unit_test(test_shared_poisoned),
         cmocka_unit_test(test_divergence_and_masks),
