@@ -198,8 +198,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     const size_t b_sl = transb == CUBLAS_OP_N ? 1 : (size_t)ldb, b_sj = transb == CUBLAS_OP_N ? (size_t)ldb : 1;
     cudaError_t e = enqueue(handle->st, [=]() {
         return std::function<void()>([=]() {
-            /* op(A) as rows [m][k] and op(B) as columns [n][k], in f32 */
-            std::vector<float> a((size_t)m * (size_t)k), b((size_t)n * (size_t)k);
+            /* op(A) as rows [m][k] and op(B) as columns [n][k], in f32
+             * (buffers kept between calls) */
+            static std::vector<float> abuf, bbuf;
+            if (abuf.size() < (size_t)m * (size_t)k)
+                abuf.resize((size_t)m * (size_t)k);
+            if (bbuf.size() < (size_t)n * (size_t)k)
+                bbuf.resize((size_t)n * (size_t)k);
+            float *a = abuf.data(), *b = bbuf.data();
             for (int i = 0; i < m; i++)
                 for (int l = 0; l < k; l++)
                     a[(size_t)i * (size_t)k + (size_t)l] = load(A, Atype, (size_t)i * a_si + (size_t)l * a_sl);

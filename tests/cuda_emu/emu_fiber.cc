@@ -93,8 +93,12 @@ void fiber_reset(fiber *f, fiber_fn fn, void *arg)
     f->arg = arg;
     f->asan_fake = nullptr;
 #if EMU_ASAN
-    ASAN_UNPOISON_MEMORY_REGION(f->stack_lo, FIBER_STACK_BYTES);
+    /* a fiber that returned left no poisoned frame behind (instrumented
+     * functions unpoison theirs on return); one abandoned mid-way did */
+    if (f->unfinished)
+        ASAN_UNPOISON_MEMORY_REGION(f->stack_lo, FIBER_STACK_BYTES);
 #endif
+    f->unfinished = 1;
     /* emu_ctx_switch pops the 64-byte frame and returns into
      * emu_ctx_start with rsp = fr + 64, which must be 16-byte aligned so that
      * its `call` enters fiber_main with the ABI's alignment */
@@ -116,6 +120,8 @@ void fiber_reset(fiber *f, fiber_fn fn, void *arg)
 
 /* The home a running fiber returns to (set by fiber_resume). */
 static thread_local fiber_home *t_home;
+/* where a finished fiber's last stack pointer goes (never resumed) */
+static thread_local void *t_discard_sp;
 
 static void fiber_main(void *arg)
 {
@@ -124,13 +130,13 @@ static void fiber_main(void *arg)
     __sanitizer_finish_switch_fiber(nullptr, &t_home->stack_bottom, &t_home->stack_size);
 #endif
     f->fn(f->arg);
+    f->unfinished = 0;
     fiber_home *h = t_home;
 #if EMU_ASAN
     /* this fiber never runs again: let ASan drop its fake stack */
     __sanitizer_start_switch_fiber(nullptr, h->stack_bottom, h->stack_size);
 #endif
-    void *dummy;
-    emu_ctx_switch(&dummy, h->sp);
+    emu_ctx_switch(&t_discard_sp, h->sp);
     __builtin_unreachable();
 }
 

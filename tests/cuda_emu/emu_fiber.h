@@ -31,6 +31,7 @@ struct fiber {
     fiber_fn fn;
     void *arg;
     void *asan_fake;     /* ASan fake-stack handle of this fiber */
+    int unfinished;      /* started and not returned (abandoned after an error) */
 };
 
 /* The scheduler's side: the OS thread's own stack. */

@@ -154,12 +154,23 @@ void execute_launch(launch_desc *d)
         if (a && !seen)
             allocs.push_back(a);
     }
-    std::vector<std::vector<unsigned char>> before(allocs.size()), after(allocs.size());
-    for (size_t i = 0; i < allocs.size(); i++)
-        before[i].assign(allocs[i]->base, allocs[i]->base + allocs[i]->bytes);
+    /* snapshots in buffers kept from launch to launch (allocating megabytes
+     * per launch costs more than the copies under ASan's allocator) */
+    static std::vector<std::vector<unsigned char>> before, after;
+    if (before.size() < allocs.size()) {
+        before.resize(allocs.size());
+        after.resize(allocs.size());
+    }
+    for (size_t i = 0; i < allocs.size(); i++) {
+        if (before[i].size() < allocs[i]->bytes) {
+            before[i].resize(allocs[i]->bytes);
+            after[i].resize(allocs[i]->bytes);
+        }
+        memcpy(before[i].data(), allocs[i]->base, allocs[i]->bytes);
+    }
     run_grid(d, ord[0], rng_seed);
     for (size_t i = 0; i < allocs.size(); i++)
-        after[i].assign(allocs[i]->base, allocs[i]->base + allocs[i]->bytes);
+        memcpy(after[i].data(), allocs[i]->base, allocs[i]->bytes);
     for (int o = 1; o < n_ord; o++) {
         for (size_t i = 0; i < allocs.size(); i++)
             memcpy(allocs[i]->base, before[i].data(), allocs[i]->bytes);
