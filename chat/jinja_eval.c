@@ -741,6 +741,8 @@ static jv eval(jinja_vm *vm, const jnode *n)
         break;
     }
     case JN_SLICE: {
+        if (!n->a) /* x[a:b, c]: a slice inside a tuple subscript */
+            fail_node(vm, n, "indices must be integers or slices, not tuple");
         jv obj = eval(vm, n->a);
         jv p0 = n->b ? eval(vm, n->b) : jv_absent();
         jv p1 = n->c ? eval(vm, n->c) : jv_absent();
