@@ -711,8 +711,6 @@ static jv f_round(jinja_vm *vm, jv v, const jargs *a)
 static jv f_tojson(jinja_vm *vm, jv v, const jargs *a)
 {
     ARGS("tojson", "ensure_ascii", "indent", "separators", "sort_keys");
-    if (arg_bool(p[0], false))
-        jrt_fail(vm->rt, "tojson: ensure_ascii=True is not supported");
     const char *indent = NULL;
     if (p[1].type == JV_INT || p[1].type == JV_BOOL) {
         int64_t n = p[1].type == JV_INT ? p[1].u.i : p[1].u.b;
@@ -735,7 +733,7 @@ static jv f_tojson(jinja_vm *vm, jv v, const jargs *a)
         jrt_fail(vm->rt, "tojson: separators must be a pair of strings");
     jsb b;
     jsb_init(&b, vm->rt, vm->lim->max_output_bytes);
-    jv_write_json(&b, v, indent, item_sep, key_sep, arg_bool(p[3], false));
+    jv_write_json(&b, v, indent, item_sep, key_sep, arg_bool(p[3], false), arg_bool(p[0], false));
     return jsb_value(&b);
 }
 

@@ -603,7 +603,7 @@ jv jv_to_str(jinja_rt *rt, jv v)
 
 /* ---- json.dumps ---- */
 
-static void json_string(jsb *b, const char *s, size_t n)
+static void json_string(jsb *b, const char *s, size_t n, bool ascii)
 {
     jsb_putc(b, '"');
     size_t run = 0;
@@ -623,6 +623,26 @@ static void json_string(jsb *b, const char *s, size_t n)
             if (c < 0x20) {
                 snprintf(ubuf, sizeof ubuf, "\\u%04x", c);
                 esc = ubuf;
+            } else if (c >= 0x80 && ascii) {
+                /* ensure_ascii: \uXXXX, astral code points as surrogate pairs */
+                size_t k = i;
+                uint32_t cp = c;
+                int extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+                if (extra && i + (size_t)extra < n) {
+                    cp = c & (0x3Fu >> extra);
+                    for (int j = 1; j <= extra; j++)
+                        cp = (cp << 6) | ((unsigned char)s[k + (size_t)j] & 0x3F);
+                    i += (size_t)extra;
+                } else
+                    cp = 0xFFFD;
+                jsb_put(b, s + k - run, run);
+                run = 0;
+                if (cp >= 0x10000) {
+                    cp -= 0x10000;
+                    jsb_printf(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+                } else
+                    jsb_printf(b, "\\u%04x", cp);
+                continue;
             }
         }
         if (esc) {
@@ -638,7 +658,7 @@ static void json_string(jsb *b, const char *s, size_t n)
 
 typedef struct json_opts {
     const char *indent, *item_sep, *key_sep;
-    bool sort_keys;
+    bool sort_keys, ensure_ascii;
     int depth;
 } json_opts;
 
@@ -651,11 +671,11 @@ static void json_newline(jsb *b, const json_opts *o, int level)
 
 static void json_value(jsb *b, jv v, const json_opts *o, int level);
 
-static void json_key(jsb *b, jv k)
+static void json_key(jsb *b, jv k, bool ascii)
 {
     /* json.dumps turns str/int/float/bool/None keys into strings */
     switch (k.type) {
-    case JV_STR: json_string(b, k.u.s->s, k.u.s->len); return;
+    case JV_STR: json_string(b, k.u.s->s, k.u.s->len, ascii); return;
     case JV_NONE: jsb_puts(b, "\"null\""); return;
     case JV_BOOL: jsb_puts(b, k.u.b ? "\"true\"" : "\"false\""); return;
     case JV_INT: jsb_printf(b, "\"%lld\"", (long long)k.u.i); return;
@@ -691,7 +711,7 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
         else
             jv_write_float(b, v.u.f);
         return;
-    case JV_STR: json_string(b, v.u.s->s, v.u.s->len); return;
+    case JV_STR: json_string(b, v.u.s->s, v.u.s->len, o->ensure_ascii); return;
     case JV_LIST: {
         const jv_list *l = v.u.list;
         if (l->len == 0) {
@@ -744,7 +764,7 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
                 jsb_puts(b, o->item_sep);
             if (o->indent)
                 json_newline(b, o, level + 1);
-            json_key(b, d->keys[order[i]]);
+            json_key(b, d->keys[order[i]], o->ensure_ascii);
             jsb_puts(b, o->key_sep);
             json_value(b, d->vals[order[i]], o, level + 1);
         }
@@ -759,9 +779,9 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
 }
 
 void jv_write_json(jsb *b, jv v, const char *indent, const char *item_sep,
-                   const char *key_sep, bool sort_keys)
+                   const char *key_sep, bool sort_keys, bool ensure_ascii)
 {
-    json_opts o = {indent, item_sep, key_sep, sort_keys, 0};
+    json_opts o = {indent, item_sep, key_sep, sort_keys, ensure_ascii, 0};
     if (!o.item_sep)
         o.item_sep = indent ? "," : ", ";
     if (!o.key_sep)

@@ -198,11 +198,11 @@ void jv_write_repr(jsb *b, jv v);
 void jv_write_float(jsb *b, double f);
 jv jv_to_str(jinja_rt *rt, jv v);
 
-/* json.dumps(v, ensure_ascii=False, indent=indent, separators=seps,
+/* json.dumps(v, ensure_ascii=ensure_ascii, indent=indent, separators=seps,
  * sort_keys=sort_keys): indent NULL = one line; item_sep/key_sep NULL =
  * Python's defaults (", " or "," with indent, ": "). A value JSON cannot
  * hold fails as Python's TypeError does. */
 void jv_write_json(jsb *b, jv v, const char *indent, const char *item_sep,
-                   const char *key_sep, bool sort_keys);
+                   const char *key_sep, bool sort_keys, bool ensure_ascii);
 
 #endif /* PG_JINJA_VALUE_H */

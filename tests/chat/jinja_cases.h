@@ -548,6 +548,12 @@ static const jinja_case JINJA_CASES[] = {
     {"{{ 'stra\303\237e'.upper() }}|{{ '\303\237a'.capitalize() }}|{{ '\303\237a b'.title() }}",
      "{}",
      "text", "STRASSE|Ssa|Ssa B"},
+    {"{{ obj | tojson(ensure_ascii=true) }}|{{ obj | tojson(ensure_ascii=false, indent='\t') }}",
+     "{\"obj\": {\"k\303\251\": [\"\303\251\346\227\245\360\237\231\202\", 1]}}",
+     "text", "{\"k\\u00e9\": [\"\\u00e9\\u65e5\\ud83d\\ude42\", 1]}|{\n\t\"k\303\251\": [\n\t\t\"\303\251\346\227\245\360\237\231\202\",\n\t\t1\n\t]\n}"},
+    {"{{ obj | tojson(indent=0) }}|{{ obj | tojson(indent=2, separators=(', ', ' = ')) }}",
+     "{\"obj\": {\"a\": [1, 2], \"b\": {}}}",
+     "text", "{\n\"a\": [\n1,\n2\n],\n\"b\": {}\n}|{\n  \"a\" = [\n    1, \n    2\n  ], \n  \"b\" = {}\n}"},
 };
 static const jinja_case JINJA_PARSE_ERRORS[] = {
     {"{% if true %}unclosed", "{}", "parse", "Unexpected end of template. Jinja was looking for the following tags: 'elif' or 'else' or 'endif'. The innermost block that needs to be closed is 'if'."},

@@ -601,6 +601,11 @@ CASES += [
     ("{{ 'stra\u00dfe'.upper() }}|{{ '\u00dfa'.capitalize() }}|{{ '\u00dfa b'.title() }}", {}),
 ]
 
+CASES += [
+    ("{{ obj | tojson(ensure_ascii=true) }}|{{ obj | tojson(ensure_ascii=false, indent='\t') }}", {"obj": {"k\u00e9": ["\u00e9\u65e5\U0001F642", 1]}}),
+    ("{{ obj | tojson(indent=0) }}|{{ obj | tojson(indent=2, separators=(', ', ' = ')) }}", {"obj": {"a": [1, 2], "b": {}}}),
+]
+
 
 PARSE_ERRORS = [
     "{% if true %}unclosed",
