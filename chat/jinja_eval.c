@@ -117,6 +117,12 @@ jv jinja_getattr(jinja_vm *vm, jv obj, const char *name)
         jv v = jv_dict_get_str(obj, name, strlen(name));
         return v.type != JV_ABSENT ? v : undef_attr(vm, obj, name);
     }
+    if (obj.type == JV_FUNC && obj.u.fn->attrs.type == JV_DICT) { /* loop.* */
+        jv v = jv_dict_get_str(obj.u.fn->attrs, name, strlen(name));
+        if (v.type != JV_ABSENT)
+            return v;
+        return jv_undef(vm->rt, "'jinja2.runtime.LoopContext object' has no attribute '%.200s'", name);
+    }
     jv m = jinja_method(vm, obj, name);
     if (m.type != JV_ABSENT)
         return m;
@@ -613,6 +619,7 @@ static jv do_slice(jinja_vm *vm, jv obj, jv vstart, jv vstop, jv vstep)
 /* ---- evaluation ---- */
 
 static jv eval(jinja_vm *vm, const jnode *n);
+static jv call_loop(jinja_vm *vm, const jv_func *f, const jargs *a);
 static void exec_body(jinja_vm *vm, jnode *const *body, int n);
 
 static void eval_args(jinja_vm *vm, const jnode *n, jargs *a)
@@ -712,6 +719,8 @@ jv jinja_call(jinja_vm *vm, jv fn, const jargs *a)
         jinja_undef_fail(vm, fn);
     if (fn.type != JV_FUNC)
         jrt_fail(vm->rt, "'%s' object is not callable", jv_type_name(fn));
+    if (fn.u.fn->macro && fn.u.fn->attrs.type == JV_DICT)
+        return call_loop(vm, fn.u.fn, a);
     if (fn.u.fn->macro)
         return call_macro(vm, fn.u.fn, a);
     return fn.u.fn->native(vm, fn.u.fn->self, a);
@@ -894,10 +903,55 @@ static jv loop_cycle(jinja_vm *vm, jv self, const jargs *a)
     return a->v[self.u.i % a->n];
 }
 
+/* loop.changed(*values): true when the values differ from the last call's */
+static jv loop_changed(jinja_vm *vm, jv state, const jargs *a)
+{
+    jv now = jv_list_new(vm->rt, (size_t)a->n);
+    for (int i = 0; i < a->n; i++)
+        jv_list_push(vm->rt, now, a->v[i]);
+    jv last = jv_dict_get_str(state, "last", 4);
+    if (last.type != JV_ABSENT && jv_eq(last, now))
+        return jv_bool(false);
+    jv_dict_set_str(vm->rt, state, "last", now);
+    return jv_bool(true);
+}
+
+static void run_for(jinja_vm *vm, const jnode *n, jv seq, int depth, jscope *outer);
+
+/* loop(items) in a `recursive` loop: the body again over items, one level
+ * deeper; returns what it printed. */
+static jv loop_recurse(jinja_vm *vm, jv self, const jargs *a)
+{
+    (void)self;
+    jrt_fail(vm->rt, "The loop must have the 'recursive' marker to be called recursively.");
+    (void)a;
+}
+
+static jv call_loop(jinja_vm *vm, const jv_func *f, const jargs *a)
+{
+    if (a->n != 1)
+        jrt_fail(vm->rt, "loop() takes exactly one argument");
+    if (++vm->call_depth > vm->lim->max_call_depth)
+        jrt_fail(vm->rt, "recursion limit of %d loop calls reached", vm->lim->max_call_depth);
+    jsb *saved_out = vm->out;
+    jscope *saved_scope = vm->scope;
+    jsb out;
+    jsb_init(&out, vm->rt, vm->lim->max_output_bytes);
+    vm->out = &out;
+    run_for(vm, f->macro, jinja_iterate(vm, a->v[0]), (int)f->self.u.i + 1, f->closure);
+    vm->out = saved_out;
+    vm->scope = saved_scope;
+    vm->call_depth--;
+    return jsb_value(&out);
+}
+
 static void exec_for(jinja_vm *vm, const jnode *n)
 {
-    jv seq = jinja_iterate(vm, eval(vm, n->b));
-    jscope *outer = vm->scope;
+    run_for(vm, n, jinja_iterate(vm, eval(vm, n->b)), 1, vm->scope);
+}
+
+static void run_for(jinja_vm *vm, const jnode *n, jv seq, int depth, jscope *outer)
+{
     /* `for x in xs if cond`: filter first, loop.* count the kept items */
     if (n->c) {
         jv kept = jv_list_new(vm->rt, seq.u.list->len);
@@ -916,31 +970,41 @@ static void exec_for(jinja_vm *vm, const jnode *n)
         return;
     }
     static const char *const keys[] = {"index", "index0", "revindex", "revindex0", "first", "last",
-                                       "length", "depth", "depth0", "previtem", "nextitem", "cycle"};
+                                       "length", "depth", "depth0", "previtem", "nextitem", "cycle",
+                                       "changed"};
     enum { NKEYS = sizeof keys / sizeof keys[0] };
     jv kv[NKEYS];
     for (int k = 0; k < NKEYS; k++)
         kv[k] = jv_cstr(vm->rt, keys[k]);
+    jv changed = jv_func_native(vm->rt, "changed", loop_changed, jv_dict_new(vm->rt, 1));
     for (size_t i = 0; i < len; i++) {
         jinja_step(vm);
         jv item = seq.u.list->items[i];
         jscope *s = scope_new(vm, outer);
         vm->scope = s;
-        jv loop = jv_dict_new(vm->rt, NKEYS);
-        jv_dict *d = loop.u.dict;
+        jv attrs = jv_dict_new(vm->rt, NKEYS);
+        jv_dict *d = attrs.u.dict;
         jv vals[NKEYS] = {
             jv_int((int64_t)i + 1), jv_int((int64_t)i), jv_int((int64_t)(len - i)),
             jv_int((int64_t)(len - i - 1)), jv_bool(i == 0), jv_bool(i + 1 == len),
-            jv_int((int64_t)len), jv_int(1), jv_int(0),
+            jv_int((int64_t)len), jv_int(depth), jv_int(depth - 1),
             i > 0 ? seq.u.list->items[i - 1] : jv_undef(vm->rt, "there is no previous item"),
             i + 1 < len ? seq.u.list->items[i + 1] : jv_undef(vm->rt, "there is no next item"),
             jv_func_native(vm->rt, "cycle", loop_cycle, jv_int((int64_t)i)),
+            changed,
         };
         for (int k = 0; k < NKEYS; k++) {
             d->keys[k] = kv[k];
             d->vals[k] = vals[k];
         }
         d->len = NKEYS;
+        /* the loop object: attributes, and callable in a recursive loop */
+        jv loop = jv_func_native(vm->rt, "loop", loop_recurse, jv_int(depth));
+        loop.u.fn->attrs = attrs;
+        if (n->flag) {
+            loop.u.fn->macro = n;
+            loop.u.fn->closure = outer;
+        }
         scope_set(vm, s, "loop", loop);
         assign(vm, n->a, item);
         exec_body(vm, n->body, n->nbody);

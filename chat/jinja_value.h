@@ -115,6 +115,7 @@ struct jv_func {
     const void *macro;       /* or a macro: its jnode (jinja_parse.h) */
     void *closure;           /* the macro's defining scope (jinja_eval.c) */
     jv caller;               /* `caller` inside a {% call %}'s macro */
+    jv attrs;                /* a dict of attributes (the `loop` object), or JV_ABSENT */
 };
 
 static inline jv jv_absent(void) { jv v = {JV_ABSENT, {0}}; return v; }

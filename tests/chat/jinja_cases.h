@@ -554,6 +554,15 @@ static const jinja_case JINJA_CASES[] = {
     {"{{ obj | tojson(indent=0) }}|{{ obj | tojson(indent=2, separators=(', ', ' = ')) }}",
      "{\"obj\": {\"a\": [1, 2], \"b\": {}}}",
      "text", "{\n\"a\": [\n1,\n2\n],\n\"b\": {}\n}|{\n  \"a\" = [\n    1, \n    2\n  ], \n  \"b\" = {}\n}"},
+    {"{% for n in tree recursive %}<{{ n.name }}{{ loop.depth }}{% if n.kids %}[{{ loop(n.kids) }}]{% endif %}>{% endfor %}",
+     "{\"tree\": [{\"name\": \"a\", \"kids\": [{\"name\": \"b\", \"kids\": [{\"name\": \"c\"}]}, {\"name\": \"d\"}]}, {\"name\": \"e\"}]}",
+     "text", "<a1[<b2[<c3>]><d2>]><e1>"},
+    {"{% for x in [1, 1, 2, 3, 3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}",
+     "{}",
+     "text", "123"},
+    {"{% for x in [1] %}{{ loop([2]) }}{% endfor %}",
+     "{}",
+     "error", "The loop must have the 'recursive' marker to be called recursively."},
 };
 static const jinja_case JINJA_PARSE_ERRORS[] = {
     {"{% if true %}unclosed", "{}", "parse", "Unexpected end of template. Jinja was looking for the following tags: 'elif' or 'else' or 'endif'. The innermost block that needs to be closed is 'if'."},

@@ -606,6 +606,13 @@ CASES += [
     ("{{ obj | tojson(indent=0) }}|{{ obj | tojson(indent=2, separators=(', ', ' = ')) }}", {"obj": {"a": [1, 2], "b": {}}}),
 ]
 
+CASES += [
+    ("{% for n in tree recursive %}<{{ n.name }}{{ loop.depth }}{% if n.kids %}[{{ loop(n.kids) }}]{% endif %}>{% endfor %}",
+     {"tree": [{"name": "a", "kids": [{"name": "b", "kids": [{"name": "c"}]}, {"name": "d"}]}, {"name": "e"}]}),
+    ("{% for x in [1, 1, 2, 3, 3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}", {}),
+    ("{% for x in [1] %}{{ loop([2]) }}{% endfor %}", {}),
+]
+
 
 PARSE_ERRORS = [
     "{% if true %}unclosed",
