@@ -256,6 +256,19 @@ typedef struct render_ctx {
     pg_error *err;
 } render_ctx;
 
+/* A JSON string token as a value, unescaped straight into the arena (no
+ * malloc that a longjmp could leak). */
+static jv json_string_value(render_ctx *c, int i)
+{
+    size_t raw_len;
+    json_raw(c->doc, i, &raw_len);
+    char *buf = jrt_alloc(c->rt, raw_len + 1); /* unescaping never grows */
+    size_t n = 0;
+    if (json_get_string_buf(c->doc, i, buf, raw_len + 1, &n, NULL) != 0)
+        jrt_fail(c->rt, "bad string in request");
+    return jv_str_n(c->rt, buf, n);
+}
+
 /* JSON -> value, as Python's json.loads: integers without '.', 'e' or 'E'
  * are ints (int64 here; larger ones become floats), the rest floats. */
 static jv from_json(render_ctx *c, int i, int depth)
@@ -282,15 +295,8 @@ static jv from_json(render_ctx *c, int i, int depth)
             jrt_fail(c->rt, "bad number in request");
         return jv_float(f);
     }
-    if (json_is_string(d, i)) {
-        char *s = NULL;
-        size_t n = 0;
-        if (json_get_string(d, i, &s, &n, NULL) != 0)
-            jrt_fail(c->rt, "bad string in request");
-        jv v = jv_str_n(c->rt, s, n);
-        free(s);
-        return v;
-    }
+    if (json_is_string(d, i))
+        return json_string_value(c, i);
     if (json_is_array(d, i)) {
         int n = json_size(d, i);
         jv l = jv_list_new(c->rt, (size_t)n);
@@ -344,14 +350,10 @@ static int build_messages(render_ctx *c, int arr, jv *out)
                     (type >= 0 && !json_str_eq(d, type, "text")))
                     return pg_error_set(c->err, PG_EINVAL,
                                         "chat request: messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", k, q);
-                char *s = NULL;
-                size_t sl = 0;
-                if (json_get_string(d, text, &s, &sl, c->err) != 0)
-                    return PG_EINVAL;
+                jv part_text = json_string_value(c, text);
                 if (written++)
                     jsb_putc(&b, '\n');
-                jsb_put(&b, s, sl);
-                free(s);
+                jsb_put(&b, part_text.u.s->s, part_text.u.s->len);
             }
             jv_dict_set_str(c->rt, msg, "content", jsb_value(&b));
         }
