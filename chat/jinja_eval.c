@@ -164,7 +164,8 @@ jv jinja_getitem(jinja_vm *vm, jv obj, jv key)
         jv v = jv_dict_get(obj, key);
         if (v.type != JV_ABSENT)
             return v;
-    } else if (obj.type == JV_LIST && index_of(key, &i)) {
+    } else if (obj.type == JV_LIST && (obj.u.list->kind == JL_PLAIN || obj.u.list->kind == JL_RANGE) &&
+               index_of(key, &i)) {
         const jv_list *l = obj.u.list;
         if (i < 0)
             i += (int64_t)l->len;
@@ -205,7 +206,10 @@ jv jinja_iterate(jinja_vm *vm, jv v)
 {
     switch (v.type) {
     case JV_UNDEF: return jv_list_new(vm->rt, 0);
-    case JV_LIST: return v;
+    case JV_LIST:
+        if (v.u.list->lazy_error)
+            jrt_fail(vm->rt, "%s", v.u.list->lazy_error);
+        return v;
     case JV_DICT: {
         jv l = jv_list_new(vm->rt, v.u.dict->len);
         for (size_t i = 0; i < v.u.dict->len; i++)
@@ -292,7 +296,7 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
             jsb_put(&s, b.u.s->s, b.u.s->len);
             return jsb_value(&s);
         }
-        if (a.type == JV_LIST && b.type == JV_LIST && a.u.list->tuple == b.u.list->tuple) {
+        if (jv_is_plain_list(a) && jv_is_plain_list(b) && a.u.list->tuple == b.u.list->tuple) {
             jv out = jv_list_new(vm->rt, a.u.list->len + b.u.list->len);
             out.u.list->tuple = a.u.list->tuple;
             for (size_t i = 0; i < a.u.list->len; i++)
@@ -301,7 +305,7 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
                 jv_list_push(vm->rt, out, b.u.list->items[i]);
             return out;
         }
-        if (a.type == JV_STR || a.type == JV_LIST)
+        if (a.type == JV_STR || jv_is_plain_list(a))
             jrt_fail(vm->rt, "can only concatenate %s (not \"%s\") to %s", jv_type_name(a),
                      jv_type_name(b), jv_type_name(a));
         type_error_binop(vm, "+", a, b);
@@ -321,9 +325,9 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
                 jrt_fail(vm->rt, "integer overflow");
             return jv_int(r);
         }
-        if ((a.type == JV_STR || a.type == JV_LIST) && (b.type == JV_INT || b.type == JV_BOOL))
+        if ((a.type == JV_STR || jv_is_plain_list(a)) && (b.type == JV_INT || b.type == JV_BOOL))
             return repeat(vm, a, as_i(b));
-        if ((b.type == JV_STR || b.type == JV_LIST) && (a.type == JV_INT || a.type == JV_BOOL))
+        if ((b.type == JV_STR || jv_is_plain_list(b)) && (a.type == JV_INT || a.type == JV_BOOL))
             return repeat(vm, b, as_i(a));
         if (a.type == JV_STR || b.type == JV_STR)
             jrt_fail(vm->rt, "can't multiply sequence by non-int of type '%s'",
@@ -504,6 +508,7 @@ static bool contains(jinja_vm *vm, jv item, jv container)
             return true;
         return jv_memmem(container.u.s->s, container.u.s->len, item.u.s->s, item.u.s->len) != NULL;
     case JV_LIST:
+        jinja_iterate(vm, container); /* a generator's late error */
         for (size_t i = 0; i < container.u.list->len; i++)
             if (jv_eq(container.u.list->items[i], item))
                 return true;
@@ -541,6 +546,8 @@ static bool compare(jinja_vm *vm, int op, jv a, jv b)
     }
 }
 
+jv jinja_percent_or_mod(jinja_vm *vm, jv a, jv b) { return binop(vm, '%', a, b); }
+
 /* ---- slices (CPython's PySlice_AdjustIndices) ---- */
 
 static int64_t slice_part(jinja_vm *vm, jv v, int64_t dflt)
@@ -562,6 +569,8 @@ static jv do_slice(jinja_vm *vm, jv obj, jv vstart, jv vstop, jv vstep)
     if (step == 0)
         jrt_fail(vm->rt, "slice step cannot be zero");
     int64_t len;
+    if (obj.type == JV_LIST && (obj.u.list->kind == JL_GEN || obj.u.list->kind == JL_VIEW))
+        jrt_fail(vm->rt, "'%s' object is not subscriptable", jv_type_name(obj));
     if (obj.type == JV_LIST)
         len = (int64_t)obj.u.list->len;
     else if (obj.type == JV_STR)
@@ -587,7 +596,7 @@ static jv do_slice(jinja_vm *vm, jv obj, jv vstart, jv vstop, jv vstep)
         } else if (stop >= len)
             stop = step < 0 ? len - 1 : len;
     }
-    if (obj.type == JV_LIST) {
+    if (obj.type == JV_LIST) { /* (a slice of a range is a list here, a range in Python) */
         jv out = jv_list_new(vm->rt, 0);
         out.u.list->tuple = obj.u.list->tuple;
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)

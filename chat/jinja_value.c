@@ -149,6 +149,13 @@ void jv_list_push(jinja_rt *rt, jv list, jv item)
     l->items[l->len++] = item;
 }
 
+jv jv_list_as(jv list, enum jl_kind kind, const char *kind_name)
+{
+    list.u.list->kind = (unsigned char)kind;
+    list.u.list->kind_name = kind_name;
+    return list;
+}
+
 jv jv_dict_new(jinja_rt *rt, size_t cap)
 {
     jv_dict *d = jrt_alloc(rt, sizeof *d);
@@ -235,7 +242,7 @@ bool jv_truthy(jv v)
     case JV_INT: return v.u.i != 0;
     case JV_FLOAT: return v.u.f != 0.0;
     case JV_STR: return v.u.s->len != 0;
-    case JV_LIST: return v.u.list->len != 0;
+    case JV_LIST: return v.u.list->kind == JL_GEN || v.u.list->len != 0;
     case JV_DICT: return v.u.dict->len != 0;
     case JV_NS: case JV_FUNC: return true;
     default: return false;
@@ -264,7 +271,9 @@ bool jv_eq(jv a, jv b)
         return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
     case JV_LIST: {
         const jv_list *x = a.u.list, *y = b.u.list;
-        if (x->tuple != y->tuple || x->len != y->len)
+        if (x->kind == JL_GEN || y->kind == JL_GEN)
+            return x == y;
+        if (x->tuple != y->tuple || x->kind != y->kind || x->len != y->len)
             return false;
         for (size_t i = 0; i < x->len; i++)
             if (!jv_eq(x->items[i], y->items[i]))
@@ -306,7 +315,7 @@ int jv_cmp(jv a, jv b, bool *ok)
             return c < 0 ? -1 : 1;
         return a.u.s->len < b.u.s->len ? -1 : a.u.s->len > b.u.s->len ? 1 : 0;
     }
-    if (a.type == JV_LIST && b.type == JV_LIST && a.u.list->tuple == b.u.list->tuple) {
+    if (jv_is_plain_list(a) && jv_is_plain_list(b) && a.u.list->tuple == b.u.list->tuple) {
         const jv_list *x = a.u.list, *y = b.u.list;
         for (size_t i = 0; i < x->len && i < y->len; i++) {
             if (jv_eq(x->items[i], y->items[i]))
@@ -328,7 +337,13 @@ const char *jv_type_name(jv v)
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v.u.list->tuple ? "tuple" : "list";
+    case JV_LIST:
+        switch (v.u.list->kind) {
+        case JL_GEN: return strncmp(v.u.list->kind_name, "generator", 9) == 0 ? "generator" : "list_reverseiterator";
+        case JL_VIEW: return v.u.list->kind_name;
+        case JL_RANGE: return "range";
+        default: return v.u.list->tuple ? "tuple" : "list";
+        }
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_FUNC: return v.u.fn->macro ? "Macro" : "builtin_function_or_method";
@@ -532,6 +547,28 @@ static void write_str_repr(jsb *b, const char *s, size_t n)
 static void write_seq(jsb *b, jv v, bool repr_items)
 {
     const jv_list *l = v.u.list;
+    if (l->kind == JL_GEN) { /* CPython prints an address here */
+        jsb_printf(b, "<%s at 0x7f0000000000>", l->kind_name);
+        return;
+    }
+    if (l->kind == JL_RANGE) {
+        if (l->range[2] == 1)
+            jsb_printf(b, "range(%lld, %lld)", (long long)l->range[0], (long long)l->range[1]);
+        else
+            jsb_printf(b, "range(%lld, %lld, %lld)", (long long)l->range[0], (long long)l->range[1],
+                       (long long)l->range[2]);
+        return;
+    }
+    if (l->kind == JL_VIEW) {
+        jv plain = v;
+        jv_list copy = *l;
+        copy.kind = JL_PLAIN;
+        plain.u.list = &copy;
+        jsb_printf(b, "%s(", l->kind_name);
+        write_seq(b, plain, repr_items);
+        jsb_putc(b, ')');
+        return;
+    }
     jsb_putc(b, l->tuple ? '(' : '[');
     for (size_t i = 0; i < l->len; i++) {
         if (i)
@@ -714,6 +751,8 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
     case JV_STR: json_string(b, v.u.s->s, v.u.s->len, o->ensure_ascii); return;
     case JV_LIST: {
         const jv_list *l = v.u.list;
+        if (l->kind != JL_PLAIN)
+            jrt_fail(b->rt, "Object of type %s is not JSON serializable", jv_type_name(v));
         if (l->len == 0) {
             jsb_puts(b, "[]");
             return;

@@ -85,10 +85,20 @@ struct jv {
     } u;
 };
 
+/* What Python object a JV_LIST stands for. Filters that are generators in
+ * jinja2 (select, map, items, ...) give JL_GEN: always true, no len(), not
+ * subscriptable, printed as "<generator object ...>". dict.items() & co.
+ * give JL_VIEW ("dict_items([...])"), range() gives JL_RANGE. */
+enum jl_kind { JL_PLAIN = 0, JL_GEN, JL_VIEW, JL_RANGE };
+
 struct jv_list {
     size_t len, cap;
     jv *items;
     bool tuple;
+    unsigned char kind;     /* enum jl_kind */
+    const char *kind_name;  /* JL_GEN / JL_VIEW: "generator object do_map", "dict_items" */
+    const char *lazy_error; /* JL_GEN: the error its iteration raises (jinja2 fails late) */
+    int64_t range[3];       /* JL_RANGE: start, stop, step (for printing) */
 };
 
 /* Insertion-ordered, keys compared with Python ==. */
@@ -124,6 +134,10 @@ static inline jv jv_bool(bool b) { jv v = {JV_BOOL, {.b = b}}; return v; }
 static inline jv jv_int(int64_t i) { jv v = {JV_INT, {.i = i}}; return v; }
 static inline jv jv_float(double f) { jv v = {JV_FLOAT, {.f = f}}; return v; }
 static inline bool jv_is_str(jv v) { return v.type == JV_STR; }
+static inline bool jv_is_plain_list(jv v)
+{
+    return v.type == JV_LIST && v.u.list->kind == JL_PLAIN;
+}
 static inline bool jv_is_num(jv v)
 {
     return v.type == JV_INT || v.type == JV_FLOAT || v.type == JV_BOOL;
@@ -142,6 +156,8 @@ jv jv_cstr(jinja_rt *rt, const char *s);
 jv jv_str_static(const jv_str *s);
 jv jv_list_new(jinja_rt *rt, size_t cap);
 void jv_list_push(jinja_rt *rt, jv list, jv item);
+/* Marks a fresh list as a generator / view (kind_name: static storage). */
+jv jv_list_as(jv list, enum jl_kind kind, const char *kind_name);
 jv jv_dict_new(jinja_rt *rt, size_t cap);
 /* Sets key (replacing an equal key's value). */
 void jv_dict_set(jinja_rt *rt, jv dict, jv key, jv val);

@@ -613,6 +613,17 @@ CASES += [
     ("{% for x in [1] %}{{ loop([2]) }}{% endfor %}", {}),
 ]
 
+CASES += [
+    # generators (jinja2's select/map/items/... are lazy): always true, no len()
+    ("{{ 'yes' if [] | select else 'no' }}{{ 'yes' if msgs | selectattr('role', 'equalto', 'x') else 'no' }}{{ not ([] | map('upper')) }}", {"msgs": [{"role": "user"}]}),
+    ("{{ (msgs | selectattr('role')) is sequence }}{{ msgs | map(attribute='role') | first }}{{ {'a': 1}.items() }}{{ {'a': 1}.keys() }}{{ range(2, 9, 3) }}{{ range(3) }}", {"msgs": [{"role": "user"}]}),
+    ("{{ [1, 2] | select | length }}", {}),
+    ("{{ ([1, 2] | map('string'))[0] }}|{{ (1, 2) | reverse | list }}{{ u | reverse | list }}{{ [3, 4] | reverse | first }}", {}),
+    ("{{ 2.5 is odd }}{{ 3.0 is odd }}{{ 4.0 is divisibleby 2 }}{{ '{}' is lower }}{{ 'a1' is lower }}{{ '1' is upper }}", {}),
+    ("{{ false | select | list }}{{ 0 | map('upper') | list }}{% set g = 5 | items %}ok", {}),
+    ("{{ 5 | items | list }}", {}),
+]
+
 
 PARSE_ERRORS = [
     "{% if true %}unclosed",
