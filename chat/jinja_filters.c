@@ -437,8 +437,10 @@ static jv f_sort(jinja_vm *vm, jv v, const jargs *a)
 static jv f_dictsort(jinja_vm *vm, jv v, const jargs *a)
 {
     ARGS("dictsort", "case_sensitive", "by", "reverse");
-    if (v.type != JV_DICT && v.type != JV_UNDEF)
-        jrt_fail(vm->rt, "You can only sort by either \"key\" or \"value\"");
+    if (v.type == JV_UNDEF) /* jinja2 calls value.items() */
+        jinja_undef_fail(vm, v);
+    if (v.type != JV_DICT)
+        jrt_fail(vm->rt, "'%s' object has no attribute 'items'", jv_type_name(v));
     jv items = f_list(vm, f_items(vm, v, &(jargs){0}), NULL);
     size_t n = items.u.list->len;
     bool by_value = p[1].type == JV_STR && strcmp(p[1].u.s->s, "value") == 0;
@@ -464,6 +466,15 @@ static jv f_unique(jinja_vm *vm, jv v, const jargs *a)
     jv seen = jv_list_new(vm->rt, l.u.list->len);
     for (size_t i = 0; i < l.u.list->len; i++) {
         jv key = fold(&c, attr_get(vm, l.u.list->items[i], p[1]));
+        if (jv_is_plain_list(key) ? !key.u.list->tuple : key.type == JV_DICT || key.type == JV_NS) {
+            /* a set of seen items: Python fails on an unhashable one when iterated */
+            jv g = jv_list_new(vm->rt, 0);
+            jsb eb;
+            jsb_init(&eb, vm->rt, 256);
+            jsb_printf(&eb, "unhashable type: '%s'", jv_type_name(key));
+            g.u.list->lazy_error = eb.p;
+            return gen(g, "generator object do_unique");
+        }
         bool dup = false;
         for (size_t k = 0; k < seen.u.list->len && !dup; k++) {
             dup = jv_eq(seen.u.list->items[k], key);
@@ -841,7 +852,8 @@ static bool t_float(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; ret
 static bool t_boolean(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_BOOL; }
 static bool t_true(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_BOOL && v.u.b; }
 static bool t_false(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_BOOL && !v.u.b; }
-static bool t_callable(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_FUNC; }
+/* Undefined defines __call__ (it raises), so callable() is true for it */
+static bool t_callable(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_FUNC || v.type == JV_UNDEF; }
 static bool t_escaped(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; (void)v; return false; }
 
 static jv arg1(jinja_vm *vm, const jargs *a, const char *name)

@@ -11,7 +11,9 @@ import json, random, re, subprocess, sys
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from jinja_diff import make_env  # noqa: E402
 
-ATOMS = ["1", "0", "-3", "2.5", "1e20", "0.1", "'a'", "''", "' x \\n'", "'h\u00e9llo W\u00f6rld'", "none", "true",
+ATOMS = ["m.role", "m['content']", "m.content | trim", "m.tool_calls", "m.content[:3]", "messages[loop_ix]",
+         "ns.c ~ 'x'", "m.get('role')", "(m.content or '') + '!'", "i", "loop.index0", "loop.length",
+         "1", "0", "-3", "2.5", "1e20", "0.1", "'a'", "''", "' x \\n'", "'h\u00e9llo W\u00f6rld'", "none", "true",
          "false", "[1, 2, 3]", "[]", "['b', 'a', 'A']", "{'k': 'v', 'n': 2}", "{}", "(1, 'x')", "msgs", "d", "s",
          "n", "f", "l", "u", "msgs[0]", "msgs[-1]", "d.k", "d['n']", "s[1:]", "l[::-1]", "msgs | length",
          "range(3)", "ns.c", "loop_ish"]
@@ -55,7 +57,24 @@ def tag(r, body):
     return "{%" + ws(r).replace("+", "") + " " + body + " " + ws(r) + "%}"
 
 
+def conv_loop(r, depth):
+    """the shape of a real chat template: a loop over messages with role tests"""
+    body = []
+    for _ in range(r.randint(1, 3)):
+        role = r.choice(["'user'", "'assistant'", "'system'"])
+        body.append(tag(r, "if m.role == " + role) + block(r, depth) +
+                    (tag(r, "elif " + expr(r)) + block(r, depth) if r.random() < 0.3 else "") + tag(r, "endif"))
+    extra = r.choice(["", tag(r, "set ns.c = ns.c + 1"), tag(r, "if loop.last") + "L" + tag(r, "endif"),
+                      tag(r, "if loop.index0 > 1") + tag(r, "break") + tag(r, "endif"),
+                      tag(r, "if m.role == 'system'") + tag(r, "continue") + tag(r, "endif")])
+    flt = " if m.role != 'tool'" if r.random() < 0.3 else ""
+    return r.choice(TEXTS) + tag(r, "for m in msgs" + flt) + r.choice(TEXTS) + "".join(body) + extra + tag(r, "endfor") + r.choice(TEXTS)
+
+
 def stmt(r, depth=0):
+    k = r.random()
+    if depth < 2 and k < 0.15:
+        return conv_loop(r, depth)
     k = r.random()
     if depth > 2 or k < 0.3:
         return r.choice(TEXTS) + "{{" + ws(r).replace("+", "") + " " + expr(r) + " " + ws(r).replace("+", "") + "}}" + r.choice(TEXTS)
@@ -92,7 +111,7 @@ def main():
     env = make_env()
     cases = []
     for _ in range(count):
-        t = "{% set ns = namespace(c=0) %}" + "".join(stmt(r) for _ in range(r.randint(1, 4)))
+        t = "{% set ns = namespace(c=0) %}{% set loop_ix = 1 %}{% set i = 2 %}" + "".join(stmt(r) for _ in range(r.randint(1, 4)))
         cases.append(t)
     req = {"messages": [], "chat_template_kwargs": VARS}
     inp = "".join(json.dumps({"template": t, "request": req}) + "\n" for t in cases)
