@@ -489,7 +489,8 @@ jv jinja_percent_format(jinja_vm *vm, jv fmt, jv args)
     }
     /* Python: a single non-tuple argument that supports [] (list, dict) may go unused */
     bool mapping_like = !(args.type == JV_LIST && args.u.list->tuple) &&
-                        (jv_is_plain_list(args) || args.type == JV_DICT);
+                        ((args.type == JV_LIST && (args.u.list->kind == JL_PLAIN || args.u.list->kind == JL_RANGE)) ||
+                         args.type == JV_DICT);
     if (ai < list.u.list->len && !mapping_like)
         jrt_fail(vm->rt, "not all arguments converted during string formatting");
     return jsb_value(&b);
@@ -517,7 +518,7 @@ static bool contains(jinja_vm *vm, jv item, jv container)
                 return true;
         return false;
     case JV_DICT:
-        if ((item.type == JV_LIST && !item.u.list->tuple) || item.type == JV_DICT || item.type == JV_NS)
+        if ((jv_is_plain_list(item) && !item.u.list->tuple) || item.type == JV_DICT || item.type == JV_NS)
             jrt_fail(vm->rt, "unhashable type: '%s'", jv_type_name(item));
         return jv_dict_get(container, item).type != JV_ABSENT;
     default:
