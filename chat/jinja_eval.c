@@ -46,6 +46,15 @@ static void scope_set(jinja_vm *vm, jscope *s, const char *name, jv v)
     s->n++;
 }
 
+/* A new frame's scope, its missing names set to Undefined (jinja_frames.c). */
+static jscope *frame_scope(jinja_vm *vm, jscope *parent, const jnode *frame)
+{
+    jscope *s = scope_new(vm, parent);
+    for (int i = 0; i < frame->nmissing; i++)
+        scope_set(vm, s, frame->missing[i], jv_undef_name(vm->rt, frame->missing[i]));
+    return s;
+}
+
 static jv lookup(jinja_vm *vm, const char *name)
 {
     for (jscope *s = vm->scope; s; s = s->parent)
@@ -679,7 +688,7 @@ static jv call_macro(jinja_vm *vm, const jv_func *f, const jargs *a)
     jscope *saved_scope = vm->scope;
     jsb *saved_out = vm->out;
     int saved_flow = vm->flow;
-    jscope *s = scope_new(vm, f->closure);
+    jscope *s = frame_scope(vm, f->closure, m);
     vm->scope = s;
     jv varargs = jv_list_new(vm->rt, 0);
     varargs.u.list->tuple = true;
@@ -996,7 +1005,7 @@ static void run_for(jinja_vm *vm, const jnode *n, jv seq, int depth, jscope *out
     for (size_t i = 0; i < len; i++) {
         jinja_step(vm);
         jv item = seq.u.list->items[i];
-        jscope *s = scope_new(vm, outer);
+        jscope *s = frame_scope(vm, outer, n);
         vm->scope = s;
         jv attrs = jv_dict_new(vm->rt, NKEYS);
         jv_dict *d = attrs.u.dict;
@@ -1049,11 +1058,15 @@ static void exec_stmt(jinja_vm *vm, const jnode *n)
     case JN_FOR: exec_for(vm, n); break;
     case JN_SET: assign(vm, n->a, eval(vm, n->b)); break;
     case JN_SETBLOCK: case JN_FILTERBLOCK: {
+        /* the body is a frame of its own: its sets stay inside */
         jsb *saved = vm->out;
+        jscope *saved_scope = vm->scope;
         jsb b;
         jsb_init(&b, vm->rt, vm->lim->max_output_bytes);
         vm->out = &b;
+        vm->scope = frame_scope(vm, saved_scope, n);
         exec_body(vm, n->body, n->nbody);
+        vm->scope = saved_scope;
         vm->out = saved;
         jv v = apply_filter_chain(vm, n->c, jsb_value(&b));
         if (n->kind == JN_SETBLOCK)
@@ -1092,7 +1105,7 @@ static void exec_stmt(jinja_vm *vm, const jnode *n)
     }
     case JN_WITH: {
         jscope *saved = vm->scope;
-        jscope *s = scope_new(vm, saved);
+        jscope *s = frame_scope(vm, saved, n);
         jv *vals = jrt_alloc(vm->rt, (size_t)(n->nargs + 1) * sizeof(jv));
         for (int i = 0; i < n->nargs; i++)
             vals[i] = eval(vm, n->defaults[i]);
@@ -1105,7 +1118,7 @@ static void exec_stmt(jinja_vm *vm, const jnode *n)
     }
     case JN_SCOPE: {
         jscope *saved = vm->scope;
-        vm->scope = scope_new(vm, saved);
+        vm->scope = frame_scope(vm, saved, n);
         exec_body(vm, n->body, n->nbody);
         vm->scope = saved;
         break;
@@ -1146,7 +1159,7 @@ jv jinja_render(jinja_rt *rt, const jnode *root, jv vars, const jinja_limits *li
     jsb out;
     jsb_init(&out, rt, lim->max_output_bytes);
     jinja_vm vm = {.rt = rt, .lim = lim, .out = &out, .vars = vars, .now_unix = now_unix};
-    vm.scope = scope_new(&vm, NULL);
+    vm.scope = frame_scope(&vm, NULL, root);
     exec_body(&vm, root->body, root->nbody);
     return jsb_value(&out);
 }

@@ -1032,5 +1032,6 @@ jnode *jinja_parse(jinja_rt *rt, const char *src, size_t n)
         fail_at(&P, at, "unexpected %s", jinja_tok_describe(rt, at));
     jnode *root = mk(&P, JN_TEMPLATE, &P.t[0]);
     root->body = vec_body(&body, &root->nbody);
+    jinja_analyze_frames(rt, root);
     return root;
 }

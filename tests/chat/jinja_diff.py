@@ -624,6 +624,23 @@ CASES += [
     ("{{ 5 | items | list }}", {}),
 ]
 
+CASES += [
+    # jinja2's compile-time scoping (idtracking): a name stored unconditionally
+    # later in a frame is missing (undefined) for the child frames read before
+    ("{% macro m() %}[{{ s }}]{% endmacro %}{{ m() }}{% set s = 'new' %}{{ m() }}", {"s": "ctx"}),
+    ("{{ s }}{% set s = 'new' %}{{ s }}", {"s": "ctx"}),
+    ("{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'new' %}", {"s": "ctx"}),
+    ("{% for i in [1] %}[{{ s }}]{% endfor %}{% if true %}{% set s = 'a' %}{% endif %}", {"s": "ctx"}),
+    ("{% for i in [1] %}[{{ s }}]{% endfor %}{% if true %}{% set s = 'a' %}{% else %}{% set s = 'b' %}{% endif %}", {"s": "ctx"}),
+    ("{% for i in [1, 2] %}{% for j in [1] %}[{{ s }}]{% endfor %}{% set s = 'in' %}{% endfor %}", {"s": "ctx"}),
+    ("{% for i in [1, 2] %}{% for j in [1] %}[{{ s }}]{% endfor %}{% set s = 'in' %}{% endfor %}[{{ s }}]", {"s": "ctx"}),
+    ("{% macro m() %}[{{ s }}]{% endmacro %}{% for i in [1] %}{{ m() }}{% set s = 'L' %}{{ m() }}{% endfor %}", {"s": "ctx"}),
+    ("{% macro m(a) %}{% for i in [1] %}[{{ z }}]{% endfor %}{% set z = a %}{% endmacro %}{{ m(3) }}", {"z": "ctxz"}),
+    ("{% for i in [1] %}{% macro m() %}[{{ s }}]{% endmacro %}{{ m() }}{% set s = 2 %}{{ m() }}{% endfor %}", {"s": "ctx"}),
+    ("{% filter upper %}{% set y = 1 %}{% endfilter %}[{{ y }}]{% set b %}{% set y2 = 1 %}{% endset %}[{{ y2 }}]{% with %}{% set w = 1 %}{% endwith %}[{{ w }}]", {}),
+    ("{% set ns = namespace(v=1) %}{% for i in [1] %}{{ ns.v }}{% endfor %}{% set ns = namespace(v=2) %}{{ ns.v }}", {}),
+]
+
 
 PARSE_ERRORS = [
     "{% if true %}unclosed",
