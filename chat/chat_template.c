@@ -290,6 +290,11 @@ static jv from_json(render_ctx *c, int i, int depth)
         int64_t iv;
         if (!is_float && json_get_int(d, i, INT64_MIN, INT64_MAX, &iv, NULL) == 0)
             return jv_int(iv);
+        if (!is_float) { /* beyond int64: Python keeps every digit */
+            jv big = jv_str_n(c->rt, r, n);
+            big.type = JV_BIGINT;
+            return big;
+        }
         double f;
         if (json_get_double(d, i, &f, NULL) != 0)
             jrt_fail(c->rt, "bad number in request");

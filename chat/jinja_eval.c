@@ -286,6 +286,8 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
         jinja_undef_fail(vm, a);
     if (b.type == JV_UNDEF)
         jinja_undef_fail(vm, b);
+    if ((a.type == JV_BIGINT || b.type == JV_BIGINT) && !(op == '%' && a.type == JV_STR))
+        jrt_fail(vm->rt, "integer overflow: arithmetic on an integer beyond 64 bits");
     bool num = jv_is_num(a) && jv_is_num(b);
     bool fl = num && (a.type == JV_FLOAT || b.type == JV_FLOAT);
     int64_t r;

@@ -694,7 +694,7 @@ static jv f_int(jinja_vm *vm, jv v, const jargs *a)
     jv dflt = p[0].type == JV_ABSENT ? jv_int(0) : p[0];
     int64_t base = p[1].type == JV_INT ? p[1].u.i : 10;
     switch (v.type) {
-    case JV_INT: return v;
+    case JV_INT: case JV_BIGINT: return v;
     case JV_BOOL: return jv_int(v.u.b);
     case JV_FLOAT:
         if (!isfinite(v.u.f) || fabs(v.u.f) >= 9.2e18)
@@ -723,6 +723,7 @@ static jv f_float(jinja_vm *vm, jv v, const jargs *a)
     case JV_INT: return jv_float((double)v.u.i);
     case JV_BOOL: return jv_float(v.u.b);
     case JV_FLOAT: return v;
+    case JV_BIGINT: return jv_float(strtod(v.u.s->s, NULL));
     case JV_STR: {
         char *end;
         const char *s = v.u.s->s;
@@ -846,8 +847,8 @@ static bool t_sequence(jinja_vm *vm, jv v, const jargs *a)
         return v.u.list->kind == JL_PLAIN || v.u.list->kind == JL_RANGE;
     return v.type == JV_STR || v.type == JV_DICT || v.type == JV_UNDEF;
 }
-static bool t_number(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return jv_is_num(v); }
-static bool t_integer(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_INT; }
+static bool t_number(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return jv_is_num(v) || v.type == JV_BIGINT; }
+static bool t_integer(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_INT || v.type == JV_BIGINT; }
 static bool t_float(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_FLOAT; }
 static bool t_boolean(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_BOOL; }
 static bool t_true(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_BOOL && v.u.b; }

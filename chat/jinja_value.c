@@ -244,7 +244,7 @@ bool jv_truthy(jv v)
     case JV_STR: return v.u.s->len != 0;
     case JV_LIST: return v.u.list->kind == JL_GEN || v.u.list->len != 0;
     case JV_DICT: return v.u.dict->len != 0;
-    case JV_NS: case JV_FUNC: return true;
+    case JV_NS: case JV_FUNC: case JV_BIGINT: return true;
     default: return false;
     }
 }
@@ -256,8 +256,15 @@ static double num_f(jv v)
 
 static int64_t num_i(jv v) { return v.type == JV_INT ? v.u.i : (int64_t)v.u.b; }
 
+static double bigint_f(jv v) { return strtod(v.u.s->s, NULL); }
+
 bool jv_eq(jv a, jv b)
 {
+    if (a.type == JV_BIGINT || b.type == JV_BIGINT) {
+        if (a.type == JV_BIGINT && b.type == JV_BIGINT)
+            return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
+        return false; /* never equal to an int64 or (exactly) to a float here */
+    }
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.type == JV_FLOAT || b.type == JV_FLOAT)
             return num_f(a) == num_f(b);
@@ -300,6 +307,12 @@ bool jv_eq(jv a, jv b)
 int jv_cmp(jv a, jv b, bool *ok)
 {
     *ok = true;
+    if ((a.type == JV_BIGINT || jv_is_num(a)) && (b.type == JV_BIGINT || jv_is_num(b)) &&
+        (a.type == JV_BIGINT || b.type == JV_BIGINT)) {
+        double x = a.type == JV_BIGINT ? bigint_f(a) : num_f(a);
+        double y = b.type == JV_BIGINT ? bigint_f(b) : num_f(b);
+        return x < y ? -1 : x > y ? 1 : 0;
+    }
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.type == JV_FLOAT || b.type == JV_FLOAT) {
             double x = num_f(a), y = num_f(b);
@@ -334,7 +347,7 @@ const char *jv_type_name(jv v)
     case JV_UNDEF: return "Undefined";
     case JV_NONE: return "NoneType";
     case JV_BOOL: return "bool";
-    case JV_INT: return "int";
+    case JV_INT: case JV_BIGINT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
     case JV_LIST:
@@ -610,6 +623,7 @@ void jv_write_repr(jsb *b, jv v)
     case JV_NONE: jsb_puts(b, "None"); return;
     case JV_BOOL: jsb_puts(b, v.u.b ? "True" : "False"); return;
     case JV_INT: jsb_printf(b, "%lld", (long long)v.u.i); return;
+    case JV_BIGINT: jsb_put(b, v.u.s->s, v.u.s->len); return;
     case JV_FLOAT: jv_write_float(b, v.u.f); return;
     case JV_STR: write_str_repr(b, v.u.s->s, v.u.s->len); return;
     case JV_LIST: write_seq(b, v, true); return;
@@ -716,6 +730,11 @@ static void json_key(jsb *b, jv k, bool ascii)
     case JV_NONE: jsb_puts(b, "\"null\""); return;
     case JV_BOOL: jsb_puts(b, k.u.b ? "\"true\"" : "\"false\""); return;
     case JV_INT: jsb_printf(b, "\"%lld\"", (long long)k.u.i); return;
+    case JV_BIGINT:
+        jsb_putc(b, '"');
+        jsb_put(b, k.u.s->s, k.u.s->len);
+        jsb_putc(b, '"');
+        return;
     case JV_FLOAT:
         jsb_putc(b, '"');
         jv_write_float(b, k.u.f);
@@ -740,6 +759,7 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
     case JV_NONE: jsb_puts(b, "null"); return;
     case JV_BOOL: jsb_puts(b, v.u.b ? "true" : "false"); return;
     case JV_INT: jsb_printf(b, "%lld", (long long)v.u.i); return;
+    case JV_BIGINT: jsb_put(b, v.u.s->s, v.u.s->len); return;
     case JV_FLOAT:
         if (isnan(v.u.f))
             jsb_puts(b, "NaN");

@@ -59,6 +59,9 @@ typedef enum jv_type {
     JV_DICT,
     JV_NS,         /* namespace(): a dict whose attributes can be set */
     JV_FUNC,       /* macro, builtin function or bound method */
+    JV_BIGINT,     /* an int beyond int64 from JSON (Python has bignums): u.s
+                      holds its decimal digits; it prints and serializes, and
+                      compares as a float; arithmetic on it is refused */
 } jv_type;
 
 typedef struct jv_str {

@@ -620,6 +620,9 @@ static const jinja_case JINJA_CASES[] = {
     {"{% set ns = namespace(v=1) %}{% for i in [1] %}{{ ns.v }}{% endfor %}{% set ns = namespace(v=2) %}{{ ns.v }}",
      "{}",
      "text", "12"},
+    {"{{ big }}|{{ big | tojson }}|{{ {'id': big} | tojson }}|{{ big is integer }}|{{ big > 1 }}|{{ [big] }}|{{ big | string }}",
+     "{\"big\": 123456789012345678901234567890}",
+     "text", "123456789012345678901234567890|123456789012345678901234567890|{\"id\": 123456789012345678901234567890}|True|True|[123456789012345678901234567890]|123456789012345678901234567890"},
 };
 static const jinja_case JINJA_PARSE_ERRORS[] = {
     {"{% if true %}unclosed", "{}", "parse", "Unexpected end of template. Jinja was looking for the following tags: 'elif' or 'else' or 'endif'. The innermost block that needs to be closed is 'if'."},

@@ -641,6 +641,10 @@ CASES += [
     ("{% set ns = namespace(v=1) %}{% for i in [1] %}{{ ns.v }}{% endfor %}{% set ns = namespace(v=2) %}{{ ns.v }}", {}),
 ]
 
+CASES += [
+    ("{{ big }}|{{ big | tojson }}|{{ {'id': big} | tojson }}|{{ big is integer }}|{{ big > 1 }}|{{ [big] }}|{{ big | string }}", {"big": 123456789012345678901234567890}),
+]
+
 
 PARSE_ERRORS = [
     "{% if true %}unclosed",
