@@ -22,9 +22,10 @@ static bool arg_bool(jv v, bool dflt) { return v.type == JV_ABSENT ? dflt : jv_t
 
 static jv rest_args(const jargs *a, int skip, jargs *out)
 {
-    out->n = a->n > skip ? a->n - skip : 0;
-    out->v = a->v + (a->n > skip ? skip : a->n);
-    out->kw = a->kw ? a->kw + (a->n > skip ? skip : a->n) : NULL;
+    int k = a->n > skip ? skip : a->n;
+    out->n = a->n - k;
+    out->v = a->v ? a->v + k : NULL; /* no arithmetic on NULL (UB) */
+    out->kw = a->kw ? a->kw + k : NULL;
     return jv_none();
 }
 
