@@ -409,7 +409,14 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
         }
         if (as_f(a) == 0.0 && as_f(b) < 0)
             jrt_fail(vm->rt, "0.0 cannot be raised to a negative power");
-        return jv_float(pow(as_f(a), as_f(b)));
+        {
+            double x = as_f(a), y = as_f(b), p = pow(x, y);
+            if (isinf(p) && isfinite(x) && isfinite(y)) /* CPython raises, unlike for * */
+                jrt_fail(vm->rt, "(34, 'Numerical result out of range')");
+            if (x < 0 && y != floor(y))
+                jrt_fail(vm->rt, "complex results are not supported");
+            return jv_float(p);
+        }
     default:
         jrt_fail(vm->rt, "unknown operator");
     }
