@@ -49,7 +49,9 @@ ours = [json.loads(x) for x in out.stdout.decode().splitlines()]
 bad = 0
 compiled = {}
 for (path, src, req), o in zip(cases, ours):
-    t = compiled.setdefault(path, env.from_string(src))
+    if path not in compiled:
+        compiled[path] = env.from_string(src)
+    t = compiled[path]
     r = copy.deepcopy(req)
     try:
         want = {"text": t.render(messages=r["messages"], tools=r.get("tools"), documents=None, add_generation_prompt=r["add_generation_prompt"], **r["chat_template_kwargs"])}
