@@ -1058,11 +1058,21 @@ static void exec_stmt(jinja_vm *vm, const jnode *n)
     switch (n->kind) {
     case JN_TEXT: jsb_put(vm->out, n->value.u.s->s, n->value.u.s->len); break;
     case JN_OUTPUT: jv_write_str(vm->out, eval(vm, n->a)); break;
-    case JN_IF:
-        if (jv_truthy(eval(vm, n->a)))
-            exec_body(vm, n->body, n->nbody);
-        else
-            exec_body(vm, n->else_body, n->nelse);
+    case JN_IF: /* elif chains are nested IFs: walk them without recursing */
+        for (const jnode *x = n;;) {
+            if (jv_truthy(eval(vm, x->a))) {
+                exec_body(vm, x->body, x->nbody);
+                break;
+            }
+            if (x->nelse == 1 && x->else_body[0]->kind == JN_IF) {
+                x = x->else_body[0];
+                vm->rt->line = x->line;
+                jinja_step(vm);
+                continue;
+            }
+            exec_body(vm, x->else_body, x->nelse);
+            break;
+        }
         break;
     case JN_FOR: exec_for(vm, n); break;
     case JN_SET: assign(vm, n->a, eval(vm, n->b)); break;

@@ -108,10 +108,17 @@ static void stmts(jinja_rt *rt, frame *f, jnode *const *body, int n, bool cond)
         jnode *s = body[i];
         switch (s->kind) {
         case JN_OUTPUT: loads(rt, f, s->a); break;
-        case JN_IF:
-            loads(rt, f, s->a);
-            stmts(rt, f, s->body, s->nbody, true);
-            stmts(rt, f, s->else_body, s->nelse, true);
+        case JN_IF: /* an elif chain is nested IFs: walk it without recursing */
+            for (const jnode *x = s;;) {
+                loads(rt, f, x->a);
+                stmts(rt, f, x->body, x->nbody, true);
+                if (x->nelse == 1 && x->else_body[0]->kind == JN_IF) {
+                    x = x->else_body[0];
+                    continue;
+                }
+                stmts(rt, f, x->else_body, x->nelse, true);
+                break;
+            }
             break;
         case JN_FOR:
             loads(rt, f, s->b);

@@ -258,8 +258,19 @@ static int64_t num_i(jv v) { return v.type == JV_INT ? v.u.i : (int64_t)v.u.b; }
 
 static double bigint_f(jv v) { return strtod(v.u.s->s, NULL); }
 
-bool jv_eq(jv a, jv b)
+/* Nested containers deeper than this compare unequal and refuse to print
+ * (CPython raises RecursionError near 1000 too); it keeps the C stack safe
+ * from values a template nests in a loop. */
+#define JV_MAX_NESTING 1000
+
+static bool eq_depth(jv a, jv b, int depth);
+
+bool jv_eq(jv a, jv b) { return eq_depth(a, b, 0); }
+
+static bool eq_depth(jv a, jv b, int depth)
 {
+    if (depth > JV_MAX_NESTING)
+        return false;
     if (a.type == JV_BIGINT || b.type == JV_BIGINT) {
         if (a.type == JV_BIGINT && b.type == JV_BIGINT)
             return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
@@ -283,7 +294,7 @@ bool jv_eq(jv a, jv b)
         if (x->tuple != y->tuple || x->kind != y->kind || x->len != y->len)
             return false;
         for (size_t i = 0; i < x->len; i++)
-            if (!jv_eq(x->items[i], y->items[i]))
+            if (!eq_depth(x->items[i], y->items[i], depth + 1))
                 return false;
         return true;
     }
@@ -293,7 +304,7 @@ bool jv_eq(jv a, jv b)
             return false;
         for (size_t i = 0; i < x->len; i++) {
             jv o = jv_dict_get(b, x->keys[i]);
-            if (o.type == JV_ABSENT || !jv_eq(x->vals[i], o))
+            if (o.type == JV_ABSENT || !eq_depth(x->vals[i], o, depth + 1))
                 return false;
         }
         return true;
@@ -304,9 +315,15 @@ bool jv_eq(jv a, jv b)
     }
 }
 
-int jv_cmp(jv a, jv b, bool *ok)
+static int cmp_depth(jv a, jv b, bool *ok, int depth);
+
+int jv_cmp(jv a, jv b, bool *ok) { return cmp_depth(a, b, ok, 0); }
+
+static int cmp_depth(jv a, jv b, bool *ok, int depth)
 {
-    *ok = true;
+    *ok = depth <= JV_MAX_NESTING;
+    if (!*ok)
+        return 0;
     if ((a.type == JV_BIGINT || jv_is_num(a)) && (b.type == JV_BIGINT || jv_is_num(b)) &&
         (a.type == JV_BIGINT || b.type == JV_BIGINT)) {
         double x = a.type == JV_BIGINT ? bigint_f(a) : num_f(a);
@@ -333,7 +350,7 @@ int jv_cmp(jv a, jv b, bool *ok)
         for (size_t i = 0; i < x->len && i < y->len; i++) {
             if (jv_eq(x->items[i], y->items[i]))
                 continue;
-            return jv_cmp(x->items[i], y->items[i], ok);
+            return cmp_depth(x->items[i], y->items[i], ok, depth + 1);
         }
         return x->len < y->len ? -1 : x->len > y->len ? 1 : 0;
     }
@@ -557,7 +574,9 @@ static void write_str_repr(jsb *b, const char *s, size_t n)
     jsb_putc(b, q);
 }
 
-static void write_seq(jsb *b, jv v, bool repr_items)
+static void repr_depth(jsb *b, jv v, int depth);
+
+static void write_seq(jsb *b, jv v, int depth)
 {
     const jv_list *l = v.u.list;
     if (l->kind == JL_GEN) { /* CPython prints an address here */
@@ -578,7 +597,7 @@ static void write_seq(jsb *b, jv v, bool repr_items)
         copy.kind = JL_PLAIN;
         plain.u.list = &copy;
         jsb_printf(b, "%s(", l->kind_name);
-        write_seq(b, plain, repr_items);
+        write_seq(b, plain, depth);
         jsb_putc(b, ')');
         return;
     }
@@ -586,23 +605,22 @@ static void write_seq(jsb *b, jv v, bool repr_items)
     for (size_t i = 0; i < l->len; i++) {
         if (i)
             jsb_puts(b, ", ");
-        jv_write_repr(b, l->items[i]);
+        repr_depth(b, l->items[i], depth + 1);
     }
     if (l->tuple && l->len == 1)
         jsb_putc(b, ',');
     jsb_putc(b, l->tuple ? ')' : ']');
-    (void)repr_items;
 }
 
-static void write_dict(jsb *b, const jv_dict *d)
+static void write_dict(jsb *b, const jv_dict *d, int depth)
 {
     jsb_putc(b, '{');
     for (size_t i = 0; i < d->len; i++) {
         if (i)
             jsb_puts(b, ", ");
-        jv_write_repr(b, d->keys[i]);
+        repr_depth(b, d->keys[i], depth + 1);
         jsb_puts(b, ": ");
-        jv_write_repr(b, d->vals[i]);
+        repr_depth(b, d->vals[i], depth + 1);
     }
     jsb_putc(b, '}');
 }
@@ -616,8 +634,12 @@ void jv_write_str(jsb *b, jv v)
     }
 }
 
-void jv_write_repr(jsb *b, jv v)
+void jv_write_repr(jsb *b, jv v) { repr_depth(b, v, 0); }
+
+static void repr_depth(jsb *b, jv v, int depth)
 {
+    if (depth > JV_MAX_NESTING)
+        jrt_fail(b->rt, "maximum recursion depth exceeded while getting the repr of an object");
     switch (v.type) {
     case JV_ABSENT: case JV_UNDEF: jsb_puts(b, "Undefined"); return;
     case JV_NONE: jsb_puts(b, "None"); return;
@@ -626,11 +648,11 @@ void jv_write_repr(jsb *b, jv v)
     case JV_BIGINT: jsb_put(b, v.u.s->s, v.u.s->len); return;
     case JV_FLOAT: jv_write_float(b, v.u.f); return;
     case JV_STR: write_str_repr(b, v.u.s->s, v.u.s->len); return;
-    case JV_LIST: write_seq(b, v, true); return;
-    case JV_DICT: write_dict(b, v.u.dict); return;
+    case JV_LIST: write_seq(b, v, depth); return;
+    case JV_DICT: write_dict(b, v.u.dict, depth); return;
     case JV_NS:
         jsb_puts(b, "<Namespace ");
-        write_dict(b, v.u.dict);
+        write_dict(b, v.u.dict, depth);
         jsb_putc(b, '>');
         return;
     case JV_FUNC:

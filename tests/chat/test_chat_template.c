@@ -286,6 +286,34 @@ static void test_limits(void **state)
     for (int i = 0; i < 5000; i++)
         k += (size_t)snprintf(blocks + k, sizeof blocks - k, "{%% if true %%}");
     expect_limit(blocks, "nested too deeply");
+    /* a value nested 100000 deep by a loop: printing it must not recurse unboundedly */
+    expect_limit("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}"
+                 "{{ ns.l == ns.l }}{{ ns.l }}",
+                 "maximum recursion depth");
+}
+
+/* Long flat constructs are fine, and linear: 20000 elifs on one line (the
+ * lexer once counted columns from the line start for every token). */
+static void test_long_elif_chain(void **state)
+{
+    (void)state;
+    size_t cap = 20000 * 40 + 200, k = 0;
+    char *src = malloc(cap);
+    assert_non_null(src);
+    k += (size_t)snprintf(src + k, cap - k, "{%% set x = 19998 %%}{%% if x == 0 %%}a");
+    for (int i = 1; i < 20000; i++)
+        k += (size_t)snprintf(src + k, cap - k, "{%% elif x == %d %%}b%d", i, i);
+    snprintf(src + k, cap - k, "{%% endif %%}");
+    double t0 = now_s();
+    chat_template *t = make(src);
+    pg_error err = {{0}};
+    char *out = NULL;
+    assert_int_equal(render(t, SIMPLE, &out, &err), 0);
+    assert_string_equal(out, "b19998");
+    assert_true(now_s() - t0 < 10.0);
+    free(out);
+    chat_template_destroy(t);
+    free(src);
 }
 
 int main(void)
@@ -296,6 +324,7 @@ int main(void)
         cmocka_unit_test(test_continue_final_message),
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_long_elif_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
