@@ -168,8 +168,81 @@ jv jv_dict_new(jinja_rt *rt, size_t cap)
     return v;
 }
 
+/* A hash consistent with jv_eq: equal numbers hash alike (1 == 1.0 == True). */
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t hash_int(int64_t i)
+{
+    uint64_t x = (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    return x ^ (x >> 29);
+}
+
+static uint64_t jv_hash(jv v, int depth)
+{
+    switch (v.type) {
+    case JV_STR: return hash_bytes(v.u.s->s, v.u.s->len);
+    case JV_BIGINT: return hash_bytes(v.u.s->s, v.u.s->len) ^ 0x5bd1e995u;
+    case JV_INT: return hash_int(v.u.i);
+    case JV_BOOL: return hash_int(v.u.b);
+    case JV_FLOAT:
+        if (v.u.f == floor(v.u.f) && fabs(v.u.f) < 9.2e18)
+            return hash_int((int64_t)v.u.f);
+        {
+            uint64_t bits;
+            memcpy(&bits, &v.u.f, sizeof bits);
+            return hash_int((int64_t)bits);
+        }
+    case JV_NONE: return 0x2545F4914F6CDD1Dull;
+    case JV_LIST: {
+        uint64_t h = 0x84222325u;
+        if (depth > 8)
+            return h;
+        for (size_t i = 0; i < v.u.list->len && i < 64; i++)
+            h = (h ^ jv_hash(v.u.list->items[i], depth + 1)) * 1099511628211ull;
+        return h;
+    }
+    default: return 0; /* unhashable in Python; never equal across types anyway */
+    }
+}
+
+static void index_insert(jv_dict *d, size_t entry)
+{
+    size_t mask = d->index_cap - 1;
+    size_t slot = (size_t)jv_hash(d->keys[entry], 0) & mask;
+    while (d->index[slot])
+        slot = (slot + 1) & mask;
+    d->index[slot] = (uint32_t)(entry + 1);
+}
+
+static void index_build(jinja_rt *rt, jv_dict *d, size_t want)
+{
+    size_t cap = 16;
+    while (cap < want * 2 + 2)
+        cap *= 2;
+    d->index = jrt_alloc(rt, cap * sizeof *d->index);
+    d->index_cap = cap;
+    for (size_t i = 0; i < d->len; i++)
+        index_insert(d, i);
+}
+
 static size_t dict_find(const jv_dict *d, jv key)
 {
+    if (d->index && d->index_cap) {
+        size_t mask = d->index_cap - 1;
+        for (size_t slot = (size_t)jv_hash(key, 0) & mask;; slot = (slot + 1) & mask) {
+            uint32_t e = d->index[slot];
+            if (!e)
+                return (size_t)-1;
+            if (jv_eq(d->keys[e - 1], key))
+                return e - 1;
+        }
+    }
     for (size_t i = 0; i < d->len; i++)
         if (jv_eq(d->keys[i], key))
             return i;
@@ -196,9 +269,15 @@ void jv_dict_set(jinja_rt *rt, jv dict, jv key, jv val)
         d->vals = v;
         d->cap = cap;
     }
+    if (d->len >= UINT32_MAX - 1)
+        jrt_fail(rt, "dict too large");
     d->keys[d->len] = key;
     d->vals[d->len] = val;
     d->len++;
+    if (d->index && d->len * 2 + 2 <= d->index_cap)
+        index_insert(d, d->len - 1);
+    else if (d->len >= 8)
+        index_build(rt, d, d->len * 2);
 }
 
 void jv_dict_set_str(jinja_rt *rt, jv dict, const char *key, jv val)
@@ -215,6 +294,17 @@ jv jv_dict_get(jv dict, jv key)
 jv jv_dict_get_str(jv dict, const char *key, size_t len)
 {
     const jv_dict *d = dict.u.dict;
+    if (d->index && d->index_cap) {
+        size_t mask = d->index_cap - 1;
+        for (size_t slot = (size_t)hash_bytes(key, len) & mask;; slot = (slot + 1) & mask) {
+            uint32_t e = d->index[slot];
+            if (!e)
+                return jv_absent();
+            jv k = d->keys[e - 1];
+            if (k.type == JV_STR && k.u.s->len == len && memcmp(k.u.s->s, key, len) == 0)
+                return d->vals[e - 1];
+        }
+    }
     for (size_t i = 0; i < d->len; i++) {
         jv k = d->keys[i];
         if (k.type == JV_STR && k.u.s->len == len && memcmp(k.u.s->s, key, len) == 0)

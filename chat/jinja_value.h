@@ -109,6 +109,11 @@ struct jv_dict {
     size_t len, cap;
     jv *keys;
     jv *vals;
+    /* from 8 entries on (jv_dict_set): open addressing over hashes
+     * consistent with jv_eq, slot = entry index + 1, 0 = empty; keeps big
+     * JSON objects and template-built dicts linear to fill */
+    uint32_t *index;
+    size_t index_cap;        /* a power of two, > 2 * len */
 };
 
 /* Arguments of a call: n values, kw[i] is the keyword of v[i] or NULL. */

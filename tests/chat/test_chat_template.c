@@ -316,6 +316,29 @@ static void test_long_elif_chain(void **state)
     free(src);
 }
 
+/* A request object with 100000 keys fills its dict in linear time (hashed). */
+static void test_big_object(void **state)
+{
+    (void)state;
+    size_t cap = 100000 * 24 + 200, k = 0;
+    char *req = malloc(cap);
+    assert_non_null(req);
+    k += (size_t)snprintf(req + k, cap - k, "{\"messages\": [], \"chat_template_kwargs\": {\"x\": {");
+    for (int i = 0; i < 100000; i++)
+        k += (size_t)snprintf(req + k, cap - k, "%s\"k%d\": %d", i ? ", " : "", i, i);
+    snprintf(req + k, cap - k, "}}}");
+    chat_template *t = make("{{ x | length }} {{ x['k99999'] }} {{ x.k5 }} {{ 'k7' in x }}");
+    pg_error err = {{0}};
+    char *out = NULL;
+    double t0 = now_s();
+    assert_int_equal(render(t, req, &out, &err), 0);
+    assert_string_equal(out, "100000 99999 5 True");
+    assert_true(now_s() - t0 < 10.0);
+    free(out);
+    chat_template_destroy(t);
+    free(req);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -325,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_long_elif_chain),
+        cmocka_unit_test(test_big_object),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
