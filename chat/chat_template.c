@@ -189,49 +189,45 @@ int chat_template_load(chat_template **out, const char *tokenizer_dir, const cha
             goto done;
         label = dup_or_null(override_path);
     } else if (tokenizer_dir) {
+        /* transformers' PreTrainedTokenizerBase._from_pretrained: "if
+         * independent chat template file(s) exist, they take priority over
+         * template entries in the tokenizer config" (chat_template.jinja,
+         * since 4.47); chat_template.json is the older processor file. */
+        char *jinja_path = path_join(tokenizer_dir, "chat_template.jinja");
+        char *json_path = path_join(tokenizer_dir, "chat_template.json");
         int v = have_doc ? json_obj_get(&doc, 0, "chat_template") : -1;
-        if (v >= 0 && !json_is_null(&doc, v)) {
+        if (!jinja_path || !json_path) {
+            rc = pg_error_set(err, PG_ENOMEM, "chat template: out of memory");
+        } else if (pg_file_exists(jinja_path)) {
+            rc = pg_read_file(jinja_path, CHAT_MAX_FILE_BYTES, &tmpl, &tmpl_len, err);
+            label = jinja_path;
+            jinja_path = NULL;
+        } else if (v >= 0 && !json_is_null(&doc, v)) {
             rc = template_from_json(&doc, v, cfg_path, &tmpl, &tmpl_len, err);
-            if (rc)
-                goto done;
             label = dup_or_null(cfg_path);
-        } else {
-            char *jinja_path = path_join(tokenizer_dir, "chat_template.jinja");
-            char *json_path = path_join(tokenizer_dir, "chat_template.json");
-            if (!jinja_path || !json_path) {
-                free(jinja_path);
-                free(json_path);
-                rc = pg_error_set(err, PG_ENOMEM, "chat template: out of memory");
-                goto done;
+        } else if (pg_file_exists(json_path)) {
+            char *js = NULL;
+            size_t js_len = 0;
+            json_doc jd = {0};
+            rc = pg_read_file(json_path, CHAT_MAX_FILE_BYTES, &js, &js_len, err);
+            if (!rc)
+                rc = json_parse(&jd, js, js_len, json_path, err);
+            if (!rc) {
+                int tv = json_obj_get(&jd, 0, "chat_template");
+                if (tv < 0)
+                    rc = pg_error_set(err, PG_EFORMAT, "%s: no \"chat_template\" key", json_path);
+                else
+                    rc = template_from_json(&jd, tv, json_path, &tmpl, &tmpl_len, err);
+                json_doc_free(&jd);
             }
-            if (pg_file_exists(jinja_path)) {
-                rc = pg_read_file(jinja_path, CHAT_MAX_FILE_BYTES, &tmpl, &tmpl_len, err);
-                label = jinja_path;
-                jinja_path = NULL;
-            } else if (pg_file_exists(json_path)) {
-                char *js = NULL;
-                size_t js_len = 0;
-                json_doc jd = {0};
-                rc = pg_read_file(json_path, CHAT_MAX_FILE_BYTES, &js, &js_len, err);
-                if (!rc)
-                    rc = json_parse(&jd, js, js_len, json_path, err);
-                if (!rc) {
-                    int tv = json_obj_get(&jd, 0, "chat_template");
-                    if (tv < 0)
-                        rc = pg_error_set(err, PG_EFORMAT, "%s: no \"chat_template\" key", json_path);
-                    else
-                        rc = template_from_json(&jd, tv, json_path, &tmpl, &tmpl_len, err);
-                    json_doc_free(&jd);
-                }
-                pg_file_free(js);
-                label = json_path;
-                json_path = NULL;
-            }
-            free(jinja_path);
-            free(json_path);
-            if (rc)
-                goto done;
+            pg_file_free(js);
+            label = json_path;
+            json_path = NULL;
         }
+        free(jinja_path);
+        free(json_path);
+        if (rc)
+            goto done;
     }
     if (!tmpl)
         goto done; /* no template anywhere: *out stays NULL */
@@ -256,6 +252,19 @@ typedef struct render_ctx {
     pg_error *err;
 } render_ctx;
 
+/* A JSON string token as a value, unescaped straight into the arena (no
+ * malloc that a longjmp could leak). */
+static jv json_string_value(render_ctx *c, int i)
+{
+    size_t raw_len;
+    json_raw(c->doc, i, &raw_len);
+    char *buf = jrt_alloc(c->rt, raw_len + 1); /* unescaping never grows */
+    size_t n = 0;
+    if (json_get_string_buf(c->doc, i, buf, raw_len + 1, &n, NULL) != 0)
+        jrt_fail(c->rt, "bad string in request");
+    return jv_str_n(c->rt, buf, n);
+}
+
 /* JSON -> value, as Python's json.loads: integers without '.', 'e' or 'E'
  * are ints (int64 here; larger ones become floats), the rest floats. */
 static jv from_json(render_ctx *c, int i, int depth)
@@ -277,20 +286,18 @@ static jv from_json(render_ctx *c, int i, int depth)
         int64_t iv;
         if (!is_float && json_get_int(d, i, INT64_MIN, INT64_MAX, &iv, NULL) == 0)
             return jv_int(iv);
+        if (!is_float) { /* beyond int64: Python keeps every digit */
+            jv big = jv_str_n(c->rt, r, n);
+            big.type = JV_BIGINT;
+            return big;
+        }
         double f;
         if (json_get_double(d, i, &f, NULL) != 0)
             jrt_fail(c->rt, "bad number in request");
         return jv_float(f);
     }
-    if (json_is_string(d, i)) {
-        char *s = NULL;
-        size_t n = 0;
-        if (json_get_string(d, i, &s, &n, NULL) != 0)
-            jrt_fail(c->rt, "bad string in request");
-        jv v = jv_str_n(c->rt, s, n);
-        free(s);
-        return v;
-    }
+    if (json_is_string(d, i))
+        return json_string_value(c, i);
     if (json_is_array(d, i)) {
         int n = json_size(d, i);
         jv l = jv_list_new(c->rt, (size_t)n);
@@ -344,14 +351,10 @@ static int build_messages(render_ctx *c, int arr, jv *out)
                     (type >= 0 && !json_str_eq(d, type, "text")))
                     return pg_error_set(c->err, PG_EINVAL,
                                         "chat request: messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", k, q);
-                char *s = NULL;
-                size_t sl = 0;
-                if (json_get_string(d, text, &s, &sl, c->err) != 0)
-                    return PG_EINVAL;
+                jv part_text = json_string_value(c, text);
                 if (written++)
                     jsb_putc(&b, '\n');
-                jsb_put(&b, s, sl);
-                free(s);
+                jsb_put(&b, part_text.u.s->s, part_text.u.s->len);
             }
             jv_dict_set_str(c->rt, msg, "content", jsb_value(&b));
         }

@@ -22,9 +22,10 @@ typedef struct chat_template chat_template;
 
 /* Finds and parses the template of a tokenizer folder, in this order:
  *   override_path (--chat-template FILE; always wins) when non-NULL,
+ *   DIR/chat_template.jinja (transformers >= 4.47 prefers this file to the
+ *     config's entry: PreTrainedTokenizerBase._from_pretrained),
  *   DIR/tokenizer_config.json "chat_template": a string, or a list of
  *     {"name", "template"} (the one named "default"),
- *   DIR/chat_template.jinja,
  *   DIR/chat_template.json ({"chat_template": ...}).
  * bos_token / eos_token come from DIR/tokenizer_config.json (a string or
  * {"content": ...}); an absent one is undefined in the template.

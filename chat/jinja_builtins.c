@@ -703,10 +703,14 @@ static jv m_items(jinja_vm *vm, jv self, const jargs *a)
         jv_list_push(vm->rt, pair, d->vals[i]);
         jv_list_push(vm->rt, out, pair);
     }
-    return out;
+    return jv_list_as(out, JL_VIEW, "dict_items");
 }
 
-static jv m_keys(jinja_vm *vm, jv self, const jargs *a) { (void)a; return jinja_iterate(vm, self); }
+static jv m_keys(jinja_vm *vm, jv self, const jargs *a)
+{
+    (void)a;
+    return jv_list_as(jinja_iterate(vm, self), JL_VIEW, "dict_keys");
+}
 
 static jv m_values(jinja_vm *vm, jv self, const jargs *a)
 {
@@ -715,7 +719,7 @@ static jv m_values(jinja_vm *vm, jv self, const jargs *a)
     jv out = jv_list_new(vm->rt, d->len);
     for (size_t i = 0; i < d->len; i++)
         jv_list_push(vm->rt, out, d->vals[i]);
-    return out;
+    return jv_list_as(out, JL_VIEW, "dict_values");
 }
 
 static jv m_get(jinja_vm *vm, jv self, const jargs *a)
@@ -794,8 +798,10 @@ jv jinja_method(jinja_vm *vm, jv self, const char *name)
         return find_method(vm, self, name, dict_methods, sizeof dict_methods / sizeof dict_methods[0],
                            dict_mutators);
     case JV_LIST:
+        if (self.u.list->kind == JL_GEN || self.u.list->kind == JL_VIEW)
+            return jv_absent();
         return find_method(vm, self, name, list_methods, sizeof list_methods / sizeof list_methods[0],
-                           self.u.list->tuple ? NULL : list_mutators);
+                           self.u.list->tuple || self.u.list->kind == JL_RANGE ? NULL : list_mutators);
     default:
         return jv_absent();
     }
@@ -839,6 +845,10 @@ static jv g_range(jinja_vm *vm, jv self, const jargs *a)
     jv out = jv_list_new(vm->rt, (size_t)count);
     for (int64_t k = 0; k < count; k++)
         jv_list_push(vm->rt, out, jv_int(start + k * step));
+    jv_list_as(out, JL_RANGE, "range");
+    out.u.list->range[0] = start;
+    out.u.list->range[1] = stop;
+    out.u.list->range[2] = step;
     return out;
 }
 

@@ -46,6 +46,15 @@ static void scope_set(jinja_vm *vm, jscope *s, const char *name, jv v)
     s->n++;
 }
 
+/* A new frame's scope, its missing names set to Undefined (jinja_frames.c). */
+static jscope *frame_scope(jinja_vm *vm, jscope *parent, const jnode *frame)
+{
+    jscope *s = scope_new(vm, parent);
+    for (int i = 0; i < frame->nmissing; i++)
+        scope_set(vm, s, frame->missing[i], jv_undef_name(vm->rt, frame->missing[i]));
+    return s;
+}
+
 static jv lookup(jinja_vm *vm, const char *name)
 {
     for (jscope *s = vm->scope; s; s = s->parent)
@@ -117,6 +126,12 @@ jv jinja_getattr(jinja_vm *vm, jv obj, const char *name)
         jv v = jv_dict_get_str(obj, name, strlen(name));
         return v.type != JV_ABSENT ? v : undef_attr(vm, obj, name);
     }
+    if (obj.type == JV_FUNC && obj.u.fn->attrs.type == JV_DICT) { /* loop.* */
+        jv v = jv_dict_get_str(obj.u.fn->attrs, name, strlen(name));
+        if (v.type != JV_ABSENT)
+            return v;
+        return jv_undef(vm->rt, "'jinja2.runtime.LoopContext object' has no attribute '%.200s'", name);
+    }
     jv m = jinja_method(vm, obj, name);
     if (m.type != JV_ABSENT)
         return m;
@@ -158,7 +173,8 @@ jv jinja_getitem(jinja_vm *vm, jv obj, jv key)
         jv v = jv_dict_get(obj, key);
         if (v.type != JV_ABSENT)
             return v;
-    } else if (obj.type == JV_LIST && index_of(key, &i)) {
+    } else if (obj.type == JV_LIST && (obj.u.list->kind == JL_PLAIN || obj.u.list->kind == JL_RANGE) &&
+               index_of(key, &i)) {
         const jv_list *l = obj.u.list;
         if (i < 0)
             i += (int64_t)l->len;
@@ -199,7 +215,10 @@ jv jinja_iterate(jinja_vm *vm, jv v)
 {
     switch (v.type) {
     case JV_UNDEF: return jv_list_new(vm->rt, 0);
-    case JV_LIST: return v;
+    case JV_LIST:
+        if (v.u.list->lazy_error)
+            jrt_fail(vm->rt, "%s", v.u.list->lazy_error);
+        return v;
     case JV_DICT: {
         jv l = jv_list_new(vm->rt, v.u.dict->len);
         for (size_t i = 0; i < v.u.dict->len; i++)
@@ -267,6 +286,8 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
         jinja_undef_fail(vm, a);
     if (b.type == JV_UNDEF)
         jinja_undef_fail(vm, b);
+    if ((a.type == JV_BIGINT || b.type == JV_BIGINT) && !(op == '%' && a.type == JV_STR))
+        jrt_fail(vm->rt, "integer overflow: arithmetic on an integer beyond 64 bits");
     bool num = jv_is_num(a) && jv_is_num(b);
     bool fl = num && (a.type == JV_FLOAT || b.type == JV_FLOAT);
     int64_t r;
@@ -286,7 +307,7 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
             jsb_put(&s, b.u.s->s, b.u.s->len);
             return jsb_value(&s);
         }
-        if (a.type == JV_LIST && b.type == JV_LIST && a.u.list->tuple == b.u.list->tuple) {
+        if (jv_is_plain_list(a) && jv_is_plain_list(b) && a.u.list->tuple == b.u.list->tuple) {
             jv out = jv_list_new(vm->rt, a.u.list->len + b.u.list->len);
             out.u.list->tuple = a.u.list->tuple;
             for (size_t i = 0; i < a.u.list->len; i++)
@@ -295,7 +316,7 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
                 jv_list_push(vm->rt, out, b.u.list->items[i]);
             return out;
         }
-        if (a.type == JV_STR || a.type == JV_LIST)
+        if (a.type == JV_STR || jv_is_plain_list(a))
             jrt_fail(vm->rt, "can only concatenate %s (not \"%s\") to %s", jv_type_name(a),
                      jv_type_name(b), jv_type_name(a));
         type_error_binop(vm, "+", a, b);
@@ -315,9 +336,9 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
                 jrt_fail(vm->rt, "integer overflow");
             return jv_int(r);
         }
-        if ((a.type == JV_STR || a.type == JV_LIST) && (b.type == JV_INT || b.type == JV_BOOL))
+        if ((a.type == JV_STR || jv_is_plain_list(a)) && (b.type == JV_INT || b.type == JV_BOOL))
             return repeat(vm, a, as_i(b));
-        if ((b.type == JV_STR || b.type == JV_LIST) && (a.type == JV_INT || a.type == JV_BOOL))
+        if ((b.type == JV_STR || jv_is_plain_list(b)) && (a.type == JV_INT || a.type == JV_BOOL))
             return repeat(vm, b, as_i(a));
         if (a.type == JV_STR || b.type == JV_STR)
             jrt_fail(vm->rt, "can't multiply sequence by non-int of type '%s'",
@@ -388,7 +409,14 @@ static jv binop(jinja_vm *vm, int op, jv a, jv b)
         }
         if (as_f(a) == 0.0 && as_f(b) < 0)
             jrt_fail(vm->rt, "0.0 cannot be raised to a negative power");
-        return jv_float(pow(as_f(a), as_f(b)));
+        {
+            double x = as_f(a), y = as_f(b), p = pow(x, y);
+            if (isinf(p) && isfinite(x) && isfinite(y)) /* CPython raises, unlike for * */
+                jrt_fail(vm->rt, "(34, 'Numerical result out of range')");
+            if (x < 0 && y != floor(y))
+                jrt_fail(vm->rt, "complex results are not supported");
+            return jv_float(p);
+        }
     default:
         jrt_fail(vm->rt, "unknown operator");
     }
@@ -477,7 +505,11 @@ jv jinja_percent_format(jinja_vm *vm, jv fmt, jv args)
             jrt_fail(vm->rt, "unsupported format character '%c'", conv);
         }
     }
-    if (ai < list.u.list->len)
+    /* Python: a single non-tuple argument that supports [] (list, dict) may go unused */
+    bool mapping_like = !(args.type == JV_LIST && args.u.list->tuple) &&
+                        ((args.type == JV_LIST && (args.u.list->kind == JL_PLAIN || args.u.list->kind == JL_RANGE)) ||
+                         args.type == JV_DICT);
+    if (ai < list.u.list->len && !mapping_like)
         jrt_fail(vm->rt, "not all arguments converted during string formatting");
     return jsb_value(&b);
 }
@@ -498,11 +530,15 @@ static bool contains(jinja_vm *vm, jv item, jv container)
             return true;
         return jv_memmem(container.u.s->s, container.u.s->len, item.u.s->s, item.u.s->len) != NULL;
     case JV_LIST:
+        jinja_iterate(vm, container); /* a generator's late error */
         for (size_t i = 0; i < container.u.list->len; i++)
             if (jv_eq(container.u.list->items[i], item))
                 return true;
         return false;
-    case JV_DICT: return jv_dict_get(container, item).type != JV_ABSENT;
+    case JV_DICT:
+        if ((jv_is_plain_list(item) && !item.u.list->tuple) || item.type == JV_DICT || item.type == JV_NS)
+            jrt_fail(vm->rt, "unhashable type: '%s'", jv_type_name(item));
+        return jv_dict_get(container, item).type != JV_ABSENT;
     default:
         jrt_fail(vm->rt, "argument of type '%s' is not iterable", jv_type_name(container));
     }
@@ -535,6 +571,8 @@ static bool compare(jinja_vm *vm, int op, jv a, jv b)
     }
 }
 
+jv jinja_percent_or_mod(jinja_vm *vm, jv a, jv b) { return binop(vm, '%', a, b); }
+
 /* ---- slices (CPython's PySlice_AdjustIndices) ---- */
 
 static int64_t slice_part(jinja_vm *vm, jv v, int64_t dflt)
@@ -556,6 +594,8 @@ static jv do_slice(jinja_vm *vm, jv obj, jv vstart, jv vstop, jv vstep)
     if (step == 0)
         jrt_fail(vm->rt, "slice step cannot be zero");
     int64_t len;
+    if (obj.type == JV_LIST && (obj.u.list->kind == JL_GEN || obj.u.list->kind == JL_VIEW))
+        jrt_fail(vm->rt, "'%s' object is not subscriptable", jv_type_name(obj));
     if (obj.type == JV_LIST)
         len = (int64_t)obj.u.list->len;
     else if (obj.type == JV_STR)
@@ -581,7 +621,7 @@ static jv do_slice(jinja_vm *vm, jv obj, jv vstart, jv vstop, jv vstep)
         } else if (stop >= len)
             stop = step < 0 ? len - 1 : len;
     }
-    if (obj.type == JV_LIST) {
+    if (obj.type == JV_LIST) { /* (a slice of a range is a list here, a range in Python) */
         jv out = jv_list_new(vm->rt, 0);
         out.u.list->tuple = obj.u.list->tuple;
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
@@ -613,6 +653,7 @@ static jv do_slice(jinja_vm *vm, jv obj, jv vstart, jv vstop, jv vstep)
 /* ---- evaluation ---- */
 
 static jv eval(jinja_vm *vm, const jnode *n);
+static jv call_loop(jinja_vm *vm, const jv_func *f, const jargs *a);
 static void exec_body(jinja_vm *vm, jnode *const *body, int n);
 
 static void eval_args(jinja_vm *vm, const jnode *n, jargs *a)
@@ -656,7 +697,7 @@ static jv call_macro(jinja_vm *vm, const jv_func *f, const jargs *a)
     jscope *saved_scope = vm->scope;
     jsb *saved_out = vm->out;
     int saved_flow = vm->flow;
-    jscope *s = scope_new(vm, f->closure);
+    jscope *s = frame_scope(vm, f->closure, m);
     vm->scope = s;
     jv varargs = jv_list_new(vm->rt, 0);
     varargs.u.list->tuple = true;
@@ -712,6 +753,8 @@ jv jinja_call(jinja_vm *vm, jv fn, const jargs *a)
         jinja_undef_fail(vm, fn);
     if (fn.type != JV_FUNC)
         jrt_fail(vm->rt, "'%s' object is not callable", jv_type_name(fn));
+    if (fn.u.fn->macro && fn.u.fn->attrs.type == JV_DICT)
+        return call_loop(vm, fn.u.fn, a);
     if (fn.u.fn->macro)
         return call_macro(vm, fn.u.fn, a);
     return fn.u.fn->native(vm, fn.u.fn->self, a);
@@ -741,6 +784,8 @@ static jv eval(jinja_vm *vm, const jnode *n)
         break;
     }
     case JN_SLICE: {
+        if (!n->a) /* x[a:b, c]: a slice inside a tuple subscript */
+            fail_node(vm, n, "indices must be integers or slices, not tuple");
         jv obj = eval(vm, n->a);
         jv p0 = n->b ? eval(vm, n->b) : jv_absent();
         jv p1 = n->c ? eval(vm, n->c) : jv_absent();
@@ -892,10 +937,55 @@ static jv loop_cycle(jinja_vm *vm, jv self, const jargs *a)
     return a->v[self.u.i % a->n];
 }
 
+/* loop.changed(*values): true when the values differ from the last call's */
+static jv loop_changed(jinja_vm *vm, jv state, const jargs *a)
+{
+    jv now = jv_list_new(vm->rt, (size_t)a->n);
+    for (int i = 0; i < a->n; i++)
+        jv_list_push(vm->rt, now, a->v[i]);
+    jv last = jv_dict_get_str(state, "last", 4);
+    if (last.type != JV_ABSENT && jv_eq(last, now))
+        return jv_bool(false);
+    jv_dict_set_str(vm->rt, state, "last", now);
+    return jv_bool(true);
+}
+
+static void run_for(jinja_vm *vm, const jnode *n, jv seq, int depth, jscope *outer);
+
+/* loop(items) in a `recursive` loop: the body again over items, one level
+ * deeper; returns what it printed. */
+static jv loop_recurse(jinja_vm *vm, jv self, const jargs *a)
+{
+    (void)self;
+    jrt_fail(vm->rt, "The loop must have the 'recursive' marker to be called recursively.");
+    (void)a;
+}
+
+static jv call_loop(jinja_vm *vm, const jv_func *f, const jargs *a)
+{
+    if (a->n != 1)
+        jrt_fail(vm->rt, "loop() takes exactly one argument");
+    if (++vm->call_depth > vm->lim->max_call_depth)
+        jrt_fail(vm->rt, "recursion limit of %d loop calls reached", vm->lim->max_call_depth);
+    jsb *saved_out = vm->out;
+    jscope *saved_scope = vm->scope;
+    jsb out;
+    jsb_init(&out, vm->rt, vm->lim->max_output_bytes);
+    vm->out = &out;
+    run_for(vm, f->macro, jinja_iterate(vm, a->v[0]), (int)f->self.u.i + 1, f->closure);
+    vm->out = saved_out;
+    vm->scope = saved_scope;
+    vm->call_depth--;
+    return jsb_value(&out);
+}
+
 static void exec_for(jinja_vm *vm, const jnode *n)
 {
-    jv seq = jinja_iterate(vm, eval(vm, n->b));
-    jscope *outer = vm->scope;
+    run_for(vm, n, jinja_iterate(vm, eval(vm, n->b)), 1, vm->scope);
+}
+
+static void run_for(jinja_vm *vm, const jnode *n, jv seq, int depth, jscope *outer)
+{
     /* `for x in xs if cond`: filter first, loop.* count the kept items */
     if (n->c) {
         jv kept = jv_list_new(vm->rt, seq.u.list->len);
@@ -914,31 +1004,41 @@ static void exec_for(jinja_vm *vm, const jnode *n)
         return;
     }
     static const char *const keys[] = {"index", "index0", "revindex", "revindex0", "first", "last",
-                                       "length", "depth", "depth0", "previtem", "nextitem", "cycle"};
+                                       "length", "depth", "depth0", "previtem", "nextitem", "cycle",
+                                       "changed"};
     enum { NKEYS = sizeof keys / sizeof keys[0] };
     jv kv[NKEYS];
     for (int k = 0; k < NKEYS; k++)
         kv[k] = jv_cstr(vm->rt, keys[k]);
+    jv changed = jv_func_native(vm->rt, "changed", loop_changed, jv_dict_new(vm->rt, 1));
     for (size_t i = 0; i < len; i++) {
         jinja_step(vm);
         jv item = seq.u.list->items[i];
-        jscope *s = scope_new(vm, outer);
+        jscope *s = frame_scope(vm, outer, n);
         vm->scope = s;
-        jv loop = jv_dict_new(vm->rt, NKEYS);
-        jv_dict *d = loop.u.dict;
+        jv attrs = jv_dict_new(vm->rt, NKEYS);
+        jv_dict *d = attrs.u.dict;
         jv vals[NKEYS] = {
             jv_int((int64_t)i + 1), jv_int((int64_t)i), jv_int((int64_t)(len - i)),
             jv_int((int64_t)(len - i - 1)), jv_bool(i == 0), jv_bool(i + 1 == len),
-            jv_int((int64_t)len), jv_int(1), jv_int(0),
+            jv_int((int64_t)len), jv_int(depth), jv_int(depth - 1),
             i > 0 ? seq.u.list->items[i - 1] : jv_undef(vm->rt, "there is no previous item"),
             i + 1 < len ? seq.u.list->items[i + 1] : jv_undef(vm->rt, "there is no next item"),
             jv_func_native(vm->rt, "cycle", loop_cycle, jv_int((int64_t)i)),
+            changed,
         };
         for (int k = 0; k < NKEYS; k++) {
             d->keys[k] = kv[k];
             d->vals[k] = vals[k];
         }
         d->len = NKEYS;
+        /* the loop object: attributes, and callable in a recursive loop */
+        jv loop = jv_func_native(vm->rt, "loop", loop_recurse, jv_int(depth));
+        loop.u.fn->attrs = attrs;
+        if (n->flag) {
+            loop.u.fn->macro = n;
+            loop.u.fn->closure = outer;
+        }
         scope_set(vm, s, "loop", loop);
         assign(vm, n->a, item);
         exec_body(vm, n->body, n->nbody);
@@ -958,20 +1058,34 @@ static void exec_stmt(jinja_vm *vm, const jnode *n)
     switch (n->kind) {
     case JN_TEXT: jsb_put(vm->out, n->value.u.s->s, n->value.u.s->len); break;
     case JN_OUTPUT: jv_write_str(vm->out, eval(vm, n->a)); break;
-    case JN_IF:
-        if (jv_truthy(eval(vm, n->a)))
-            exec_body(vm, n->body, n->nbody);
-        else
-            exec_body(vm, n->else_body, n->nelse);
+    case JN_IF: /* elif chains are nested IFs: walk them without recursing */
+        for (const jnode *x = n;;) {
+            if (jv_truthy(eval(vm, x->a))) {
+                exec_body(vm, x->body, x->nbody);
+                break;
+            }
+            if (x->nelse == 1 && x->else_body[0]->kind == JN_IF) {
+                x = x->else_body[0];
+                vm->rt->line = x->line;
+                jinja_step(vm);
+                continue;
+            }
+            exec_body(vm, x->else_body, x->nelse);
+            break;
+        }
         break;
     case JN_FOR: exec_for(vm, n); break;
     case JN_SET: assign(vm, n->a, eval(vm, n->b)); break;
     case JN_SETBLOCK: case JN_FILTERBLOCK: {
+        /* the body is a frame of its own: its sets stay inside */
         jsb *saved = vm->out;
+        jscope *saved_scope = vm->scope;
         jsb b;
         jsb_init(&b, vm->rt, vm->lim->max_output_bytes);
         vm->out = &b;
+        vm->scope = frame_scope(vm, saved_scope, n);
         exec_body(vm, n->body, n->nbody);
+        vm->scope = saved_scope;
         vm->out = saved;
         jv v = apply_filter_chain(vm, n->c, jsb_value(&b));
         if (n->kind == JN_SETBLOCK)
@@ -1010,7 +1124,7 @@ static void exec_stmt(jinja_vm *vm, const jnode *n)
     }
     case JN_WITH: {
         jscope *saved = vm->scope;
-        jscope *s = scope_new(vm, saved);
+        jscope *s = frame_scope(vm, saved, n);
         jv *vals = jrt_alloc(vm->rt, (size_t)(n->nargs + 1) * sizeof(jv));
         for (int i = 0; i < n->nargs; i++)
             vals[i] = eval(vm, n->defaults[i]);
@@ -1023,7 +1137,7 @@ static void exec_stmt(jinja_vm *vm, const jnode *n)
     }
     case JN_SCOPE: {
         jscope *saved = vm->scope;
-        vm->scope = scope_new(vm, saved);
+        vm->scope = frame_scope(vm, saved, n);
         exec_body(vm, n->body, n->nbody);
         vm->scope = saved;
         break;
@@ -1064,7 +1178,7 @@ jv jinja_render(jinja_rt *rt, const jnode *root, jv vars, const jinja_limits *li
     jsb out;
     jsb_init(&out, rt, lim->max_output_bytes);
     jinja_vm vm = {.rt = rt, .lim = lim, .out = &out, .vars = vars, .now_unix = now_unix};
-    vm.scope = scope_new(&vm, NULL);
+    vm.scope = frame_scope(&vm, NULL, root);
     exec_body(&vm, root->body, root->nbody);
     return jsb_value(&out);
 }

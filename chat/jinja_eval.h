@@ -73,6 +73,9 @@ jv jinja_iterate(jinja_vm *vm, jv v);
 jv jinja_filter_by_name(jinja_vm *vm, const char *name, jv value, const jargs *a);
 bool jinja_test_by_name(jinja_vm *vm, const char *name, jv value, const jargs *a);
 
+/* Python's a % b (numbers: modulo; a str: formatting). */
+jv jinja_percent_or_mod(jinja_vm *vm, jv a, jv b);
+
 /* fmt % args: Python's printf-style formatting (s r d i f e g x o %). */
 jv jinja_percent_format(jinja_vm *vm, jv fmt, jv args);
 

@@ -22,9 +22,10 @@ static bool arg_bool(jv v, bool dflt) { return v.type == JV_ABSENT ? dflt : jv_t
 
 static jv rest_args(const jargs *a, int skip, jargs *out)
 {
-    out->n = a->n > skip ? a->n - skip : 0;
-    out->v = a->v + (a->n > skip ? skip : a->n);
-    out->kw = a->kw ? a->kw + (a->n > skip ? skip : a->n) : NULL;
+    int k = a->n > skip ? skip : a->n;
+    out->n = a->n - k;
+    out->v = a->v ? a->v + k : NULL; /* no arithmetic on NULL (UB) */
+    out->kw = a->kw ? a->kw + k : NULL;
     return jv_none();
 }
 
@@ -110,7 +111,12 @@ static jv f_indent(jinja_vm *vm, jv v, const jargs *a)
         ind = jsb_value(&sp);
     }
     bool first = arg_bool(p[1], false), blank = arg_bool(p[2], false);
-    const jv_str *s = str_of(vm, v).u.s;
+    if (v.type != JV_STR) { /* jinja2's do_indent does `s += "\n"` */
+        if (v.type == JV_UNDEF)
+            jinja_undef_fail(vm, v);
+        jrt_fail(vm->rt, "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
+    }
+    const jv_str *s = v.u.s;
     const jv_str *in = ind.u.s;
     jsb b;
     jsb_init(&b, vm->rt, vm->lim->max_output_bytes);
@@ -186,9 +192,37 @@ static jv f_format(jinja_vm *vm, jv v, const jargs *a)
 
 /* ---- sequences ---- */
 
+/* jinja2's generator filters iterate their input only when consumed; here
+ * they run at once, and an input that cannot be iterated becomes a
+ * generator whose iteration fails (jinja_iterate raises lazy_error). */
+static jv gen_source(jinja_vm *vm, jv v, bool *ok)
+{
+    *ok = true;
+    if (v.type == JV_STR || v.type == JV_LIST || v.type == JV_DICT || v.type == JV_UNDEF) {
+        if (v.type == JV_LIST && v.u.list->lazy_error) {
+            *ok = false;
+            jv g = jv_list_new(vm->rt, 0);
+            g.u.list->lazy_error = v.u.list->lazy_error;
+            return g;
+        }
+        return jinja_iterate(vm, v);
+    }
+    *ok = false;
+    jv g = jv_list_new(vm->rt, 0);
+    jsb b;
+    jsb_init(&b, vm->rt, 4096);
+    jsb_printf(&b, "'%s' object is not iterable", jv_type_name(v));
+    g.u.list->lazy_error = b.p;
+    return g;
+}
+
+static jv gen(jv list, const char *name) { return jv_list_as(list, JL_GEN, name); }
+
 static jv f_length(jinja_vm *vm, jv v, const jargs *a)
 {
     (void)a;
+    if (v.type == JV_LIST && v.u.list->kind == JL_GEN)
+        jrt_fail(vm->rt, "object of type '%s' has no len()", jv_type_name(v));
     switch (v.type) {
     case JV_UNDEF: return jv_int(0);
     case JV_STR: return jv_int((int64_t)jv_utf8_count(v.u.s->s, v.u.s->len));
@@ -220,6 +254,8 @@ static jv f_first(jinja_vm *vm, jv v, const jargs *a)
 static jv f_last(jinja_vm *vm, jv v, const jargs *a)
 {
     (void)a;
+    if (v.type == JV_LIST && v.u.list->kind == JL_GEN)
+        jrt_fail(vm->rt, "'%s' object is not reversible", jv_type_name(v));
     jv l = jinja_iterate(vm, v);
     if (l.u.list->len == 0)
         return jv_undef(vm->rt, "No last item, sequence was empty.");
@@ -237,11 +273,20 @@ static jv f_reverse(jinja_vm *vm, jv v, const jargs *a)
             jv_write_str(&b, chars.u.list->items[i]);
         return jsb_value(&b);
     }
+    /* jinja2: reversed(value) (an iterator), else list(value) reversed */
+    bool was_gen = v.type == JV_LIST && v.u.list->kind == JL_GEN;
+    if (v.type == JV_UNDEF)
+        return gen(jv_list_new(vm->rt, 0), "reversed object");
+    if (v.type != JV_LIST && v.type != JV_DICT)
+        jrt_fail(vm->rt, "'%s' object is not reversible", jv_type_name(v));
     jv l = jinja_iterate(vm, v);
     jv out = jv_list_new(vm->rt, l.u.list->len);
     for (size_t i = l.u.list->len; i-- > 0;)
         jv_list_push(vm->rt, out, l.u.list->items[i]);
-    return out;
+    if (was_gen)
+        return out;
+    return gen(out, v.type == JV_DICT ? "dict_reversekeyiterator object"
+                    : v.u.list->tuple ? "reversed object" : "list_reverseiterator object");
 }
 
 /* jinja2's make_attrgetter: "a.b.0" item-first lookups */
@@ -302,12 +347,19 @@ static jv f_items(jinja_vm *vm, jv v, const jargs *a)
 {
     (void)a;
     if (v.type == JV_UNDEF)
-        return jv_list_new(vm->rt, 0);
-    if (v.type != JV_DICT)
-        jrt_fail(vm->rt, "Can only get item pairs from a mapping.");
+        return gen(jv_list_new(vm->rt, 0), "generator object do_items");
+    if (v.type != JV_DICT) {
+        jv g = jv_list_new(vm->rt, 0);
+        g.u.list->lazy_error = "Can only get item pairs from a mapping.";
+        return gen(g, "generator object do_items");
+    }
     jv m = jinja_method(vm, v, "items");
     jargs none = {0};
-    return jinja_call(vm, m, &none);
+    jv items = jinja_call(vm, m, &none);
+    jv out = jv_list_new(vm->rt, items.u.list->len);
+    for (size_t i = 0; i < items.u.list->len; i++)
+        jv_list_push(vm->rt, out, items.u.list->items[i]);
+    return gen(out, "generator object do_items");
 }
 
 /* sort key comparison: case-insensitive unless asked (jinja2 ignore_case) */
@@ -386,7 +438,11 @@ static jv f_sort(jinja_vm *vm, jv v, const jargs *a)
 static jv f_dictsort(jinja_vm *vm, jv v, const jargs *a)
 {
     ARGS("dictsort", "case_sensitive", "by", "reverse");
-    jv items = f_items(vm, v, &(jargs){0});
+    if (v.type == JV_UNDEF) /* jinja2 calls value.items() */
+        jinja_undef_fail(vm, v);
+    if (v.type != JV_DICT)
+        jrt_fail(vm->rt, "'%s' object has no attribute 'items'", jv_type_name(v));
+    jv items = f_list(vm, f_items(vm, v, &(jargs){0}), NULL);
     size_t n = items.u.list->len;
     bool by_value = p[1].type == JV_STR && strcmp(p[1].u.s->s, "value") == 0;
     if (p[1].type == JV_STR && !by_value && strcmp(p[1].u.s->s, "key") != 0)
@@ -402,12 +458,24 @@ static jv f_dictsort(jinja_vm *vm, jv v, const jargs *a)
 static jv f_unique(jinja_vm *vm, jv v, const jargs *a)
 {
     ARGS("unique", "case_sensitive", "attribute");
-    jv l = jinja_iterate(vm, v);
+    bool ok;
+    jv l = gen_source(vm, v, &ok);
+    if (!ok)
+        return gen(l, "generator object do_unique");
     sort_ctx c = {vm, arg_bool(p[0], false)};
     jv out = jv_list_new(vm->rt, l.u.list->len);
     jv seen = jv_list_new(vm->rt, l.u.list->len);
     for (size_t i = 0; i < l.u.list->len; i++) {
         jv key = fold(&c, attr_get(vm, l.u.list->items[i], p[1]));
+        if (jv_is_plain_list(key) ? !key.u.list->tuple : key.type == JV_DICT || key.type == JV_NS) {
+            /* a set of seen items: Python fails on an unhashable one when iterated */
+            jv g = jv_list_new(vm->rt, 0);
+            jsb eb;
+            jsb_init(&eb, vm->rt, 256);
+            jsb_printf(&eb, "unhashable type: '%s'", jv_type_name(key));
+            g.u.list->lazy_error = eb.p;
+            return gen(g, "generator object do_unique");
+        }
         bool dup = false;
         for (size_t k = 0; k < seen.u.list->len && !dup; k++) {
             dup = jv_eq(seen.u.list->items[k], key);
@@ -418,7 +486,7 @@ static jv f_unique(jinja_vm *vm, jv v, const jargs *a)
             jv_list_push(vm->rt, out, l.u.list->items[i]);
         }
     }
-    return out;
+    return gen(out, "generator object do_unique");
 }
 
 static jv minmax(jinja_vm *vm, jv v, const jargs *a, bool want_max)
@@ -473,7 +541,10 @@ static jv f_batch(jinja_vm *vm, jv v, const jargs *a)
     if (p[0].type != JV_INT || p[0].u.i <= 0)
         jrt_fail(vm->rt, "batch: linecount must be a positive integer");
     int64_t n = p[0].u.i;
-    jv l = jinja_iterate(vm, v);
+    bool ok;
+    jv l = gen_source(vm, v, &ok);
+    if (!ok)
+        return gen(l, "generator object do_batch");
     jv out = jv_list_new(vm->rt, 0);
     jv cur = jv_list_new(vm->rt, 0);
     for (size_t i = 0; i < l.u.list->len; i++) {
@@ -489,13 +560,19 @@ static jv f_batch(jinja_vm *vm, jv v, const jargs *a)
                 jv_list_push(vm->rt, cur, p[1]);
         jv_list_push(vm->rt, out, cur);
     }
-    return out;
+    return gen(out, "generator object do_batch");
 }
 
 /* select/reject/selectattr/rejectattr (jinja2 select_or_reject) */
 static jv select_impl(jinja_vm *vm, jv v, const jargs *a, bool by_attr, bool keep)
 {
-    jv l = jinja_iterate(vm, v);
+    const char *name = "generator object select_or_reject";
+    if (!jv_truthy(v)) /* jinja2: `if value:` before iterating */
+        return gen(jv_list_new(vm->rt, 0), name);
+    bool ok;
+    jv l = gen_source(vm, v, &ok);
+    if (!ok)
+        return gen(l, name);
     int skip = 0;
     jv attribute = jv_absent();
     if (by_attr) {
@@ -525,7 +602,7 @@ static jv select_impl(jinja_vm *vm, jv v, const jargs *a, bool by_attr, bool kee
             jv_list_push(vm->rt, out, item);
         jinja_step(vm);
     }
-    return out;
+    return gen(out, name);
 }
 
 static jv f_select(jinja_vm *vm, jv v, const jargs *a) { return select_impl(vm, v, a, false, true); }
@@ -535,8 +612,13 @@ static jv f_rejectattr(jinja_vm *vm, jv v, const jargs *a) { return select_impl(
 
 static jv f_map(jinja_vm *vm, jv v, const jargs *a)
 {
-    jv l = jinja_iterate(vm, v);
-    jv out = jv_list_new(vm->rt, l.u.list->len);
+    if (!jv_truthy(v)) /* jinja2: `if value:` before iterating */
+        return gen(jv_list_new(vm->rt, 0), "generator object sync_do_map");
+    bool ok;
+    jv l = gen_source(vm, v, &ok);
+    if (!ok)
+        return gen(l, "generator object sync_do_map");
+    jv out = gen(jv_list_new(vm->rt, l.u.list->len), "generator object sync_do_map");
     jv attribute = jv_absent(), dflt = jv_absent();
     bool by_attr = false;
     for (int i = 0; i < a->n; i++)
@@ -613,7 +695,7 @@ static jv f_int(jinja_vm *vm, jv v, const jargs *a)
     jv dflt = p[0].type == JV_ABSENT ? jv_int(0) : p[0];
     int64_t base = p[1].type == JV_INT ? p[1].u.i : 10;
     switch (v.type) {
-    case JV_INT: return v;
+    case JV_INT: case JV_BIGINT: return v;
     case JV_BOOL: return jv_int(v.u.b);
     case JV_FLOAT:
         if (!isfinite(v.u.f) || fabs(v.u.f) >= 9.2e18)
@@ -642,6 +724,7 @@ static jv f_float(jinja_vm *vm, jv v, const jargs *a)
     case JV_INT: return jv_float((double)v.u.i);
     case JV_BOOL: return jv_float(v.u.b);
     case JV_FLOAT: return v;
+    case JV_BIGINT: return jv_float(strtod(v.u.s->s, NULL));
     case JV_STR: {
         char *end;
         const char *s = v.u.s->s;
@@ -711,8 +794,6 @@ static jv f_round(jinja_vm *vm, jv v, const jargs *a)
 static jv f_tojson(jinja_vm *vm, jv v, const jargs *a)
 {
     ARGS("tojson", "ensure_ascii", "indent", "separators", "sort_keys");
-    if (arg_bool(p[0], false))
-        jrt_fail(vm->rt, "tojson: ensure_ascii=True is not supported");
     const char *indent = NULL;
     if (p[1].type == JV_INT || p[1].type == JV_BOOL) {
         int64_t n = p[1].type == JV_INT ? p[1].u.i : p[1].u.b;
@@ -735,7 +816,7 @@ static jv f_tojson(jinja_vm *vm, jv v, const jargs *a)
         jrt_fail(vm->rt, "tojson: separators must be a pair of strings");
     jsb b;
     jsb_init(&b, vm->rt, vm->lim->max_output_bytes);
-    jv_write_json(&b, v, indent, item_sep, key_sep, arg_bool(p[3], false));
+    jv_write_json(&b, v, indent, item_sep, key_sep, arg_bool(p[3], false), arg_bool(p[0], false));
     return jsb_value(&b);
 }
 
@@ -763,15 +844,18 @@ static bool t_iterable(jinja_vm *vm, jv v, const jargs *a)
 static bool t_sequence(jinja_vm *vm, jv v, const jargs *a)
 {
     (void)vm; (void)a;
-    return v.type == JV_STR || v.type == JV_LIST || v.type == JV_DICT || v.type == JV_UNDEF;
+    if (v.type == JV_LIST)
+        return v.u.list->kind == JL_PLAIN || v.u.list->kind == JL_RANGE;
+    return v.type == JV_STR || v.type == JV_DICT || v.type == JV_UNDEF;
 }
-static bool t_number(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return jv_is_num(v); }
-static bool t_integer(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_INT; }
+static bool t_number(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return jv_is_num(v) || v.type == JV_BIGINT; }
+static bool t_integer(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_INT || v.type == JV_BIGINT; }
 static bool t_float(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_FLOAT; }
 static bool t_boolean(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_BOOL; }
 static bool t_true(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_BOOL && v.u.b; }
 static bool t_false(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_BOOL && !v.u.b; }
-static bool t_callable(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_FUNC; }
+/* Undefined defines __call__ (it raises), so callable() is true for it */
+static bool t_callable(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; return v.type == JV_FUNC || v.type == JV_UNDEF; }
 static bool t_escaped(jinja_vm *vm, jv v, const jargs *a) { (void)vm; (void)a; (void)v; return false; }
 
 static jv arg1(jinja_vm *vm, const jargs *a, const char *name)
@@ -820,39 +904,45 @@ static bool t_in(jinja_vm *vm, jv v, const jargs *a)
     return false;
 }
 
-static int64_t want_int(jinja_vm *vm, jv v, const char *what)
+/* value % d == r with Python's modulo, for ints and floats (tests.py) */
+static bool py_mod_is(jinja_vm *vm, jv v, jv d, int64_t r, const char *what)
 {
-    if (v.type == JV_INT)
-        return v.u.i;
-    if (v.type == JV_BOOL)
-        return v.u.b;
     if (v.type == JV_UNDEF)
         jinja_undef_fail(vm, v);
-    jrt_fail(vm->rt, "%s: expected an integer, got %s", what, jv_type_name(v));
+    if (d.type == JV_UNDEF)
+        jinja_undef_fail(vm, d);
+    if (!jv_is_num(v) || !jv_is_num(d))
+        jrt_fail(vm->rt, "%s: unsupported operand type(s) for %%: '%s' and '%s'", what,
+                 jv_type_name(v), jv_type_name(d));
+    jv m = jinja_percent_or_mod(vm, v, d);
+    return jv_eq(m, jv_int(r));
 }
 
-static bool t_odd(jinja_vm *vm, jv v, const jargs *a) { (void)a; return (want_int(vm, v, "odd") & 1) != 0; }
-static bool t_even(jinja_vm *vm, jv v, const jargs *a) { (void)a; return (want_int(vm, v, "even") & 1) == 0; }
+static bool t_odd(jinja_vm *vm, jv v, const jargs *a) { (void)a; return py_mod_is(vm, v, jv_int(2), 1, "odd"); }
+static bool t_even(jinja_vm *vm, jv v, const jargs *a) { (void)a; return py_mod_is(vm, v, jv_int(2), 0, "even"); }
 static bool t_divisibleby(jinja_vm *vm, jv v, const jargs *a)
 {
-    int64_t d = want_int(vm, arg1(vm, a, "divisibleby"), "divisibleby");
-    if (d == 0)
-        jrt_fail(vm->rt, "integer division or modulo by zero");
-    return d == -1 || want_int(vm, v, "divisibleby") % d == 0;
+    return py_mod_is(vm, v, arg1(vm, a, "divisibleby"), 0, "divisibleby");
 }
 
-static bool t_lower(jinja_vm *vm, jv v, const jargs *a)
+/* str(value).islower() / .isupper(): some cased character, none of the other case */
+static bool str_case_test(jinja_vm *vm, jv v, bool lower)
 {
-    (void)a;
-    jv s = jv_to_str(vm->rt, v);
-    return jv_eq(jinja_str_case(vm, s, 'l'), s);
+    const jv_str *s = jv_to_str(vm->rt, v).u.s;
+    bool cased = false;
+    for (size_t i = 0; i < s->len;) {
+        uint32_t c = jinja_utf8_next(s->s, s->len, &i);
+        uint32_t up = jinja_upper(c), lo = jinja_lower(c);
+        if (up == c && lo == c)
+            continue;
+        cased = true;
+        if (lower ? lo != c : up != c)
+            return false;
+    }
+    return cased;
 }
-static bool t_upper(jinja_vm *vm, jv v, const jargs *a)
-{
-    (void)a;
-    jv s = jv_to_str(vm->rt, v);
-    return jv_eq(jinja_str_case(vm, s, 'u'), s);
-}
+static bool t_lower(jinja_vm *vm, jv v, const jargs *a) { (void)a; return str_case_test(vm, v, true); }
+static bool t_upper(jinja_vm *vm, jv v, const jargs *a) { (void)a; return str_case_test(vm, v, false); }
 
 static bool t_sameas(jinja_vm *vm, jv v, const jargs *a)
 {

@@ -515,17 +515,19 @@ void jinja_lex(jinja_rt *rt, const char *src_in, size_t n_in, jtok **toks, size_
     }
     push(&L, JT_EOF, n);
     /* line/col from the byte offsets, in one pass */
-    int line = 1;
-    size_t bol = 0, scanned = 0;
+    int line = 1, col = 0; /* col: code points since the line's start */
+    size_t scanned = 0;
     for (size_t t = 0; t < L.ntoks; t++) {
         jtok *tk = &L.toks[t];
-        for (; scanned < tk->off && scanned < n; scanned++)
+        for (; scanned < tk->off && scanned < n; scanned++) {
             if (src[scanned] == '\n') {
                 line++;
-                bol = scanned + 1;
-            }
+                col = 0;
+            } else if (((unsigned char)src[scanned] & 0xC0) != 0x80)
+                col++;
+        }
         tk->line = line;
-        tk->col = (int)jv_utf8_count(src + bol, tk->off - bol) + 1;
+        tk->col = col + 1;
     }
     *toks = L.toks;
     *ntoks = L.ntoks;

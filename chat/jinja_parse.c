@@ -578,10 +578,8 @@ static jnode *parse_postfix(parser *P, jnode *node)
             }
             expect_op(P, ']');
             leave(P);
-            if (args.n == 0)
-                fail_at(P, t, "expected subscript expression");
-            jnode *key = args.v[0];
-            if (args.n > 1) {
+            jnode *key = args.n ? args.v[0] : NULL;
+            if (args.n != 1) { /* x[] is x[()] for jinja2 */
                 key = mk(P, JN_TUPLE, t);
                 key->args = args.v;
                 key->nargs = args.n;
@@ -1034,5 +1032,6 @@ jnode *jinja_parse(jinja_rt *rt, const char *src, size_t n)
         fail_at(&P, at, "unexpected %s", jinja_tok_describe(rt, at));
     jnode *root = mk(&P, JN_TEMPLATE, &P.t[0]);
     root->body = vec_body(&body, &root->nbody);
+    jinja_analyze_frames(rt, root);
     return root;
 }

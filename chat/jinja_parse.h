@@ -85,10 +85,16 @@ struct jnode {
     int nbody, nelse;
     jinja_filter_fn filter;
     jinja_test_fn test;
+    const char **missing;    /* frames: names that start Undefined (jinja_frames.c) */
+    int nmissing;
 };
 
 /* Parses src[0, n) into an AST in rt's arena. */
 jnode *jinja_parse(jinja_rt *rt, const char *src, size_t n);
+
+/* Computes each frame's `missing` names (jinja_frames.c); jinja_parse
+ * calls it. */
+void jinja_analyze_frames(jinja_rt *rt, jnode *root);
 
 /* The filter and test tables (jinja_filters.c); NULL when unknown. */
 jinja_filter_fn jinja_find_filter(const char *name);

@@ -149,6 +149,13 @@ void jv_list_push(jinja_rt *rt, jv list, jv item)
     l->items[l->len++] = item;
 }
 
+jv jv_list_as(jv list, enum jl_kind kind, const char *kind_name)
+{
+    list.u.list->kind = (unsigned char)kind;
+    list.u.list->kind_name = kind_name;
+    return list;
+}
+
 jv jv_dict_new(jinja_rt *rt, size_t cap)
 {
     jv_dict *d = jrt_alloc(rt, sizeof *d);
@@ -161,8 +168,81 @@ jv jv_dict_new(jinja_rt *rt, size_t cap)
     return v;
 }
 
+/* A hash consistent with jv_eq: equal numbers hash alike (1 == 1.0 == True). */
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t hash_int(int64_t i)
+{
+    uint64_t x = (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    return x ^ (x >> 29);
+}
+
+static uint64_t jv_hash(jv v, int depth)
+{
+    switch (v.type) {
+    case JV_STR: return hash_bytes(v.u.s->s, v.u.s->len);
+    case JV_BIGINT: return hash_bytes(v.u.s->s, v.u.s->len) ^ 0x5bd1e995u;
+    case JV_INT: return hash_int(v.u.i);
+    case JV_BOOL: return hash_int(v.u.b);
+    case JV_FLOAT:
+        if (v.u.f == floor(v.u.f) && fabs(v.u.f) < 9.2e18)
+            return hash_int((int64_t)v.u.f);
+        {
+            uint64_t bits;
+            memcpy(&bits, &v.u.f, sizeof bits);
+            return hash_int((int64_t)bits);
+        }
+    case JV_NONE: return 0x2545F4914F6CDD1Dull;
+    case JV_LIST: {
+        uint64_t h = 0x84222325u;
+        if (depth > 8)
+            return h;
+        for (size_t i = 0; i < v.u.list->len && i < 64; i++)
+            h = (h ^ jv_hash(v.u.list->items[i], depth + 1)) * 1099511628211ull;
+        return h;
+    }
+    default: return 0; /* unhashable in Python; never equal across types anyway */
+    }
+}
+
+static void index_insert(jv_dict *d, size_t entry)
+{
+    size_t mask = d->index_cap - 1;
+    size_t slot = (size_t)jv_hash(d->keys[entry], 0) & mask;
+    while (d->index[slot])
+        slot = (slot + 1) & mask;
+    d->index[slot] = (uint32_t)(entry + 1);
+}
+
+static void index_build(jinja_rt *rt, jv_dict *d, size_t want)
+{
+    size_t cap = 16;
+    while (cap < want * 2 + 2)
+        cap *= 2;
+    d->index = jrt_alloc(rt, cap * sizeof *d->index);
+    d->index_cap = cap;
+    for (size_t i = 0; i < d->len; i++)
+        index_insert(d, i);
+}
+
 static size_t dict_find(const jv_dict *d, jv key)
 {
+    if (d->index && d->index_cap) {
+        size_t mask = d->index_cap - 1;
+        for (size_t slot = (size_t)jv_hash(key, 0) & mask;; slot = (slot + 1) & mask) {
+            uint32_t e = d->index[slot];
+            if (!e)
+                return (size_t)-1;
+            if (jv_eq(d->keys[e - 1], key))
+                return e - 1;
+        }
+    }
     for (size_t i = 0; i < d->len; i++)
         if (jv_eq(d->keys[i], key))
             return i;
@@ -189,9 +269,15 @@ void jv_dict_set(jinja_rt *rt, jv dict, jv key, jv val)
         d->vals = v;
         d->cap = cap;
     }
+    if (d->len >= UINT32_MAX - 1)
+        jrt_fail(rt, "dict too large");
     d->keys[d->len] = key;
     d->vals[d->len] = val;
     d->len++;
+    if (d->index && d->len * 2 + 2 <= d->index_cap)
+        index_insert(d, d->len - 1);
+    else if (d->len >= 8)
+        index_build(rt, d, d->len * 2);
 }
 
 void jv_dict_set_str(jinja_rt *rt, jv dict, const char *key, jv val)
@@ -208,6 +294,17 @@ jv jv_dict_get(jv dict, jv key)
 jv jv_dict_get_str(jv dict, const char *key, size_t len)
 {
     const jv_dict *d = dict.u.dict;
+    if (d->index && d->index_cap) {
+        size_t mask = d->index_cap - 1;
+        for (size_t slot = (size_t)hash_bytes(key, len) & mask;; slot = (slot + 1) & mask) {
+            uint32_t e = d->index[slot];
+            if (!e)
+                return jv_absent();
+            jv k = d->keys[e - 1];
+            if (k.type == JV_STR && k.u.s->len == len && memcmp(k.u.s->s, key, len) == 0)
+                return d->vals[e - 1];
+        }
+    }
     for (size_t i = 0; i < d->len; i++) {
         jv k = d->keys[i];
         if (k.type == JV_STR && k.u.s->len == len && memcmp(k.u.s->s, key, len) == 0)
@@ -235,9 +332,9 @@ bool jv_truthy(jv v)
     case JV_INT: return v.u.i != 0;
     case JV_FLOAT: return v.u.f != 0.0;
     case JV_STR: return v.u.s->len != 0;
-    case JV_LIST: return v.u.list->len != 0;
+    case JV_LIST: return v.u.list->kind == JL_GEN || v.u.list->len != 0;
     case JV_DICT: return v.u.dict->len != 0;
-    case JV_NS: case JV_FUNC: return true;
+    case JV_NS: case JV_FUNC: case JV_BIGINT: return true;
     default: return false;
     }
 }
@@ -249,8 +346,26 @@ static double num_f(jv v)
 
 static int64_t num_i(jv v) { return v.type == JV_INT ? v.u.i : (int64_t)v.u.b; }
 
-bool jv_eq(jv a, jv b)
+static double bigint_f(jv v) { return strtod(v.u.s->s, NULL); }
+
+/* Nested containers deeper than this compare unequal and refuse to print
+ * (CPython raises RecursionError near 1000 too); it keeps the C stack safe
+ * from values a template nests in a loop. */
+#define JV_MAX_NESTING 1000
+
+static bool eq_depth(jv a, jv b, int depth);
+
+bool jv_eq(jv a, jv b) { return eq_depth(a, b, 0); }
+
+static bool eq_depth(jv a, jv b, int depth)
 {
+    if (depth > JV_MAX_NESTING)
+        return false;
+    if (a.type == JV_BIGINT || b.type == JV_BIGINT) {
+        if (a.type == JV_BIGINT && b.type == JV_BIGINT)
+            return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
+        return false; /* never equal to an int64 or (exactly) to a float here */
+    }
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.type == JV_FLOAT || b.type == JV_FLOAT)
             return num_f(a) == num_f(b);
@@ -264,10 +379,12 @@ bool jv_eq(jv a, jv b)
         return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
     case JV_LIST: {
         const jv_list *x = a.u.list, *y = b.u.list;
-        if (x->tuple != y->tuple || x->len != y->len)
+        if (x->kind == JL_GEN || y->kind == JL_GEN)
+            return x == y;
+        if (x->tuple != y->tuple || x->kind != y->kind || x->len != y->len)
             return false;
         for (size_t i = 0; i < x->len; i++)
-            if (!jv_eq(x->items[i], y->items[i]))
+            if (!eq_depth(x->items[i], y->items[i], depth + 1))
                 return false;
         return true;
     }
@@ -277,7 +394,7 @@ bool jv_eq(jv a, jv b)
             return false;
         for (size_t i = 0; i < x->len; i++) {
             jv o = jv_dict_get(b, x->keys[i]);
-            if (o.type == JV_ABSENT || !jv_eq(x->vals[i], o))
+            if (o.type == JV_ABSENT || !eq_depth(x->vals[i], o, depth + 1))
                 return false;
         }
         return true;
@@ -288,9 +405,21 @@ bool jv_eq(jv a, jv b)
     }
 }
 
-int jv_cmp(jv a, jv b, bool *ok)
+static int cmp_depth(jv a, jv b, bool *ok, int depth);
+
+int jv_cmp(jv a, jv b, bool *ok) { return cmp_depth(a, b, ok, 0); }
+
+static int cmp_depth(jv a, jv b, bool *ok, int depth)
 {
-    *ok = true;
+    *ok = depth <= JV_MAX_NESTING;
+    if (!*ok)
+        return 0;
+    if ((a.type == JV_BIGINT || jv_is_num(a)) && (b.type == JV_BIGINT || jv_is_num(b)) &&
+        (a.type == JV_BIGINT || b.type == JV_BIGINT)) {
+        double x = a.type == JV_BIGINT ? bigint_f(a) : num_f(a);
+        double y = b.type == JV_BIGINT ? bigint_f(b) : num_f(b);
+        return x < y ? -1 : x > y ? 1 : 0;
+    }
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.type == JV_FLOAT || b.type == JV_FLOAT) {
             double x = num_f(a), y = num_f(b);
@@ -306,12 +435,12 @@ int jv_cmp(jv a, jv b, bool *ok)
             return c < 0 ? -1 : 1;
         return a.u.s->len < b.u.s->len ? -1 : a.u.s->len > b.u.s->len ? 1 : 0;
     }
-    if (a.type == JV_LIST && b.type == JV_LIST && a.u.list->tuple == b.u.list->tuple) {
+    if (jv_is_plain_list(a) && jv_is_plain_list(b) && a.u.list->tuple == b.u.list->tuple) {
         const jv_list *x = a.u.list, *y = b.u.list;
         for (size_t i = 0; i < x->len && i < y->len; i++) {
             if (jv_eq(x->items[i], y->items[i]))
                 continue;
-            return jv_cmp(x->items[i], y->items[i], ok);
+            return cmp_depth(x->items[i], y->items[i], ok, depth + 1);
         }
         return x->len < y->len ? -1 : x->len > y->len ? 1 : 0;
     }
@@ -325,10 +454,16 @@ const char *jv_type_name(jv v)
     case JV_UNDEF: return "Undefined";
     case JV_NONE: return "NoneType";
     case JV_BOOL: return "bool";
-    case JV_INT: return "int";
+    case JV_INT: case JV_BIGINT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v.u.list->tuple ? "tuple" : "list";
+    case JV_LIST:
+        switch (v.u.list->kind) {
+        case JL_GEN: return strncmp(v.u.list->kind_name, "generator", 9) == 0 ? "generator" : "list_reverseiterator";
+        case JL_VIEW: return v.u.list->kind_name;
+        case JL_RANGE: return "range";
+        default: return v.u.list->tuple ? "tuple" : "list";
+        }
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_FUNC: return v.u.fn->macro ? "Macro" : "builtin_function_or_method";
@@ -529,30 +664,53 @@ static void write_str_repr(jsb *b, const char *s, size_t n)
     jsb_putc(b, q);
 }
 
-static void write_seq(jsb *b, jv v, bool repr_items)
+static void repr_depth(jsb *b, jv v, int depth);
+
+static void write_seq(jsb *b, jv v, int depth)
 {
     const jv_list *l = v.u.list;
+    if (l->kind == JL_GEN) { /* CPython prints an address here */
+        jsb_printf(b, "<%s at 0x7f0000000000>", l->kind_name);
+        return;
+    }
+    if (l->kind == JL_RANGE) {
+        if (l->range[2] == 1)
+            jsb_printf(b, "range(%lld, %lld)", (long long)l->range[0], (long long)l->range[1]);
+        else
+            jsb_printf(b, "range(%lld, %lld, %lld)", (long long)l->range[0], (long long)l->range[1],
+                       (long long)l->range[2]);
+        return;
+    }
+    if (l->kind == JL_VIEW) {
+        jv plain = v;
+        jv_list copy = *l;
+        copy.kind = JL_PLAIN;
+        plain.u.list = &copy;
+        jsb_printf(b, "%s(", l->kind_name);
+        write_seq(b, plain, depth);
+        jsb_putc(b, ')');
+        return;
+    }
     jsb_putc(b, l->tuple ? '(' : '[');
     for (size_t i = 0; i < l->len; i++) {
         if (i)
             jsb_puts(b, ", ");
-        jv_write_repr(b, l->items[i]);
+        repr_depth(b, l->items[i], depth + 1);
     }
     if (l->tuple && l->len == 1)
         jsb_putc(b, ',');
     jsb_putc(b, l->tuple ? ')' : ']');
-    (void)repr_items;
 }
 
-static void write_dict(jsb *b, const jv_dict *d)
+static void write_dict(jsb *b, const jv_dict *d, int depth)
 {
     jsb_putc(b, '{');
     for (size_t i = 0; i < d->len; i++) {
         if (i)
             jsb_puts(b, ", ");
-        jv_write_repr(b, d->keys[i]);
+        repr_depth(b, d->keys[i], depth + 1);
         jsb_puts(b, ": ");
-        jv_write_repr(b, d->vals[i]);
+        repr_depth(b, d->vals[i], depth + 1);
     }
     jsb_putc(b, '}');
 }
@@ -566,20 +724,25 @@ void jv_write_str(jsb *b, jv v)
     }
 }
 
-void jv_write_repr(jsb *b, jv v)
+void jv_write_repr(jsb *b, jv v) { repr_depth(b, v, 0); }
+
+static void repr_depth(jsb *b, jv v, int depth)
 {
+    if (depth > JV_MAX_NESTING)
+        jrt_fail(b->rt, "maximum recursion depth exceeded while getting the repr of an object");
     switch (v.type) {
     case JV_ABSENT: case JV_UNDEF: jsb_puts(b, "Undefined"); return;
     case JV_NONE: jsb_puts(b, "None"); return;
     case JV_BOOL: jsb_puts(b, v.u.b ? "True" : "False"); return;
     case JV_INT: jsb_printf(b, "%lld", (long long)v.u.i); return;
+    case JV_BIGINT: jsb_put(b, v.u.s->s, v.u.s->len); return;
     case JV_FLOAT: jv_write_float(b, v.u.f); return;
     case JV_STR: write_str_repr(b, v.u.s->s, v.u.s->len); return;
-    case JV_LIST: write_seq(b, v, true); return;
-    case JV_DICT: write_dict(b, v.u.dict); return;
+    case JV_LIST: write_seq(b, v, depth); return;
+    case JV_DICT: write_dict(b, v.u.dict, depth); return;
     case JV_NS:
         jsb_puts(b, "<Namespace ");
-        write_dict(b, v.u.dict);
+        write_dict(b, v.u.dict, depth);
         jsb_putc(b, '>');
         return;
     case JV_FUNC:
@@ -603,7 +766,7 @@ jv jv_to_str(jinja_rt *rt, jv v)
 
 /* ---- json.dumps ---- */
 
-static void json_string(jsb *b, const char *s, size_t n)
+static void json_string(jsb *b, const char *s, size_t n, bool ascii)
 {
     jsb_putc(b, '"');
     size_t run = 0;
@@ -623,6 +786,26 @@ static void json_string(jsb *b, const char *s, size_t n)
             if (c < 0x20) {
                 snprintf(ubuf, sizeof ubuf, "\\u%04x", c);
                 esc = ubuf;
+            } else if (c >= 0x80 && ascii) {
+                /* ensure_ascii: \uXXXX, astral code points as surrogate pairs */
+                size_t k = i;
+                uint32_t cp = c;
+                int extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+                if (extra && i + (size_t)extra < n) {
+                    cp = c & (0x3Fu >> extra);
+                    for (int j = 1; j <= extra; j++)
+                        cp = (cp << 6) | ((unsigned char)s[k + (size_t)j] & 0x3F);
+                    i += (size_t)extra;
+                } else
+                    cp = 0xFFFD;
+                jsb_put(b, s + k - run, run);
+                run = 0;
+                if (cp >= 0x10000) {
+                    cp -= 0x10000;
+                    jsb_printf(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+                } else
+                    jsb_printf(b, "\\u%04x", cp);
+                continue;
             }
         }
         if (esc) {
@@ -638,7 +821,7 @@ static void json_string(jsb *b, const char *s, size_t n)
 
 typedef struct json_opts {
     const char *indent, *item_sep, *key_sep;
-    bool sort_keys;
+    bool sort_keys, ensure_ascii;
     int depth;
 } json_opts;
 
@@ -651,14 +834,19 @@ static void json_newline(jsb *b, const json_opts *o, int level)
 
 static void json_value(jsb *b, jv v, const json_opts *o, int level);
 
-static void json_key(jsb *b, jv k)
+static void json_key(jsb *b, jv k, bool ascii)
 {
     /* json.dumps turns str/int/float/bool/None keys into strings */
     switch (k.type) {
-    case JV_STR: json_string(b, k.u.s->s, k.u.s->len); return;
+    case JV_STR: json_string(b, k.u.s->s, k.u.s->len, ascii); return;
     case JV_NONE: jsb_puts(b, "\"null\""); return;
     case JV_BOOL: jsb_puts(b, k.u.b ? "\"true\"" : "\"false\""); return;
     case JV_INT: jsb_printf(b, "\"%lld\"", (long long)k.u.i); return;
+    case JV_BIGINT:
+        jsb_putc(b, '"');
+        jsb_put(b, k.u.s->s, k.u.s->len);
+        jsb_putc(b, '"');
+        return;
     case JV_FLOAT:
         jsb_putc(b, '"');
         jv_write_float(b, k.u.f);
@@ -683,6 +871,7 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
     case JV_NONE: jsb_puts(b, "null"); return;
     case JV_BOOL: jsb_puts(b, v.u.b ? "true" : "false"); return;
     case JV_INT: jsb_printf(b, "%lld", (long long)v.u.i); return;
+    case JV_BIGINT: jsb_put(b, v.u.s->s, v.u.s->len); return;
     case JV_FLOAT:
         if (isnan(v.u.f))
             jsb_puts(b, "NaN");
@@ -691,9 +880,11 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
         else
             jv_write_float(b, v.u.f);
         return;
-    case JV_STR: json_string(b, v.u.s->s, v.u.s->len); return;
+    case JV_STR: json_string(b, v.u.s->s, v.u.s->len, o->ensure_ascii); return;
     case JV_LIST: {
         const jv_list *l = v.u.list;
+        if (l->kind != JL_PLAIN)
+            jrt_fail(b->rt, "Object of type %s is not JSON serializable", jv_type_name(v));
         if (l->len == 0) {
             jsb_puts(b, "[]");
             return;
@@ -744,7 +935,7 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
                 jsb_puts(b, o->item_sep);
             if (o->indent)
                 json_newline(b, o, level + 1);
-            json_key(b, d->keys[order[i]]);
+            json_key(b, d->keys[order[i]], o->ensure_ascii);
             jsb_puts(b, o->key_sep);
             json_value(b, d->vals[order[i]], o, level + 1);
         }
@@ -759,9 +950,9 @@ static void json_value(jsb *b, jv v, const json_opts *o, int level)
 }
 
 void jv_write_json(jsb *b, jv v, const char *indent, const char *item_sep,
-                   const char *key_sep, bool sort_keys)
+                   const char *key_sep, bool sort_keys, bool ensure_ascii)
 {
-    json_opts o = {indent, item_sep, key_sep, sort_keys, 0};
+    json_opts o = {indent, item_sep, key_sep, sort_keys, ensure_ascii, 0};
     if (!o.item_sep)
         o.item_sep = indent ? "," : ", ";
     if (!o.key_sep)

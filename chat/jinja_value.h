@@ -59,6 +59,9 @@ typedef enum jv_type {
     JV_DICT,
     JV_NS,         /* namespace(): a dict whose attributes can be set */
     JV_FUNC,       /* macro, builtin function or bound method */
+    JV_BIGINT,     /* an int beyond int64 from JSON (Python has bignums): u.s
+                      holds its decimal digits; it prints and serializes, and
+                      compares as a float; arithmetic on it is refused */
 } jv_type;
 
 typedef struct jv_str {
@@ -85,10 +88,20 @@ struct jv {
     } u;
 };
 
+/* What Python object a JV_LIST stands for. Filters that are generators in
+ * jinja2 (select, map, items, ...) give JL_GEN: always true, no len(), not
+ * subscriptable, printed as "<generator object ...>". dict.items() & co.
+ * give JL_VIEW ("dict_items([...])"), range() gives JL_RANGE. */
+enum jl_kind { JL_PLAIN = 0, JL_GEN, JL_VIEW, JL_RANGE };
+
 struct jv_list {
     size_t len, cap;
     jv *items;
     bool tuple;
+    unsigned char kind;     /* enum jl_kind */
+    const char *kind_name;  /* JL_GEN / JL_VIEW: "generator object do_map", "dict_items" */
+    const char *lazy_error; /* JL_GEN: the error its iteration raises (jinja2 fails late) */
+    int64_t range[3];       /* JL_RANGE: start, stop, step (for printing) */
 };
 
 /* Insertion-ordered, keys compared with Python ==. */
@@ -96,6 +109,11 @@ struct jv_dict {
     size_t len, cap;
     jv *keys;
     jv *vals;
+    /* from 8 entries on (jv_dict_set): open addressing over hashes
+     * consistent with jv_eq, slot = entry index + 1, 0 = empty; keeps big
+     * JSON objects and template-built dicts linear to fill */
+    uint32_t *index;
+    size_t index_cap;        /* a power of two, > 2 * len */
 };
 
 /* Arguments of a call: n values, kw[i] is the keyword of v[i] or NULL. */
@@ -115,6 +133,7 @@ struct jv_func {
     const void *macro;       /* or a macro: its jnode (jinja_parse.h) */
     void *closure;           /* the macro's defining scope (jinja_eval.c) */
     jv caller;               /* `caller` inside a {% call %}'s macro */
+    jv attrs;                /* a dict of attributes (the `loop` object), or JV_ABSENT */
 };
 
 static inline jv jv_absent(void) { jv v = {JV_ABSENT, {0}}; return v; }
@@ -123,6 +142,10 @@ static inline jv jv_bool(bool b) { jv v = {JV_BOOL, {.b = b}}; return v; }
 static inline jv jv_int(int64_t i) { jv v = {JV_INT, {.i = i}}; return v; }
 static inline jv jv_float(double f) { jv v = {JV_FLOAT, {.f = f}}; return v; }
 static inline bool jv_is_str(jv v) { return v.type == JV_STR; }
+static inline bool jv_is_plain_list(jv v)
+{
+    return v.type == JV_LIST && v.u.list->kind == JL_PLAIN;
+}
 static inline bool jv_is_num(jv v)
 {
     return v.type == JV_INT || v.type == JV_FLOAT || v.type == JV_BOOL;
@@ -141,6 +164,8 @@ jv jv_cstr(jinja_rt *rt, const char *s);
 jv jv_str_static(const jv_str *s);
 jv jv_list_new(jinja_rt *rt, size_t cap);
 void jv_list_push(jinja_rt *rt, jv list, jv item);
+/* Marks a fresh list as a generator / view (kind_name: static storage). */
+jv jv_list_as(jv list, enum jl_kind kind, const char *kind_name);
 jv jv_dict_new(jinja_rt *rt, size_t cap);
 /* Sets key (replacing an equal key's value). */
 void jv_dict_set(jinja_rt *rt, jv dict, jv key, jv val);
@@ -198,11 +223,11 @@ void jv_write_repr(jsb *b, jv v);
 void jv_write_float(jsb *b, double f);
 jv jv_to_str(jinja_rt *rt, jv v);
 
-/* json.dumps(v, ensure_ascii=False, indent=indent, separators=seps,
+/* json.dumps(v, ensure_ascii=ensure_ascii, indent=indent, separators=seps,
  * sort_keys=sort_keys): indent NULL = one line; item_sep/key_sep NULL =
  * Python's defaults (", " or "," with indent, ": "). A value JSON cannot
  * hold fails as Python's TypeError does. */
 void jv_write_json(jsb *b, jv v, const char *indent, const char *item_sep,
-                   const char *key_sep, bool sort_keys);
+                   const char *key_sep, bool sort_keys, bool ensure_ascii);
 
 #endif /* PG_JINJA_VALUE_H */

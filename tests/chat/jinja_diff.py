@@ -601,6 +601,50 @@ CASES += [
     ("{{ 'stra\u00dfe'.upper() }}|{{ '\u00dfa'.capitalize() }}|{{ '\u00dfa b'.title() }}", {}),
 ]
 
+CASES += [
+    ("{{ obj | tojson(ensure_ascii=true) }}|{{ obj | tojson(ensure_ascii=false, indent='\t') }}", {"obj": {"k\u00e9": ["\u00e9\u65e5\U0001F642", 1]}}),
+    ("{{ obj | tojson(indent=0) }}|{{ obj | tojson(indent=2, separators=(', ', ' = ')) }}", {"obj": {"a": [1, 2], "b": {}}}),
+]
+
+CASES += [
+    ("{% for n in tree recursive %}<{{ n.name }}{{ loop.depth }}{% if n.kids %}[{{ loop(n.kids) }}]{% endif %}>{% endfor %}",
+     {"tree": [{"name": "a", "kids": [{"name": "b", "kids": [{"name": "c"}]}, {"name": "d"}]}, {"name": "e"}]}),
+    ("{% for x in [1, 1, 2, 3, 3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}", {}),
+    ("{% for x in [1] %}{{ loop([2]) }}{% endfor %}", {}),
+]
+
+CASES += [
+    # generators (jinja2's select/map/items/... are lazy): always true, no len()
+    ("{{ 'yes' if [] | select else 'no' }}{{ 'yes' if msgs | selectattr('role', 'equalto', 'x') else 'no' }}{{ not ([] | map('upper')) }}", {"msgs": [{"role": "user"}]}),
+    ("{{ (msgs | selectattr('role')) is sequence }}{{ msgs | map(attribute='role') | first }}{{ {'a': 1}.items() }}{{ {'a': 1}.keys() }}{{ range(2, 9, 3) }}{{ range(3) }}", {"msgs": [{"role": "user"}]}),
+    ("{{ [1, 2] | select | length }}", {}),
+    ("{{ ([1, 2] | map('string'))[0] }}|{{ (1, 2) | reverse | list }}{{ u | reverse | list }}{{ [3, 4] | reverse | first }}", {}),
+    ("{{ 2.5 is odd }}{{ 3.0 is odd }}{{ 4.0 is divisibleby 2 }}{{ '{}' is lower }}{{ 'a1' is lower }}{{ '1' is upper }}", {}),
+    ("{{ false | select | list }}{{ 0 | map('upper') | list }}{% set g = 5 | items %}ok", {}),
+    ("{{ 5 | items | list }}", {}),
+]
+
+CASES += [
+    # jinja2's compile-time scoping (idtracking): a name stored unconditionally
+    # later in a frame is missing (undefined) for the child frames read before
+    ("{% macro m() %}[{{ s }}]{% endmacro %}{{ m() }}{% set s = 'new' %}{{ m() }}", {"s": "ctx"}),
+    ("{{ s }}{% set s = 'new' %}{{ s }}", {"s": "ctx"}),
+    ("{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'new' %}", {"s": "ctx"}),
+    ("{% for i in [1] %}[{{ s }}]{% endfor %}{% if true %}{% set s = 'a' %}{% endif %}", {"s": "ctx"}),
+    ("{% for i in [1] %}[{{ s }}]{% endfor %}{% if true %}{% set s = 'a' %}{% else %}{% set s = 'b' %}{% endif %}", {"s": "ctx"}),
+    ("{% for i in [1, 2] %}{% for j in [1] %}[{{ s }}]{% endfor %}{% set s = 'in' %}{% endfor %}", {"s": "ctx"}),
+    ("{% for i in [1, 2] %}{% for j in [1] %}[{{ s }}]{% endfor %}{% set s = 'in' %}{% endfor %}[{{ s }}]", {"s": "ctx"}),
+    ("{% macro m() %}[{{ s }}]{% endmacro %}{% for i in [1] %}{{ m() }}{% set s = 'L' %}{{ m() }}{% endfor %}", {"s": "ctx"}),
+    ("{% macro m(a) %}{% for i in [1] %}[{{ z }}]{% endfor %}{% set z = a %}{% endmacro %}{{ m(3) }}", {"z": "ctxz"}),
+    ("{% for i in [1] %}{% macro m() %}[{{ s }}]{% endmacro %}{{ m() }}{% set s = 2 %}{{ m() }}{% endfor %}", {"s": "ctx"}),
+    ("{% filter upper %}{% set y = 1 %}{% endfilter %}[{{ y }}]{% set b %}{% set y2 = 1 %}{% endset %}[{{ y2 }}]{% with %}{% set w = 1 %}{% endwith %}[{{ w }}]", {}),
+    ("{% set ns = namespace(v=1) %}{% for i in [1] %}{{ ns.v }}{% endfor %}{% set ns = namespace(v=2) %}{{ ns.v }}", {}),
+]
+
+CASES += [
+    ("{{ big }}|{{ big | tojson }}|{{ {'id': big} | tojson }}|{{ big is integer }}|{{ big > 1 }}|{{ [big] }}|{{ big | string }}", {"big": 123456789012345678901234567890}),
+]
+
 
 PARSE_ERRORS = [
     "{% if true %}unclosed",

@@ -101,10 +101,18 @@ static void test_load_order(void **state)
     out = load_and_render(NULL, &err, &rc);
     assert_string_equal(out, "jinja:hi");
     free(out);
-    /* tokenizer_config.json's string beats both; bos/eos as string and {"content"} */
+    /* chat_template.jinja beats tokenizer_config.json's entry too
+     * (transformers >= 4.47), which beats chat_template.json; bos/eos as a
+     * string and as {"content"} */
     write_file("tokenizer_config.json",
                "{\"bos_token\": \"<s>\", \"eos_token\": {\"content\": \"</s>\", \"lstrip\": false},"
                " \"chat_template\": \"{{ bos_token }}cfg:{{ messages[0].content }}{{ eos_token }}\"}");
+    out = load_and_render(NULL, &err, &rc);
+    assert_string_equal(out, "jinja:hi");
+    free(out);
+    char jinja_file[512];
+    snprintf(jinja_file, sizeof jinja_file, "%s/chat_template.jinja", tmpdir);
+    assert_int_equal(unlink(jinja_file), 0);
     out = load_and_render(NULL, &err, &rc);
     assert_string_equal(out, "<s>cfg:hi</s>");
     free(out);
@@ -133,10 +141,10 @@ static void test_load_order(void **state)
     out = load_and_render(NULL, &err, &rc);
     assert_int_equal(rc, PG_EFORMAT);
     assert_non_null(strstr(err.msg, "tokenizer_config.json: chat template: line 2, column "));
-    /* tokenizer_config.json without chat_template falls through to the .jinja */
+    /* tokenizer_config.json without chat_template falls through to the .json */
     write_file("tokenizer_config.json", "{\"bos_token\": \"B\"}");
     out = load_and_render(NULL, &err, &rc);
-    assert_string_equal(out, "jinja:hi");
+    assert_string_equal(out, "json:hi");
     free(out);
 }
 
@@ -286,6 +294,57 @@ static void test_limits(void **state)
     for (int i = 0; i < 5000; i++)
         k += (size_t)snprintf(blocks + k, sizeof blocks - k, "{%% if true %%}");
     expect_limit(blocks, "nested too deeply");
+    /* a value nested 100000 deep by a loop: printing it must not recurse unboundedly */
+    expect_limit("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}"
+                 "{{ ns.l == ns.l }}{{ ns.l }}",
+                 "maximum recursion depth");
+}
+
+/* Long flat constructs are fine, and linear: 20000 elifs on one line (the
+ * lexer once counted columns from the line start for every token). */
+static void test_long_elif_chain(void **state)
+{
+    (void)state;
+    size_t cap = 20000 * 40 + 200, k = 0;
+    char *src = malloc(cap);
+    assert_non_null(src);
+    k += (size_t)snprintf(src + k, cap - k, "{%% set x = 19998 %%}{%% if x == 0 %%}a");
+    for (int i = 1; i < 20000; i++)
+        k += (size_t)snprintf(src + k, cap - k, "{%% elif x == %d %%}b%d", i, i);
+    snprintf(src + k, cap - k, "{%% endif %%}");
+    double t0 = now_s();
+    chat_template *t = make(src);
+    pg_error err = {{0}};
+    char *out = NULL;
+    assert_int_equal(render(t, SIMPLE, &out, &err), 0);
+    assert_string_equal(out, "b19998");
+    assert_true(now_s() - t0 < 10.0);
+    free(out);
+    chat_template_destroy(t);
+    free(src);
+}
+
+/* A request object with 100000 keys fills its dict in linear time (hashed). */
+static void test_big_object(void **state)
+{
+    (void)state;
+    size_t cap = 100000 * 24 + 200, k = 0;
+    char *req = malloc(cap);
+    assert_non_null(req);
+    k += (size_t)snprintf(req + k, cap - k, "{\"messages\": [], \"chat_template_kwargs\": {\"x\": {");
+    for (int i = 0; i < 100000; i++)
+        k += (size_t)snprintf(req + k, cap - k, "%s\"k%d\": %d", i ? ", " : "", i, i);
+    snprintf(req + k, cap - k, "}}}");
+    chat_template *t = make("{{ x | length }} {{ x['k99999'] }} {{ x.k5 }} {{ 'k7' in x }}");
+    pg_error err = {{0}};
+    char *out = NULL;
+    double t0 = now_s();
+    assert_int_equal(render(t, req, &out, &err), 0);
+    assert_string_equal(out, "100000 99999 5 True");
+    assert_true(now_s() - t0 < 10.0);
+    free(out);
+    chat_template_destroy(t);
+    free(req);
 }
 
 int main(void)
@@ -296,6 +355,8 @@ int main(void)
         cmocka_unit_test(test_continue_final_message),
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_long_elif_chain),
+        cmocka_unit_test(test_big_object),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
