@@ -152,7 +152,8 @@ static int text_append(sequence *s, const char *t, size_t len)
     return PG_OK;
 }
 
-int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error *err)
+/* Appends id (tokens, logprobs); feeds the text stream when `text`. */
+static int append(sequence *s, int32_t id, const sampler_result *res, bool text, pg_error *err)
 {
     request *r = s->req;
     int32_t n_out = s->n_tokens - r->n_prompt;
@@ -189,7 +190,7 @@ int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error
         }
     }
     s->tokens[s->n_tokens++] = id;
-    if (s->ts) {
+    if (s->ts && text) {
         const char *t;
         size_t len;
         int rc = tok_stream_push(s->ts, id, &t, &len, err);
@@ -200,6 +201,11 @@ int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error
 oom:
     return pg_error_set(err, PG_ENOMEM, "engine: out of memory appending to request %llu",
                         (unsigned long long)r->id);
+}
+
+int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error *err)
+{
+    return append(s, id, res, true, err);
 }
 
 static bool id_in(int32_t id, const int32_t *ids, size_t n)
@@ -249,8 +255,14 @@ int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const in
         bool is_eos = !r->sp.ignore_eos && id_in(id, eos_ids, (size_t)n_eos);
         bool is_stop_id = id_in(id, r->stop_ids, r->sp.n_stop_token_ids);
         if (is_eos || is_stop_id) {
+            /* vLLM v1 keeps the stopping id in the output (token_ids,
+             * logprobs, completion_tokens); its detokenizer renders it only
+             * with include_stop_str_in_output, and skips the stop-string
+             * check (vllm/v1/engine/detokenizer.py update()). */
             s->stop_token_id = id;
-            return finish(s, FINISH_STOP, err); /* the stopping id is not appended */
+            int rc = append(s, id, res, r->sp.include_stop_str_in_output, err);
+            if (rc) return rc;
+            return finish(s, FINISH_STOP, err);
         }
     }
     size_t old_len = s->text_len;

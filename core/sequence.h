@@ -92,8 +92,9 @@ int32_t request_seq_target(const request *r, const sequence *s, bool shared_prom
  * logprobs), feeding the text stream. Returns 0 or an error. */
 int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error *err);
 /* Applies the stop rules to a freshly sampled id (vLLM order: length cap,
- * eos, stop ids; stop strings override): appends it unless it is a stopping
- * eos/stop id, and marks the sequence finished when a rule fires. eos ids
+ * eos, stop ids; stop strings override): appends it (a stopping eos/stop
+ * id too, as vLLM v1 does: its text only with include_stop_str_in_output),
+ * and marks the sequence finished when a rule fires. eos ids
  * borrowed. Returns 0 or an error. */
 int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const int32_t *eos_ids,
                     int32_t n_eos, pg_error *err);
