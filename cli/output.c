@@ -296,7 +296,9 @@ static void put_batch_tail(json_buf *b, const cli_output_ctx *c, const request_o
     json_buf_puts(b, "}\n");
 }
 
-/* /v1/completions: vLLM's CompletionResponse body. */
+/* /v1/completions: vLLM's CompletionResponse body with every key its
+ * model_dump_json writes, in its field order (protocol.py at vLLM 0052bed3:
+ * CompletionResponseChoice, CompletionResponse, UsageInfo). */
 static void body_completion(json_buf *b, const cli_output_ctx *c, const char h[17], const request_output *o)
 {
     put_body_head(b, c, "cmpl-", h, "text_completion");
@@ -310,11 +312,15 @@ static void body_completion(json_buf *b, const cli_output_ctx *c, const char h[1
             put_logprobs_openai(b, c, s);
         else
             json_buf_puts(b, "null");
-        put_choice_end(b, c, s);
+        json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));
+        put_stop_reason(b, c, s);
+        json_buf_puts(b, ",\"prompt_logprobs\":null}");
     }
     int64_t ct = completion_tokens(o);
-    json_buf_printf(b, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld,\"total_tokens\":%lld}}",
-                    (int)o->n_prompt_tokens, (long long)ct, (long long)(ct + o->n_prompt_tokens));
+    json_buf_printf(b, "],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":{\"prompt_tokens\":%d,"
+                    "\"total_tokens\":%lld,\"completion_tokens\":%lld,\"prompt_tokens_details\":null},"
+                    "\"kv_transfer_params\":null}",
+                    (int)o->n_prompt_tokens, (long long)(ct + o->n_prompt_tokens), (long long)ct);
 }
 
 /* /v1/chat/completions: vLLM's ChatCompletionResponse body with every key
@@ -397,16 +403,23 @@ void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *
 }
 
 void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
-                      const char *message)
+                      int status, const char *message)
 {
     if (c->fmt == CLI_FORMAT_OPENAI) {
+        /* vLLM's ErrorInfo {"message", "type", "param", "code"} (code = the
+         * HTTP status, type from create_error_response), plus our "line";
+         * the response has that status and no body, as run_batch.py writes
+         * an ErrorResponse. */
         char h[17];
         openai_hash(h, id_json, line);
-        put_batch_head(b, h, id_json, 400);
-        json_buf_puts(b, "null},\"error\":{\"code\":\"invalid_request\",\"message\":");
-    } else {
-        json_buf_printf(b, "{\"id\":%s,\"error\":{\"message\":", id_json ? id_json : "null");
+        put_batch_head(b, h, id_json, status);
+        json_buf_puts(b, "null},\"error\":{\"message\":");
+        json_buf_string(b, message, strlen(message));
+        json_buf_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d,\"line\":%lld}}\n",
+                        status == 404 ? "NotFoundError" : "BadRequestError", status, (long long)line);
+        return;
     }
+    json_buf_printf(b, "{\"id\":%s,\"error\":{\"message\":", id_json ? id_json : "null");
     json_buf_string(b, message, strlen(message));
     json_buf_printf(b, ",\"line\":%lld}}\n", (long long)line);
 }

@@ -49,9 +49,12 @@ void cli_pending_free(cli_pending *p); /* accepts NULL */
 /* Appends one record, with its final "\n", to b (b->oom on failure). */
 void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
                        const request_output *o);
-/* id_json NULL: the id is null (openai: derived from the line number). */
+/* id_json NULL: the id is null (openai: derived from the line number).
+ * status: the HTTP status vLLM would answer, 400 (BadRequestError) or 404
+ * (NotFoundError: an unknown model); openai records carry it as
+ * response.status_code and error.code, jsonl records ignore it. */
 void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
-                      const char *message);
+                      int status, const char *message);
 
 /* write() until all len bytes are out (retries EINTR and short writes). */
 int cli_write_all(int fd, const char *data, size_t len, pg_error *err);

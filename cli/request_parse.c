@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "json.h"
 
@@ -73,6 +74,7 @@ void cli_request_free(cli_request *r)
     free(r->prompt);
     free(r->prompt_ids);
     free(r->chat_json);
+    free(r->model);
     for (size_t k = 0; k < r->n_stop; k++)
         free(r->stop[k]);
     free(r->stop);
@@ -88,7 +90,30 @@ typedef struct pctx {
     pg_error *err;
     bool has_seed;
     bool has_stop, has_stop_ids;
+    bool strict;                /* today's errors; else pydantic lax mode, counted in r->n_lax */
 } pctx;
+
+/* pydantic's lax mode for a number given as a JSON string ("0.5", " 3 "):
+ * the whole string must be a finite decimal number. */
+static bool lax_number(pctx *c, int i, double *out)
+{
+    if (c->strict || !json_is_string(c->d, i))
+        return false;
+    char *s = NULL;
+    size_t len = 0;
+    pg_error e;
+    if (json_get_string(c->d, i, &s, &len, &e) != PG_OK)
+        return false;
+    char *end = NULL;
+    double v = strtod(s, &end);
+    while (end && (*end == ' ' || *end == '\t' || *end == '\n'))
+        end++;
+    bool ok = len > 0 && end && *end == '\0' && end != s && isfinite(v) && strlen(s) == len;
+    free(s);
+    if (ok)
+        *out = v;
+    return ok;
+}
 
 /* A short description of token i for messages: its JSON text, cut at 40 bytes. */
 static const char *describe(const json_doc *d, int i, char *buf, size_t cap)
@@ -115,17 +140,32 @@ static int not_object(pctx *c)
     return pg_error_set(c->err, PG_EINVAL, "expected a JSON object, found %s", describe(c->d, 0, b, sizeof b));
 }
 
+static int range_error(pctx *c, const char *field, int i, int64_t lo, int64_t hi)
+{
+    char b[64];
+    return pg_error_set(c->err, PG_EINVAL, "field '%s': expected an integer in [%lld, %lld], found %s",
+                        field, (long long)lo, (long long)hi, describe(c->d, i, b, sizeof b));
+}
+
 static int get_i64(pctx *c, const char *field, int i, int64_t lo, int64_t hi, int64_t *out)
 {
-    if (!json_is_number(c->d, i))
+    double lax = 0.0;
+    bool str = lax_number(c, i, &lax);
+    if (!json_is_number(c->d, i) && !str)
         return type_error(c, field, i, "an integer");
     pg_error e;
-    if (json_get_int(c->d, i, lo, hi, out, &e) != PG_OK) {
-        char b[64];
-        return pg_error_set(c->err, PG_EINVAL, "field '%s': expected an integer in [%lld, %lld], found %s",
-                            field, (long long)lo, (long long)hi, describe(c->d, i, b, sizeof b));
+    if (!str && json_get_int(c->d, i, lo, hi, out, &e) == PG_OK)
+        return PG_OK;
+    /* lax mode: an integral float (3.0) or a numeric string ("3"); pydantic
+     * refuses a fractional part */
+    double v = lax;
+    if (!c->strict && (str || json_get_double(c->d, i, &v, &e) == PG_OK) && v == floor(v) &&
+        v >= (double)lo && v <= (double)hi && fabs(v) < 9007199254740992.0) {
+        *out = (int64_t)v;
+        c->r->n_lax++;
+        return PG_OK;
     }
-    return PG_OK;
+    return range_error(c, field, i, lo, hi);
 }
 
 static int get_i32(pctx *c, const char *field, int i, int64_t lo, int64_t hi, int32_t *out)
@@ -141,7 +181,9 @@ static int get_f32(pctx *c, const char *field, int i, float *out)
 {
     double v;
     pg_error e;
-    if (!json_is_number(c->d, i) || json_get_double(c->d, i, &v, &e) != PG_OK)
+    if (lax_number(c, i, &v))
+        c->r->n_lax++; /* lax mode: "0.5" for a float */
+    else if (!json_is_number(c->d, i) || json_get_double(c->d, i, &v, &e) != PG_OK)
         return type_error(c, field, i, "a number");
     if (!(fabs(v) <= (double)FLT_MAX))
         return type_error(c, field, i, "a number in the float range");
@@ -152,9 +194,34 @@ static int get_f32(pctx *c, const char *field, int i, float *out)
 static int get_bool(pctx *c, const char *field, int i, bool *out)
 {
     pg_error e;
-    if (!json_is_bool(c->d, i) || json_get_bool(c->d, i, out, &e) != PG_OK)
-        return type_error(c, field, i, "true or false");
-    return PG_OK;
+    if (json_is_bool(c->d, i) && json_get_bool(c->d, i, out, &e) == PG_OK)
+        return PG_OK;
+    if (!c->strict) {
+        /* pydantic's lax bool: 0/1 and the strings it lists */
+        static const char *const yes[] = {"1", "on", "t", "true", "y", "yes"};
+        static const char *const no[] = {"0", "off", "f", "false", "n", "no"};
+        size_t n = 0;
+        const char *raw = json_raw(c->d, i, &n);
+        if (json_is_number(c->d, i) && n == 1 && (raw[0] == '0' || raw[0] == '1')) {
+            *out = raw[0] == '1';
+            c->r->n_lax++;
+            return PG_OK;
+        }
+        if (json_is_string(c->d, i))
+            for (size_t k = 0; k < 6; k++) {
+                if (strlen(yes[k]) == n && strncasecmp(raw, yes[k], n) == 0) {
+                    *out = true;
+                    c->r->n_lax++;
+                    return PG_OK;
+                }
+                if (strlen(no[k]) == n && strncasecmp(raw, no[k], n) == 0) {
+                    *out = false;
+                    c->r->n_lax++;
+                    return PG_OK;
+                }
+            }
+    }
+    return type_error(c, field, i, "true or false");
 }
 
 static int get_str(pctx *c, const char *field, int i, char **out, size_t *len)
@@ -245,6 +312,11 @@ static int get_stop(pctx *c, int i)
 
 static int unknown_field(pctx *c, int key)
 {
+    if (!c->strict) {
+        /* vLLM (OpenAIBaseModel) logs and ignores fields it does not know */
+        c->r->n_lax++;
+        return PG_OK;
+    }
     size_t n;
     const char *raw = json_raw(c->d, key, &n);
     return pg_error_set(c->err, PG_EINVAL, "unknown field '%.*s'", (int)(n > 60 ? 60 : n), raw);
@@ -264,8 +336,11 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
             "skip_special_tokens", "presence_penalty", "frequency_penalty",
             "repetition_penalty", "logprobs"};
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
-            if (json_str_eq(d, key, known[k]))
+            if (json_str_eq(d, key, known[k])) {
+                if (k == 0)
+                    c->r->max_tokens_null = true;
                 return PG_OK;
+            }
         return unknown_field(c, key);
     }
     if (json_str_eq(d, key, "max_tokens")) {
@@ -420,6 +495,15 @@ static int read_prompt(pctx *c, const char *field, int v, bool allow_ids)
 }
 
 
+/* The openai body's "model" (a string) into r->model. */
+static int read_model(pctx *c, int v)
+{
+    size_t len;
+    free(c->r->model);
+    c->r->model = NULL;
+    return get_str(c, "model", v, &c->r->model, &len);
+}
+
 /* ---- chat requests ------------------------------------------------------------ */
 
 /* A chat field that must be of one JSON type or null (the template reads it;
@@ -490,7 +574,9 @@ static int parse_chat(pctx *c, int obj, bool openai)
             rc = chat_typed(c, json_str_eq(d, key, "tools") ? "tools" : "documents", v, json_is_array,
                             "an array");
         } else if (json_str_eq(d, key, "max_completion_tokens")) {
-            if (!json_is_null(d, v)) {
+            if (json_is_null(d, v)) {
+                r->max_tokens_null = true;
+            } else {
                 rc = get_i32(c, "max_completion_tokens", v, 1, INT32_MAX, &max_completion_tokens);
                 have_mct = true;
             }
@@ -503,6 +589,8 @@ static int parse_chat(pctx *c, int obj, bool openai)
         } else if (openai && (json_str_eq(d, key, "model") || json_str_eq(d, key, "user"))) {
             if (!json_is_string(d, v) && !json_is_null(d, v))
                 rc = type_error(c, json_str_eq(d, key, "model") ? "model" : "user", v, "a string");
+            else if (json_str_eq(d, key, "model") && json_is_string(d, v))
+                rc = read_model(c, v);
         } else if (openai && json_str_eq(d, key, "stream")) {
             bool b = false;
             if (!json_is_null(d, v))
@@ -626,6 +714,8 @@ static int parse_openai_body(pctx *c, int body)
         } else if (json_str_eq(d, key, "model") || json_str_eq(d, key, "user")) {
             if (!json_is_string(d, v) && !json_is_null(d, v))
                 return type_error(c, json_str_eq(d, key, "model") ? "model" : "user", v, "a string");
+            if (json_str_eq(d, key, "model") && json_is_string(d, v) && read_model(c, v) != PG_OK)
+                return PG_EINVAL;
         } else if (json_str_eq(d, key, "stream") || json_str_eq(d, key, "echo")) {
             const char *f = json_str_eq(d, key, "stream") ? "stream" : "echo";
             bool b = false;
@@ -675,8 +765,8 @@ static int parse_openai(pctx *c)
             have_url = true;
         } else if (json_str_eq(d, key, "body")) {
             body = v;
-        } else {
-            return unknown_field(c, key);
+        } else if (unknown_field(c, key) != PG_OK) {
+            return PG_EINVAL;
         }
         key = json_skip(d, v);
     }
@@ -724,6 +814,13 @@ int cli_request_parse(cli_request *out, const char *line, size_t len, cli_format
                       int64_t index, int64_t line_no, const sampling_params *defaults,
                       uint64_t base_seed, pg_error *err)
 {
+    return cli_request_parse_ex(out, line, len, fmt, index, line_no, defaults, base_seed, true, err);
+}
+
+int cli_request_parse_ex(cli_request *out, const char *line, size_t len, cli_format fmt,
+                         int64_t index, int64_t line_no, const sampling_params *defaults,
+                         uint64_t base_seed, bool strict, pg_error *err)
+{
     memset(out, 0, sizeof *out);
     out->index = index;
     out->line = line_no;
@@ -732,7 +829,7 @@ int cli_request_parse(cli_request *out, const char *line, size_t len, cli_format
     if (fmt != CLI_FORMAT_OPENAI && set_id_int(out, index) != PG_OK)
         return pg_error_set(err, PG_ENOMEM, "out of memory");
 
-    pctx c = {.r = out, .err = err};
+    pctx c = {.r = out, .err = err, .strict = strict};
     int rc = PG_OK;
     if (fmt == CLI_FORMAT_TEXT || fmt == CLI_FORMAT_AUTO) {
         if (len == 0)

@@ -199,6 +199,81 @@ static void test_duplicate_ids(void **state)
     cli_id_set_destroy(s);
 }
 
+static int parse_lax(cli_request *r, const char *line, cli_format fmt, pg_error *err)
+{
+    sampling_params d = defaults();
+    return cli_request_parse_ex(r, line, strlen(line), fmt, 5, 6, &d, 42, false, err);
+}
+
+/* vLLM's leniency (pydantic lax mode, extra fields ignored) unless strict:
+ * each coercion or ignored field counts in n_lax; cli_request_parse stays
+ * strict. */
+static void test_lax_and_strict(void **state)
+{
+    (void)state;
+    cli_request r;
+    pg_error err;
+    const char *line =
+        "{\"prompt\": \"hi\", \"max_tokens\": 3.0, \"temperature\": \"0.5\", \"top_k\": \"4\","
+        " \"ignore_eos\": \"true\", \"skip_special_tokens\": 0, \"colour\": \"red\"}";
+    assert_int_equal(parse_lax(&r, line, CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_int_equal(r.sp.max_tokens, 3);
+    assert_true(r.sp.temperature == 0.5f);
+    assert_int_equal(r.sp.top_k, 4);
+    assert_true(r.sp.ignore_eos);
+    assert_false(r.sp.skip_special_tokens);
+    assert_int_equal(r.n_lax, 6);
+    cli_request_free(&r);
+    /* a clean line counts nothing */
+    assert_int_equal(parse_lax(&r, "{\"prompt\": \"hi\", \"max_tokens\": 3}", CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_int_equal(r.n_lax, 0);
+    cli_request_free(&r);
+    /* strict: each is today's error */
+    static const char *const strict_bad[][2] = {
+        {"{\"prompt\": \"hi\", \"max_tokens\": 3.0}", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"temperature\": \"0.5\"}", "temperature"},
+        {"{\"prompt\": \"hi\", \"ignore_eos\": \"true\"}", "ignore_eos"},
+        {"{\"prompt\": \"hi\", \"colour\": \"red\"}", "unknown field 'colour'"},
+    };
+    for (size_t k = 0; k < sizeof strict_bad / sizeof strict_bad[0]; k++) {
+        assert_int_equal(parse(&r, strict_bad[k][0], CLI_FORMAT_JSONL, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, strict_bad[k][1]));
+        cli_request_free(&r);
+    }
+    /* what pydantic refuses in lax mode too */
+    static const char *const lax_bad[][2] = {
+        {"{\"prompt\": \"hi\", \"max_tokens\": 3.5}", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": \"three\"}", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"temperature\": \"0.5x\"}", "temperature"},
+        {"{\"prompt\": \"hi\", \"ignore_eos\": \"maybe\"}", "ignore_eos"},
+        {"{\"prompt\": \"hi\", \"ignore_eos\": 2}", "ignore_eos"},
+        {"{\"prompt\": \"hi\", \"top_k\": 1e30}", "top_k"},
+    };
+    for (size_t k = 0; k < sizeof lax_bad / sizeof lax_bad[0]; k++) {
+        assert_int_equal(parse_lax(&r, lax_bad[k][0], CLI_FORMAT_JSONL, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, lax_bad[k][1]));
+        cli_request_free(&r);
+    }
+    /* openai: unknown envelope and body keys ignored, model kept */
+    assert_int_equal(parse_lax(&r,
+        "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"extra\": 1,"
+        " \"body\": {\"model\": \"m1\", \"prompt\": \"hi\", \"max_tokens\": null, \"suffix\": \"x\"}}",
+        CLI_FORMAT_OPENAI, &err), PG_OK);
+    assert_string_equal(r.model, "m1");
+    assert_true(r.max_tokens_null);
+    assert_false(r.max_tokens_set);
+    assert_int_equal(r.n_lax, 2);
+    cli_request_free(&r);
+    assert_int_equal(parse_lax(&r,
+        "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\","
+        " \"body\": {\"model\": \"m2\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"max_completion_tokens\": null}}",
+        CLI_FORMAT_OPENAI, &err), PG_OK);
+    assert_string_equal(r.model, "m2");
+    assert_true(r.max_tokens_null);
+    cli_request_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -208,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_openai),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_duplicate_ids),
+        cmocka_unit_test(test_lax_and_strict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,7 +28,8 @@ SAMPLE_RUNS = [
     ("prompts.txt", "prompts.txt.out.jsonl", ["--max-tokens", "48"], 0),
     ("prompts.jsonl", "prompts.jsonl.out.jsonl", [], 0),
     ("batch_openai.jsonl", "batch_openai.out.jsonl", [], 0),
-    ("bad_lines.jsonl", "bad_lines.out.jsonl", [], 1),
+    ("bad_lines.jsonl", "bad_lines.out.jsonl", ["--strict"], 1),
+    ("batch_openai_vllm.jsonl", "batch_openai_vllm.out.jsonl", [], 1),
     ("chat_batch.jsonl", "chat_batch.out.jsonl", ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")], 0),
     ("chat_messages.jsonl", "chat_messages.out.jsonl", ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")],
      0),
@@ -131,7 +132,7 @@ def case_goldens():
 def case_bad_lines():
     """A malformed-line file gives one error record per bad line, keeps going,
     exits 1; openai error records have the OpenAI shape."""
-    rc, out, err = gen(["-i", os.path.join(SAMPLES, "bad_lines.jsonl")])
+    rc, out, err = gen(["--strict", "-i", os.path.join(SAMPLES, "bad_lines.jsonl")])
     check(rc == 1, f"exit {rc}, expected 1")
     recs = [json.loads(l) for l in lines_of(out)]
     src = [l for l in open(os.path.join(SAMPLES, "bad_lines.jsonl"), encoding="utf-8") if l.strip()]
@@ -162,6 +163,67 @@ def case_bad_lines():
           and "model has no chat template: pass --chat-template FILE" in recs[1]["error"]["message"],
           "openai chat error")
 
+
+
+def case_openai_vllm():
+    """vLLM's behaviour on OpenAI batch lines: the error object {"message",
+    "type", "param", "code"} with response.status_code 400/404, the served
+    model name check, prompt + max_tokens beyond the context, max_tokens
+    null, lenient fields (and --strict, --truncate-max-tokens,
+    --served-model-name), every CompletionResponse key."""
+    path = os.path.join(SAMPLES, "batch_openai_vllm.jsonl")
+    rc, out, err = gen(["-i", path])
+    check(rc == 1, f"exit {rc}, expected 1")
+    recs = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}
+    for cid in ("lenient", "no-model", "rest-of-context"):
+        r = recs[cid]
+        check(r["error"] is None and r["response"]["status_code"] == 200, f"{cid}: {r}")
+        body = r["response"]["body"]
+        check(list(body) == ["id", "object", "created", "model", "choices", "service_tier",
+                             "system_fingerprint", "usage", "kv_transfer_params"], f"body keys {list(body)}")
+        check(list(body["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
+                                           "prompt_logprobs"], f"choice keys {list(body['choices'][0])}")
+        check(list(body["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens",
+                                      "prompt_tokens_details"], f"usage keys {list(body['usage'])}")
+    check(recs["lenient"]["response"]["body"]["usage"]["completion_tokens"] == 8, "8.0 read as 8")
+    u = recs["rest-of-context"]["response"]["body"]["usage"]
+    ch = recs["rest-of-context"]["response"]["body"]["choices"][0]
+    check(u["completion_tokens"] > 256 or ch["finish_reason"] == "stop", f"max_tokens null: {u} {ch['finish_reason']}")
+    for cid, status, typ, text in (
+            ("unknown-model", 404, "NotFoundError", "The model `gpt-4o` does not exist."),
+            ("too-many-tokens", 400, "BadRequestError",
+             "'max_tokens' or 'max_completion_tokens' is too large: 600. This model's maximum context length "
+             "is 512 tokens and your request has 5 input tokens (600 > 512 - 5)."),
+            ("bad-value", 400, "BadRequestError", "top_p"),
+            ("fractional-int", 400, "BadRequestError", "max_tokens")):
+        r = recs[cid]
+        e = r["error"]
+        check(r["response"]["status_code"] == status and r["response"]["body"] is None, f"{cid}: {r}")
+        check(list(e) == ["message", "type", "param", "code", "line"] and e["type"] == typ
+              and e["param"] is None and e["code"] == status and text in e["message"], f"{cid}: {e}")
+    # the summary counts the lenient line
+    rc, out, err = run(["-m", MODEL, "-i", path])
+    check(b"1 lines had unknown fields" in err, f"summary: {err.decode()[-600:]}")
+    # --strict: the lenient line is an error
+    rc, out, err = gen(["--strict", "-i", path])
+    r = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}["lenient"]
+    check(r["response"]["status_code"] == 400 and "max_tokens" in r["error"]["message"], f"--strict: {r}")
+    # --truncate-max-tokens: the old clamp (runs to the end of the context)
+    rc, out, err = gen(["--truncate-max-tokens", "-i", path])
+    r = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}["too-many-tokens"]
+    check(r["error"] is None and r["response"]["body"]["usage"]["total_tokens"] <= 512, f"--truncate: {r}")
+    # --served-model-name: that name is checked and written
+    rc, out, err = gen(["--served-model-name", "gpt-4o", "-i", path])
+    recs = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}
+    check(recs["unknown-model"]["error"] is None
+          and recs["unknown-model"]["response"]["body"]["model"] == "gpt-4o", "served name accepted")
+    check(recs["lenient"]["response"]["status_code"] == 404, "the folder name is no longer served")
+    check(recs["no-model"]["error"] is None, "no model: accepted (vLLM's _is_model_supported)")
+    # -m as given is accepted without --served-model-name
+    line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": MODEL, "prompt": "Hi", "max_tokens": 2}}) + "\n"
+    rc, out, err = gen([], stdin_bytes=line.encode())
+    check(rc == 0, f"-m path as model: {out[:300]}")
 
 def case_exit_codes():
     rc, _, err = run(["--bogus"])
