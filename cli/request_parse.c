@@ -197,13 +197,15 @@ static int get_bool(pctx *c, const char *field, int i, bool *out)
     if (json_is_bool(c->d, i) && json_get_bool(c->d, i, out, &e) == PG_OK)
         return PG_OK;
     if (!c->strict) {
-        /* pydantic's lax bool: 0/1 and the strings it lists */
+        /* pydantic's lax bool (docs.pydantic.dev Conversion Table): the
+         * numbers 0, 1 (0.0, 1.0) and, lower-cased, the strings below */
         static const char *const yes[] = {"1", "on", "t", "true", "y", "yes"};
         static const char *const no[] = {"0", "off", "f", "false", "n", "no"};
         size_t n = 0;
         const char *raw = json_raw(c->d, i, &n);
-        if (json_is_number(c->d, i) && n == 1 && (raw[0] == '0' || raw[0] == '1')) {
-            *out = raw[0] == '1';
+        double v;
+        if (json_is_number(c->d, i) && json_get_double(c->d, i, &v, &e) == PG_OK && (v == 0.0 || v == 1.0)) {
+            *out = v == 1.0;
             c->r->n_lax++;
             return PG_OK;
         }

@@ -215,7 +215,7 @@ static void test_lax_and_strict(void **state)
     pg_error err;
     const char *line =
         "{\"prompt\": \"hi\", \"max_tokens\": 3.0, \"temperature\": \"0.5\", \"top_k\": \"4\","
-        " \"ignore_eos\": \"true\", \"skip_special_tokens\": 0, \"colour\": \"red\"}";
+        " \"ignore_eos\": \"True\", \"skip_special_tokens\": 0.0, \"colour\": \"red\"}";
     assert_int_equal(parse_lax(&r, line, CLI_FORMAT_JSONL, &err), PG_OK);
     assert_int_equal(r.sp.max_tokens, 3);
     assert_true(r.sp.temperature == 0.5f);
