@@ -3,12 +3,15 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "request_parse.h"
+#include "sampling_params.h"
 #include "tokenizer.h"
 
 void cli_pending_free(cli_pending *p)
@@ -76,18 +79,41 @@ static void put_text(json_buf *b, const seq_output *s)
         json_buf_puts(b, "null");
 }
 
-/* [{"id": t, "logprob": x, "top": [[id, x], ...]}, ...] */
+/* vLLM v1's logprob dict of one generated token: the sampled token first
+ * ("Sampler puts the sampled logprob in first", vllm/v1/engine/logprobs.py),
+ * then the top k in order, the sampled one not repeated (a dict keyed by
+ * id): k entries when it is among the top k, else k + 1; 1 with k = 0.
+ * Fills ids/lps (room for SAMPLING_PARAMS_MAX_LOGPROBS + 1), returns the count. */
+static int32_t logprob_dict(const seq_output *s, int32_t t, int32_t *ids, float *lps)
+{
+    int32_t n = 0;
+    ids[n] = s->token_ids[t];
+    lps[n++] = s->token_logprobs[t];
+    for (int32_t k = 0; k < s->n_top; k++) {
+        size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
+        if (s->top_ids[at] < 0 || s->top_ids[at] == s->token_ids[t])
+            continue;
+        ids[n] = s->top_ids[at];
+        lps[n++] = s->top_logprobs[at];
+    }
+    return n;
+}
+
+/* [{"id": t, "logprob": x, "top": [[id, x], ...]}, ...]; "top" is the
+ * logprob dict (the sampled token first, k or k + 1 entries). */
 static void put_logprobs_jsonl(json_buf *b, const seq_output *s)
 {
+    int32_t ids[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    float lps[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
     json_buf_puts(b, "[");
     for (int32_t t = 0; t < s->n_tokens; t++) {
         json_buf_printf(b, "%s{\"id\":%d,\"logprob\":", t ? "," : "", (int)s->token_ids[t]);
         put_logprob(b, s->token_logprobs[t]);
         json_buf_puts(b, ",\"top\":[");
-        for (int32_t k = 0; k < s->n_top; k++) {
-            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
-            json_buf_printf(b, "%s[%d,", k ? "," : "", (int)s->top_ids[at]);
-            put_logprob(b, s->top_logprobs[at]);
+        int32_t n = logprob_dict(s, t, ids, lps);
+        for (int32_t k = 0; k < n; k++) {
+            json_buf_printf(b, "%s[%d,", k ? "," : "", (int)ids[k]);
+            put_logprob(b, lps[k]);
             json_buf_puts(b, "]");
         }
         json_buf_puts(b, "]}");
@@ -166,18 +192,24 @@ static void put_chat_logprob(json_buf *b, const tokenizer *tok, int32_t id, floa
 }
 
 /* The chat API's logprobs: {"content": [{token, logprob, bytes,
- * "top_logprobs": [{token, logprob, bytes}, ... top_logprobs]}, ...]}. */
+ * "top_logprobs": [{token, logprob, bytes}, ... top_logprobs]}, ...]}.
+ * top_logprobs is the first top_logprobs entries of the logprob dict (the
+ * sampled token first), as vLLM's _get_top_logprobs takes them. */
 static void put_logprobs_chat(json_buf *b, const cli_output_ctx *c, const seq_output *s)
 {
+    int32_t ids[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    float lps[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
     json_buf_puts(b, "{\"content\":[");
     for (int32_t t = 0; t < s->n_tokens; t++) {
         json_buf_puts(b, t ? ",{" : "{");
         put_chat_logprob(b, c->tok, s->token_ids[t], s->token_logprobs[t]);
         json_buf_puts(b, ",\"top_logprobs\":[");
-        for (int32_t k = 0; k < s->n_top; k++) {
-            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
+        int32_t n = logprob_dict(s, t, ids, lps);
+        if (n > s->n_top)
+            n = s->n_top;
+        for (int32_t k = 0; k < n; k++) {
             json_buf_puts(b, k ? ",{" : "{");
-            put_chat_logprob(b, c->tok, s->top_ids[at], s->top_logprobs[at]);
+            put_chat_logprob(b, c->tok, ids[k], lps[k]);
             json_buf_puts(b, "}");
         }
         json_buf_puts(b, "]}");
@@ -200,29 +232,69 @@ static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_
             json_buf_puts(b, ",");
         put_logprob(b, s->token_logprobs[t]);
     }
+    /* top_logprobs: the logprob dict (sampled first, k or k + 1 entries) as
+     * {token text: logprob}; tokens with the same text are one key, at the
+     * first one's place with the last one's value (a Python dict built by
+     * a comprehension, serving_completion.py _create_completion_logprobs) */
     json_buf_puts(b, "],\"top_logprobs\":[");
+    int32_t ids[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    float lps[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    char *txt[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    size_t tlen[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
     for (int32_t t = 0; t < s->n_tokens; t++) {
         json_buf_puts(b, t ? ",{" : "{");
-        for (int32_t k = 0; k < s->n_top; k++) {
-            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
-            if (k)
-                json_buf_puts(b, ",");
-            put_token_string(b, c->tok, s->top_ids[at], NULL);
-            json_buf_puts(b, ":");
-            put_logprob(b, s->top_logprobs[at]);
+        int32_t n = logprob_dict(s, t, ids, lps);
+        for (int32_t k = 0; k < n; k++) {
+            tlen[k] = 0;
+            txt[k] = token_text(c->tok, ids[k], &tlen[k]);
+            if (!txt[k]) {
+                char num[16];
+                int w = snprintf(num, sizeof num, "%d", (int)ids[k]);
+                txt[k] = malloc((size_t)w + 1);
+                if (txt[k])
+                    memcpy(txt[k], num, (size_t)w + 1);
+                tlen[k] = txt[k] ? (size_t)w : 0;
+            }
         }
+        bool first = true;
+        for (int32_t k = 0; k < n; k++) {
+            bool seen = false;
+            for (int32_t j = 0; j < k && !seen; j++)
+                seen = tlen[j] == tlen[k] && (tlen[k] == 0 || memcmp(txt[j], txt[k], tlen[k]) == 0);
+            if (seen)
+                continue;
+            float v = lps[k];
+            for (int32_t j = k + 1; j < n; j++)
+                if (tlen[j] == tlen[k] && (tlen[k] == 0 || memcmp(txt[j], txt[k], tlen[k]) == 0))
+                    v = lps[j];
+            if (!first)
+                json_buf_puts(b, ",");
+            first = false;
+            json_buf_string(b, txt[k] ? txt[k] : "", tlen[k]);
+            json_buf_puts(b, ":");
+            put_logprob(b, v);
+        }
+        for (int32_t k = 0; k < n; k++)
+            free(txt[k]);
         json_buf_puts(b, "}");
     }
+    /* text_offset: Python len() of each token's text, in characters (code
+     * points: UTF-8 bytes that are not continuation bytes) */
     json_buf_puts(b, "],\"text_offset\":[");
     size_t off = 0;
-    json_buf scratch = {0};
     for (int32_t t = 0; t < s->n_tokens; t++) {
         json_buf_printf(b, t ? ",%zu" : "%zu", off);
         size_t len = 0;
-        put_token_string(&scratch, c->tok, s->token_ids[t], &len);
-        off += len;
+        char *tx = token_text(c->tok, s->token_ids[t], &len);
+        if (tx) {
+            for (size_t k = 0; k < len; k++)
+                off += ((unsigned char)tx[k] & 0xC0) != 0x80;
+        } else {
+            char num[16];
+            off += (size_t)snprintf(num, sizeof num, "%d", (int)s->token_ids[t]);
+        }
+        free(tx);
     }
-    json_buf_free(&scratch);
     json_buf_puts(b, "]}");
 }
 

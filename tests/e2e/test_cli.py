@@ -225,6 +225,55 @@ def case_openai_vllm():
     rc, out, err = gen([], stdin_bytes=line.encode())
     check(rc == 0, f"-m path as model: {out[:300]}")
 
+
+def case_logprobs():
+    """vLLM's logprobs: the top list is the logprob dict, the sampled token
+    first (k or k + 1 entries, 1 with logprobs 0), the completions API's
+    top_logprobs holds the sampled token's text, text_offset counts
+    characters, the chat API's top_logprobs is the dict's first k."""
+    lines = [{"id": f"k{k}", "prompt": "The dog ran", "max_tokens": 12, "temperature": 2.0, "seed": 5 + k,
+              "logprobs": k} for k in (0, 1, 3)]
+    rc, out, err = gen([], stdin_bytes="".join(json.dumps(l) + "\n" for l in lines).encode())
+    check(rc == 0, f"exit {rc}")
+    outside = 0
+    for r in map(json.loads, lines_of(out)):
+        k = int(r["id"][1:])
+        o = r["outputs"][0]
+        check(len(o["logprobs"]) == len(o["token_ids"]), "one entry per token")
+        for tok, lp in zip(o["token_ids"], o["logprobs"]):
+            top = lp["top"]
+            ids = [t[0] for t in top]
+            check(ids[0] == tok and top[0][1] == lp["logprob"], f"sampled first: {lp}")
+            check(len(set(ids)) == len(ids), f"no repeat: {lp}")
+            check(len(top) in ((1,) if k == 0 else (k, k + 1)), f"k={k}: {len(top)} entries")
+            if k > 0 and len(top) == k + 1:
+                outside += 1
+                check(all(t[1] >= lp["logprob"] for t in top[1:]), f"the top k are the most likely: {lp}")
+    check(outside > 0, "temperature 2 should sample outside the top k at least once")
+    # completions API
+    body = {"model": "stories260K", "prompt": "héllo wörld 日本", "max_tokens": 12, "temperature": 2.0,
+            "seed": 3, "logprobs": 1}
+    line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": body}) + "\n"
+    rc, out, err = gen([], stdin_bytes=line.encode())
+    lp = json.loads(lines_of(out)[0])["response"]["body"]["choices"][0]["logprobs"]
+    for i, tok in enumerate(lp["tokens"]):
+        check(tok in lp["top_logprobs"][i] and len(lp["top_logprobs"][i]) in (1, 2), f"top_logprobs {i}: {lp}")
+        check(list(lp["top_logprobs"][i])[0] == tok, "the sampled token's key first")
+        if i:
+            check(lp["text_offset"][i] == lp["text_offset"][i - 1] + len(lp["tokens"][i - 1]),
+                  f"text_offset in characters: {lp['text_offset']} {lp['tokens']}")
+    # chat API: top_logprobs = the first k entries of the dict
+    body = {"model": "stories260K", "messages": [{"role": "user", "content": "The dog ran"}], "max_tokens": 10,
+            "temperature": 2.0, "seed": 9, "logprobs": True, "top_logprobs": 2}
+    line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n"
+    rc, out, err = gen(["--chat-template", os.path.join(SAMPLES, "chatml.jinja")], stdin_bytes=line.encode())
+    check(rc == 0, f"chat: exit {rc} {err.decode()[-300:]}")
+    content = json.loads(lines_of(out)[0])["response"]["body"]["choices"][0]["logprobs"]["content"]
+    for c in content:
+        check(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"]
+              and c["top_logprobs"][0]["logprob"] == c["logprob"], f"chat top_logprobs: {c}")
+
+
 def case_exit_codes():
     rc, _, err = run(["--bogus"])
     check(rc == 2 and b"unknown option" in err, f"usage error: exit {rc}")
