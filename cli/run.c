@@ -241,6 +241,11 @@ static void submit(run_state *s, cli_request *r)
         free(ids);
         return;
     }
+    /* generation_config's max_new_tokens caps every request (vLLM's
+     * get_max_tokens takes the min with default_sampling_params'
+     * max_tokens), after the context check above saw what was asked */
+    if (s->cfg.has_max_new_tokens && (r->sp.max_tokens < 0 || r->sp.max_tokens > s->cfg.max_new_tokens))
+        r->sp.max_tokens = s->cfg.max_new_tokens;
     uint64_t rid;
     if (engine_add_request(s->eng, ids, n, &r->sp, p, &rid, &e) != PG_OK) {
         json_buf b = {0};
@@ -396,8 +401,17 @@ static int resolve_defaults(run_state *s)
         d.top_p = s->cfg.top_p;
     if (s->cfg.has_top_k)
         d.top_k = s->cfg.top_k;
-    if (s->cfg.has_do_sample && !s->cfg.do_sample)
-        d.temperature = 0.0f;
+    /* vLLM's --generation-config auto (vllm/config/model.py
+     * get_diff_sampling_param at 18ec6629): repetition_penalty,
+     * temperature, top_k, top_p, min_p, max_new_tokens (as max_tokens);
+     * do_sample is not among them, so a do_sample false file with a
+     * temperature samples, as in vLLM */
+    if (s->cfg.has_repetition_penalty)
+        d.repetition_penalty = s->cfg.repetition_penalty;
+    if (s->cfg.has_min_p)
+        d.min_p = s->cfg.min_p;
+    if (s->cfg.has_max_new_tokens)
+        d.max_tokens = s->cfg.max_new_tokens;
     const sampling_params *f = &o->sampling;
     unsigned set = o->sampling_set;
     if (set & CLI_SET_MAX_TOKENS) d.max_tokens = f->max_tokens;

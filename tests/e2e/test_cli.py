@@ -25,7 +25,7 @@ SAMPLES = os.path.join(SRC, "samples")
 # Each sample: input, expected output, extra flags, expected exit code.
 # (samples/README.md lists the same commands.)
 SAMPLE_RUNS = [
-    ("prompts.txt", "prompts.txt.out.jsonl", ["--max-tokens", "48"], 0),
+    ("prompts.txt", "prompts.txt.out.jsonl", ["--max-tokens", "48", "--temperature", "0"], 0),
     ("prompts.jsonl", "prompts.jsonl.out.jsonl", [], 0),
     ("batch_openai.jsonl", "batch_openai.out.jsonl", [], 0),
     ("bad_lines.jsonl", "bad_lines.out.jsonl", ["--strict"], 1),
@@ -118,7 +118,7 @@ def case_goldens():
         check(r["prompt_token_ids"] == g["prompt_token_ids"], "prompt_token_ids echoed wrong")
         check(r["usage"]["completion_tokens"] == len(want), "usage")
     # the same prompts as text reach the same ids (the tokenizer path)
-    req = "".join(json.dumps({"id": i, "prompt": g["prompt"], "max_tokens": 8}) + "\n"
+    req = "".join(json.dumps({"id": i, "prompt": g["prompt"], "max_tokens": 8, "temperature": 0}) + "\n"
                   for i, g in enumerate(gold) if g["prompt"])
     rc, out, err = gen(["--include-prompt"], stdin_bytes=req.encode())
     check(rc == 0, f"text prompts: exit {rc}: {err.decode()[-2000:]}")
@@ -273,6 +273,51 @@ def case_logprobs():
         check(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"]
               and c["top_logprobs"][0]["logprob"] == c["logprob"], f"chat top_logprobs: {c}")
 
+
+
+def case_generation_config():
+    """generation_config.json as vLLM's --generation-config auto reads it:
+    repetition_penalty, temperature, top_k, top_p, min_p and max_new_tokens
+    (a default and a cap) apply, do_sample does not (vllm/config/model.py
+    get_diff_sampling_param)."""
+    def model_with(gen):
+        tmp = tempfile.mkdtemp()
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            os.symlink(os.path.join(MODEL, f), os.path.join(tmp, f))
+        with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+            json.dump(dict({"bos_token_id": 1, "eos_token_id": [2, 1]}, **gen), f)
+        return tmp
+
+    def outputs(mdir, lines, flags=()):
+        data = "".join(json.dumps(l) + "\n" for l in lines).encode()
+        rc, out, err = run(["-m", mdir, "-q"] + list(flags), stdin_bytes=data)
+        check(rc == 0, f"exit {rc}: {err.decode()[-400:]}")
+        return [json.loads(l)["outputs"][0] for l in lines_of(out)]
+
+    base = {"prompt": "Tom and his dog", "seed": 3, "ignore_eos": True}
+    # do_sample false is ignored: no temperature = 1, the same as asking for 1
+    m = model_with({"do_sample": False})
+    a = outputs(m, [dict(base, max_tokens=24)])[0]
+    b = outputs(m, [dict(base, max_tokens=24, temperature=1.0)])[0]
+    g = outputs(m, [dict(base, max_tokens=24, temperature=0)])[0]
+    check(a["token_ids"] == b["token_ids"] and a["token_ids"] != g["token_ids"], "do_sample false ignored")
+    # every key applies as the request's own value would, and changes the output
+    plain = model_with({})
+    free = outputs(plain, [dict(base, max_tokens=24)])[0]
+    for k, v in (("temperature", 1.5), ("top_p", 0.5), ("top_k", 3), ("min_p", 0.3),
+                 ("repetition_penalty", 1.5)):
+        got = outputs(model_with({k: v}), [dict(base, max_tokens=24)])[0]
+        want = outputs(plain, [dict(base, max_tokens=24, **{k: v})])[0]
+        check(got["token_ids"] == want["token_ids"], f"{k} from generation_config")
+        check(got["token_ids"] != free["token_ids"], f"{k} had no effect")
+        # the request's own value wins
+        own = outputs(model_with({k: v}), [dict(base, max_tokens=24, **{k: {"top_k": -1, "min_p": 0.0}.get(k, 1.0)})])[0]
+        check(own["token_ids"] == free["token_ids"], f"{k}: the request's value wins")
+    # max_new_tokens: the default and a cap
+    m = model_with({"max_new_tokens": 5, "temperature": 0})
+    o = outputs(m, [{"prompt": "Once upon a time", "ignore_eos": True},
+                    {"prompt": "Once upon a time", "ignore_eos": True, "max_tokens": 20}])
+    check([len(x["token_ids"]) for x in o] == [5, 5], f"max_new_tokens: {[len(x['token_ids']) for x in o]}")
 
 def case_exit_codes():
     rc, _, err = run(["--bogus"])
