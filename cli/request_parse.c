@@ -865,5 +865,10 @@ int cli_request_parse_ex(cli_request *out, const char *line, size_t len, cli_for
     pg_error e;
     if (sampling_params_validate(&out->sp, &e) != PG_OK)
         return pg_error_set(err, PG_EINVAL, "%s", e.msg);
+    /* vLLM's SamplingParams._verify_greedy_sampling (sampling_params.py at
+     * 00388f65): greedy (temperature < _SAMPLING_EPS = 1e-5) with n > 1 is
+     * refused, with its message */
+    if (out->sp.temperature < 1e-5f && out->sp.n > 1)
+        return pg_error_set(err, PG_EINVAL, "n must be 1 when using greedy sampling, got %d.", (int)out->sp.n);
     return PG_OK;
 }

@@ -254,6 +254,14 @@ static void test_lax_and_strict(void **state)
         assert_non_null(strstr(err.msg, lax_bad[k][1]));
         cli_request_free(&r);
     }
+    /* greedy n > 1: vLLM's _verify_greedy_sampling message; sampled n > 1 is fine */
+    assert_int_equal(parse_lax(&r, "{\"prompt\": \"hi\", \"n\": 2, \"temperature\": 0}", CLI_FORMAT_JSONL, &err),
+                     PG_EINVAL);
+    assert_string_equal(err.msg, "n must be 1 when using greedy sampling, got 2.");
+    cli_request_free(&r);
+    assert_int_equal(parse_lax(&r, "{\"prompt\": \"hi\", \"n\": 2, \"temperature\": 0.5}", CLI_FORMAT_JSONL, &err),
+                     PG_OK);
+    cli_request_free(&r);
     /* openai: unknown envelope and body keys ignored, model kept */
     assert_int_equal(parse_lax(&r,
         "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"extra\": 1,"
