@@ -60,12 +60,13 @@ static void put_stop_reason(json_buf *b, const cli_output_ctx *c, const seq_outp
         return;
     }
     if (s->finish == FINISH_STOP && s->stop_token_id >= 0) {
-        for (int32_t k = 0; k < c->n_eos_ids; k++)
-            if (c->eos_ids[k] == s->stop_token_id) {
-                json_buf_puts(b, "null");
-                return;
-            }
-        json_buf_printf(b, "%d", (int)s->stop_token_id);
+        bool is_null = c->primary_eos >= 0 ? s->stop_token_id == c->primary_eos : false;
+        for (int32_t k = 0; c->primary_eos < 0 && k < c->n_eos_ids; k++)
+            is_null = is_null || c->eos_ids[k] == s->stop_token_id;
+        if (is_null)
+            json_buf_puts(b, "null");
+        else
+            json_buf_printf(b, "%d", (int)s->stop_token_id);
         return;
     }
     json_buf_puts(b, "null");

@@ -26,8 +26,13 @@ typedef struct cli_output_ctx {
     const tokenizer *tok;        /* may be NULL: then "text" is null */
     const char *model_name;      /* openai "model" */
     bool include_prompt, metrics;
-    const int32_t *eos_ids;      /* a stop by one of these has stop_reason null */
+    const int32_t *eos_ids;      /* the model's eos list (config + generation_config) */
     int32_t n_eos_ids;
+    /* vLLM's primary eos (the tokenizer's eos_token, else the first of
+     * eos_ids): a stop by it has stop_reason null; the other eos ids are
+     * stop_token_ids in vLLM (update_from_generation_config), so a stop by
+     * one of them names it. -1 = every eos id gives null. */
+    int32_t primary_eos;
 } cli_output_ctx;
 
 /* What the CLI keeps of a request while the engine runs it (the engine's

@@ -682,6 +682,8 @@ int cli_run_generate(const cli_options *o)
         .fmt = s->fmt, .tok = s->tok, .model_name = s->model_name,
         .include_prompt = o->include_prompt, .metrics = o->metrics,
         .eos_ids = s->cfg.eos_token_ids, .n_eos_ids = s->cfg.n_eos_token_ids,
+        .primary_eos = s->tok && tok_eos_id(s->tok) >= 0 ? tok_eos_id(s->tok)
+                       : s->cfg.n_eos_token_ids > 0 ? s->cfg.eos_token_ids[0] : -1,
     };
 
     engine_stats stats;
