@@ -325,7 +325,8 @@ static int unknown_field(pctx *c, int key)
 }
 
 /* The sampling fields shared by jsonl lines and openai bodies. A key that is
- * none of them is an "unknown field" error. Returns a pg_status. */
+ * none of them is an "unknown field" (an error when strict, else ignored
+ * and counted). Returns a pg_status. */
 static int sampling_field(pctx *c, int key, int v, bool openai)
 {
     const json_doc *d = c->d;
@@ -537,7 +538,7 @@ static int chat_messages(pctx *c, int v)
 
 /* The body of a chat request: a jsonl line (`openai` false; its "id" was
  * read by the caller) or an openai body. vLLM's ChatCompletionRequest
- * names; every other key is an "unknown field" error. */
+ * names; every other key is an "unknown field" (see unknown_field). */
 static int parse_chat(pctx *c, int obj, bool openai)
 {
     const json_doc *d = c->d;

@@ -9,7 +9,8 @@
  *           stop (string|[string]), stop_token_ids, ignore_eos,
  *           include_stop_str_in_output, skip_special_tokens, presence_penalty,
  *           frequency_penalty, repetition_penalty, logprobs}
- *           null means "not set"; any other field is an error.
+ *           null means "not set"; any other field is an error when strict,
+ *           else ignored and counted (cli_request_parse_ex).
  *   openai {"custom_id": string, "method": "POST", "url": "/v1/completions",
  *           "body": {"model", "prompt": string|[int], max_tokens, ...}}
  *           (the same sampling fields, OpenAI's logprobs as an integer, plus
