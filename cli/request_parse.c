@@ -312,8 +312,51 @@ static int get_stop(pctx *c, int i)
     return PG_OK;
 }
 
+/* Request fields vLLM knows and applies but pagedgen does not implement:
+ * ignoring them like truly unknown fields would silently give other output
+ * than vLLM, so anything but their neutral value is a line error. */
+static bool neutral_value(const json_doc *d, int v, const char *neutral)
+{
+    if (json_is_null(d, v))
+        return true;
+    size_t n;
+    const char *raw = json_raw(d, v, &n);
+    if (!strcmp(neutral, "{}"))
+        return json_is_object(d, v) && json_size(d, v) == 0;
+    if (!strcmp(neutral, "[]"))
+        return json_is_array(d, v) && json_size(d, v) == 0;
+    return !json_is_string(d, v) && strlen(neutral) == n && memcmp(raw, neutral, n) == 0;
+}
+
+static int unsupported_field(pctx *c, int key, bool *is_unsupported)
+{
+    static const char *const fields[][2] = {
+        {"prompt_logprobs", ""}, {"logit_bias", "{}"}, {"allowed_token_ids", ""},
+        {"bad_words", "[]"}, {"best_of", "1"}, {"use_beam_search", "false"},
+        {"truncate_prompt_tokens", ""}, {"spaces_between_special_tokens", "true"},
+        {"suffix", ""},
+    };
+    *is_unsupported = false;
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        if (!json_str_eq(c->d, key, fields[k][0]))
+            continue;
+        *is_unsupported = true;
+        if (neutral_value(c->d, key + 1, fields[k][1][0] ? fields[k][1] : "null"))
+            return PG_OK;
+        return pg_error_set(c->err, PG_EINVAL,
+                            "field '%s' is not supported by pagedgen (vLLM would apply it): leave it "
+                            "out or set it to %s",
+                            fields[k][0], fields[k][1][0] ? fields[k][1] : "null");
+    }
+    return PG_OK;
+}
+
 static int unknown_field(pctx *c, int key)
 {
+    bool unsupported;
+    int rc = unsupported_field(c, key, &unsupported);
+    if (unsupported)
+        return rc;
     if (!c->strict) {
         /* vLLM (OpenAIBaseModel) logs and ignores fields it does not know */
         c->r->n_lax++;

@@ -254,6 +254,28 @@ static void test_lax_and_strict(void **state)
         assert_non_null(strstr(err.msg, lax_bad[k][1]));
         cli_request_free(&r);
     }
+    /* fields vLLM applies and pagedgen does not: an error unless neutral,
+     * strict or not (never silently ignored) */
+    static const char *const unsupported[] = {
+        "{\"prompt\": \"hi\", \"prompt_logprobs\": 1}", "{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 10}}",
+        "{\"prompt\": \"hi\", \"best_of\": 2}", "{\"prompt\": \"hi\", \"use_beam_search\": true}",
+        "{\"prompt\": \"hi\", \"bad_words\": [\"x\"]}", "{\"prompt\": \"hi\", \"allowed_token_ids\": [1]}",
+        "{\"prompt\": \"hi\", \"spaces_between_special_tokens\": false}",
+    };
+    for (size_t k = 0; k < sizeof unsupported / sizeof unsupported[0]; k++) {
+        assert_int_equal(parse_lax(&r, unsupported[k], CLI_FORMAT_JSONL, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, "is not supported by pagedgen"));
+        cli_request_free(&r);
+        assert_int_equal(parse(&r, unsupported[k], CLI_FORMAT_JSONL, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, "is not supported by pagedgen"));
+        cli_request_free(&r);
+    }
+    assert_int_equal(parse(&r,
+        "{\"prompt\": \"hi\", \"prompt_logprobs\": null, \"logit_bias\": {}, \"best_of\": 1,"
+        " \"use_beam_search\": false, \"bad_words\": [], \"spaces_between_special_tokens\": true}",
+        CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_int_equal(r.n_lax, 0);
+    cli_request_free(&r);
     /* greedy n > 1: vLLM's _verify_greedy_sampling message; sampled n > 1 is fine */
     assert_int_equal(parse_lax(&r, "{\"prompt\": \"hi\", \"n\": 2, \"temperature\": 0}", CLI_FORMAT_JSONL, &err),
                      PG_EINVAL);
@@ -265,7 +287,7 @@ static void test_lax_and_strict(void **state)
     /* openai: unknown envelope and body keys ignored, model kept */
     assert_int_equal(parse_lax(&r,
         "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"extra\": 1,"
-        " \"body\": {\"model\": \"m1\", \"prompt\": \"hi\", \"max_tokens\": null, \"suffix\": \"x\"}}",
+        " \"body\": {\"model\": \"m1\", \"prompt\": \"hi\", \"max_tokens\": null, \"x_custom\": \"x\"}}",
         CLI_FORMAT_OPENAI, &err), PG_OK);
     assert_string_equal(r.model, "m1");
     assert_true(r.max_tokens_null);

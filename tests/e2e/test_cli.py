@@ -195,7 +195,8 @@ def case_openai_vllm():
              "'max_tokens' or 'max_completion_tokens' is too large: 600. This model's maximum context length "
              "is 512 tokens and your request has 5 input tokens (600 > 512 - 5)."),
             ("bad-value", 400, "BadRequestError", "top_p"),
-            ("fractional-int", 400, "BadRequestError", "max_tokens")):
+            ("fractional-int", 400, "BadRequestError", "max_tokens"),
+            ("unsupported-field", 400, "BadRequestError", "field 'logit_bias' is not supported by pagedgen")):
         r = recs[cid]
         e = r["error"]
         check(r["response"]["status_code"] == status and r["response"]["body"] is None, f"{cid}: {r}")
