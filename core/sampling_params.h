@@ -34,6 +34,10 @@ typedef struct sampling_params {
     bool include_stop_str_in_output;
     bool skip_special_tokens;     /* for the output text (default true) */
     int32_t logprobs;             /* -1 = none; k in [0, 20]: the sampled token's logprob plus the top k */
+    int32_t prompt_logprobs;      /* -1 = none; k in [0, 20]: each prompt token's logprob (from
+                                     the raw logits of the positions before it) plus the top k.
+                                     Such a request skips prefix-cache hits (vLLM's
+                                     skip_reading_prefix_cache) and prefills one token a step */
 } sampling_params;
 
 /* vLLM's defaults: n 1, max_tokens 16, temperature 1, top_p 1, top_k -1,

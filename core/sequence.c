@@ -1,6 +1,7 @@
 /* sequence: request/sequence state, stop rules, outputs (see sequence.h). */
 #include "sequence.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,23 @@ int request_create(request **out, uint64_t id, const int32_t *prompt, int32_t n_
     r->max_output = max_model_len - n_prompt;
     if (sp->max_tokens >= 0 && sp->max_tokens < r->max_output) r->max_output = sp->max_tokens;
     r->n_top = sp->logprobs > 0 ? sp->logprobs : 0;
+    if (sp->prompt_logprobs >= 0) {
+        r->n_ptop = sp->prompt_logprobs;
+        size_t np = (size_t)n_prompt, nt = np * (size_t)(r->n_ptop > 0 ? r->n_ptop : 1);
+        r->plp = malloc(np * sizeof *r->plp);
+        r->p_rank = malloc(np * sizeof *r->p_rank);
+        r->p_top_ids = malloc(nt * sizeof *r->p_top_ids);
+        r->p_top_lp = malloc(nt * sizeof *r->p_top_lp);
+        if (!r->plp || !r->p_rank || !r->p_top_ids || !r->p_top_lp) goto oom;
+        for (size_t i = 0; i < np; i++) {
+            r->plp[i] = NAN;
+            r->p_rank[i] = 0;
+        }
+        for (size_t i = 0; i < nt; i++) {
+            r->p_top_ids[i] = -1;
+            r->p_top_lp[i] = 0.0f;
+        }
+    }
     r->n = sp->n;
     r->n_live = sp->n;
     r->seqs = calloc((size_t)sp->n, sizeof *r->seqs);
@@ -115,6 +133,10 @@ void request_destroy(request *r)
     free(r->stop_ids);
     free(r->banned);
     free(r->prompt);
+    free(r->plp);
+    free(r->p_rank);
+    free(r->p_top_ids);
+    free(r->p_top_lp);
     free(r);
 }
 
@@ -302,6 +324,20 @@ request_output *request_make_output(const request *r, double now_ms)
     o->total_ms = now_ms - r->t_arrival_ms;
     o->outputs = calloc((size_t)r->n, sizeof *o->outputs);
     if (!o->outputs) goto oom;
+    if (r->plp) {
+        size_t np = (size_t)r->n_prompt, nt = np * (size_t)(r->n_ptop > 0 ? r->n_ptop : 1);
+        o->n_prompt_top = r->n_ptop;
+        o->prompt_logprobs = malloc(np * sizeof(float));
+        o->prompt_ranks = malloc(np * sizeof(int32_t));
+        o->prompt_top_ids = malloc(nt * sizeof(int32_t));
+        o->prompt_top_logprobs = malloc(nt * sizeof(float));
+        if (!o->prompt_logprobs || !o->prompt_ranks || !o->prompt_top_ids || !o->prompt_top_logprobs)
+            goto oom;
+        memcpy(o->prompt_logprobs, r->plp, np * sizeof(float));
+        memcpy(o->prompt_ranks, r->p_rank, np * sizeof(int32_t));
+        memcpy(o->prompt_top_ids, r->p_top_ids, nt * sizeof(int32_t));
+        memcpy(o->prompt_top_logprobs, r->p_top_lp, nt * sizeof(float));
+    }
     o->n_outputs = r->n;
     for (int32_t i = 0; i < r->n; i++) {
         const sequence *s = &r->seqs[i];
@@ -355,5 +391,9 @@ void request_output_free(request_output *o)
         free(so->top_logprobs);
     }
     free(o->outputs);
+    free(o->prompt_logprobs);
+    free(o->prompt_ranks);
+    free(o->prompt_top_ids);
+    free(o->prompt_top_logprobs);
     free(o);
 }

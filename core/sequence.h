@@ -63,6 +63,12 @@ struct request {
     int32_t n_prompt;
     int32_t max_output;         /* max_tokens truncated to the context */
     int32_t n_top;              /* logprobs k, or 0 */
+    /* prompt logprobs (sp.prompt_logprobs >= 0): [n_prompt] (+ [n_prompt][n_ptop]),
+     * entry p filled when the prompt's position p-1 was computed */
+    float *plp;
+    int32_t *p_rank, *p_top_ids;
+    float *p_top_lp;
+    int32_t n_ptop;
     sequence *seqs;             /* [n] */
     int32_t n, n_live;
     bool forked;                /* the live sequences run on their own */
