@@ -100,6 +100,37 @@ static int32_t logprob_dict(const seq_output *s, int32_t t, int32_t *ids, float 
     return n;
 }
 
+/* One position of a completions logprobs object: a token, its logprob (or
+ * none: the first prompt token) and its logprob dict. */
+typedef struct lp_pos {
+    int32_t id;
+    bool none;
+    float lp;
+    int32_t n;
+    int32_t ids[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    float lps[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+} lp_pos;
+
+/* Prompt position p of o (the prompt token first, then its top k). */
+static void prompt_pos(const request_output *o, const int32_t *prompt_ids, int32_t p, lp_pos *out)
+{
+    out->id = prompt_ids[p];
+    out->n = 0;
+    out->none = p == 0 || !o->prompt_logprobs || isnan(o->prompt_logprobs[p]);
+    if (out->none)
+        return;
+    out->lp = o->prompt_logprobs[p];
+    out->ids[out->n] = out->id;
+    out->lps[out->n++] = out->lp;
+    for (int32_t k = 0; k < o->n_prompt_top; k++) {
+        size_t at = (size_t)p * (size_t)o->n_prompt_top + (size_t)k;
+        if (o->prompt_top_ids[at] < 0 || o->prompt_top_ids[at] == out->id)
+            continue;
+        out->ids[out->n] = o->prompt_top_ids[at];
+        out->lps[out->n++] = o->prompt_top_logprobs[at];
+    }
+}
+
 /* [{"id": t, "logprob": x, "top": [[id, x], ...]}, ...]; "top" is the
  * logprob dict (the sampled token first, k or k + 1 entries). */
 static void put_logprobs_jsonl(json_buf *b, const seq_output *s)
@@ -218,39 +249,48 @@ static void put_logprobs_chat(json_buf *b, const cli_output_ctx *c, const seq_ou
     json_buf_puts(b, "]}");
 }
 
-/* OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset. */
-static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_output *s)
+/* OpenAI completions logprobs over positions: tokens, token_logprobs,
+ * top_logprobs, text_offset (vLLM's _create_completion_logprobs). */
+static void put_logprobs_positions(json_buf *b, const cli_output_ctx *c, const lp_pos *pos, int32_t n)
 {
     json_buf_puts(b, "{\"tokens\":[");
-    for (int32_t t = 0; t < s->n_tokens; t++) {
+    for (int32_t t = 0; t < n; t++) {
         if (t)
             json_buf_puts(b, ",");
-        put_token_string(b, c->tok, s->token_ids[t], NULL);
+        put_token_string(b, c->tok, pos[t].id, NULL);
     }
     json_buf_puts(b, "],\"token_logprobs\":[");
-    for (int32_t t = 0; t < s->n_tokens; t++) {
+    for (int32_t t = 0; t < n; t++) {
         if (t)
             json_buf_puts(b, ",");
-        put_logprob(b, s->token_logprobs[t]);
+        if (pos[t].none)
+            json_buf_puts(b, "null");
+        else
+            put_logprob(b, pos[t].lp);
     }
-    /* top_logprobs: the logprob dict (sampled first, k or k + 1 entries) as
-     * {token text: logprob}; tokens with the same text are one key, at the
-     * first one's place with the last one's value (a Python dict built by
-     * a comprehension, serving_completion.py _create_completion_logprobs) */
+    /* top_logprobs: the logprob dict (sampled or prompt token first, k or
+     * k + 1 entries) as {token text: logprob}; tokens with the same text
+     * are one key, at the first one's place with the last one's value (a
+     * Python dict built by a comprehension, serving_completion.py
+     * _create_completion_logprobs); null where the logprob is */
     json_buf_puts(b, "],\"top_logprobs\":[");
-    int32_t ids[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
-    float lps[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
     char *txt[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
     size_t tlen[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
-    for (int32_t t = 0; t < s->n_tokens; t++) {
-        json_buf_puts(b, t ? ",{" : "{");
-        int32_t n = logprob_dict(s, t, ids, lps);
-        for (int32_t k = 0; k < n; k++) {
+    for (int32_t t = 0; t < n; t++) {
+        if (t)
+            json_buf_puts(b, ",");
+        if (pos[t].none) {
+            json_buf_puts(b, "null");
+            continue;
+        }
+        json_buf_puts(b, "{");
+        int32_t m = pos[t].n;
+        for (int32_t k = 0; k < m; k++) {
             tlen[k] = 0;
-            txt[k] = token_text(c->tok, ids[k], &tlen[k]);
+            txt[k] = token_text(c->tok, pos[t].ids[k], &tlen[k]);
             if (!txt[k]) {
                 char num[16];
-                int w = snprintf(num, sizeof num, "%d", (int)ids[k]);
+                int w = snprintf(num, sizeof num, "%d", (int)pos[t].ids[k]);
                 txt[k] = malloc((size_t)w + 1);
                 if (txt[k])
                     memcpy(txt[k], num, (size_t)w + 1);
@@ -258,16 +298,16 @@ static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_
             }
         }
         bool first = true;
-        for (int32_t k = 0; k < n; k++) {
+        for (int32_t k = 0; k < m; k++) {
             bool seen = false;
             for (int32_t j = 0; j < k && !seen; j++)
                 seen = tlen[j] == tlen[k] && (tlen[k] == 0 || memcmp(txt[j], txt[k], tlen[k]) == 0);
             if (seen)
                 continue;
-            float v = lps[k];
-            for (int32_t j = k + 1; j < n; j++)
+            float v = pos[t].lps[k];
+            for (int32_t j = k + 1; j < m; j++)
                 if (tlen[j] == tlen[k] && (tlen[k] == 0 || memcmp(txt[j], txt[k], tlen[k]) == 0))
-                    v = lps[j];
+                    v = pos[t].lps[j];
             if (!first)
                 json_buf_puts(b, ",");
             first = false;
@@ -275,7 +315,7 @@ static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_
             json_buf_puts(b, ":");
             put_logprob(b, v);
         }
-        for (int32_t k = 0; k < n; k++)
+        for (int32_t k = 0; k < m; k++)
             free(txt[k]);
         json_buf_puts(b, "}");
     }
@@ -283,20 +323,82 @@ static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_
      * points: UTF-8 bytes that are not continuation bytes) */
     json_buf_puts(b, "],\"text_offset\":[");
     size_t off = 0;
-    for (int32_t t = 0; t < s->n_tokens; t++) {
+    for (int32_t t = 0; t < n; t++) {
         json_buf_printf(b, t ? ",%zu" : "%zu", off);
         size_t len = 0;
-        char *tx = token_text(c->tok, s->token_ids[t], &len);
+        char *tx = token_text(c->tok, pos[t].id, &len);
         if (tx) {
             for (size_t k = 0; k < len; k++)
                 off += ((unsigned char)tx[k] & 0xC0) != 0x80;
         } else {
             char num[16];
-            off += (size_t)snprintf(num, sizeof num, "%d", (int)s->token_ids[t]);
+            off += (size_t)snprintf(num, sizeof num, "%d", (int)pos[t].id);
         }
         free(tx);
     }
     json_buf_puts(b, "]}");
+}
+
+/* The completions logprobs of choice s: with echo the prompt's positions
+ * first (the first one null), then the output's (none with echo_only). */
+static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
+                                const request_output *o, const seq_output *s)
+{
+    int32_t n_prompt = p->echo ? p->n_prompt_ids : 0;
+    int32_t n_out = p->echo_only ? 0 : s->n_tokens;
+    lp_pos *pos = calloc((size_t)(n_prompt + n_out) + 1, sizeof *pos);
+    if (!pos) {
+        b->oom = true;
+        return;
+    }
+    for (int32_t i = 0; i < n_prompt; i++)
+        prompt_pos(o, p->prompt_ids, i, &pos[i]);
+    for (int32_t t = 0; t < n_out; t++) {
+        lp_pos *q = &pos[n_prompt + t];
+        q->id = s->token_ids[t];
+        q->lp = s->token_logprobs[t];
+        q->n = logprob_dict(s, t, q->ids, q->lps);
+    }
+    put_logprobs_positions(b, c, pos, n_prompt + n_out);
+    free(pos);
+}
+
+/* vLLM's prompt_logprobs of a completion choice: [null, {"<id>":
+ * {"logprob", "rank", "decoded_token"}, ...}, ...] (the prompt token first,
+ * then its top k; ranks 1.. for those). */
+static void put_prompt_logprobs_vllm(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
+                                     const request_output *o)
+{
+    if (!o->prompt_logprobs || !p->prompt_ids) {
+        json_buf_puts(b, "null");
+        return;
+    }
+    json_buf_puts(b, "[");
+    for (int32_t i = 0; i < p->n_prompt_ids; i++) {
+        lp_pos q;
+        prompt_pos(o, p->prompt_ids, i, &q);
+        if (i)
+            json_buf_puts(b, ",");
+        if (q.none) {
+            json_buf_puts(b, "null");
+            continue;
+        }
+        json_buf_puts(b, "{");
+        for (int32_t k = 0; k < q.n; k++) {
+            int32_t rank = k == 0 ? o->prompt_ranks[i] : 0;
+            if (k > 0)
+                for (int32_t j = 0; j < o->n_prompt_top; j++)
+                    if (o->prompt_top_ids[(size_t)i * (size_t)o->n_prompt_top + (size_t)j] == q.ids[k])
+                        rank = j + 1;
+            json_buf_printf(b, "%s\"%d\":{\"logprob\":", k ? "," : "", (int)q.ids[k]);
+            put_logprob(b, q.lps[k]);
+            json_buf_printf(b, ",\"rank\":%d,\"decoded_token\":", (int)rank);
+            put_token_string(b, c->tok, q.ids[k], NULL);
+            json_buf_puts(b, "}");
+        }
+        json_buf_puts(b, "}");
+    }
+    json_buf_puts(b, "]");
 }
 
 static int64_t completion_tokens(const request_output *o)
@@ -372,23 +474,60 @@ static void put_batch_tail(json_buf *b, const cli_output_ctx *c, const request_o
 /* /v1/completions: vLLM's CompletionResponse body with every key its
  * model_dump_json writes, in its field order (protocol.py at vLLM 0052bed3:
  * CompletionResponseChoice, CompletionResponse, UsageInfo). */
-static void body_completion(json_buf *b, const cli_output_ctx *c, const char h[17], const request_output *o)
+static void body_completion(json_buf *b, const cli_output_ctx *c, const cli_pending *p, const char h[17],
+                            const request_output *o)
 {
+    /* echo (vLLM's request_output_to_completion_response): the prompt text
+     * before the output's (the ids decoded for an id prompt); with
+     * max_tokens 0 the prompt alone */
+    char *echo_text = NULL;
+    size_t echo_len = 0;
+    if (p->echo) {
+        if (p->prompt) {
+            echo_text = malloc(p->prompt_len + 1);
+            if (echo_text) {
+                memcpy(echo_text, p->prompt, p->prompt_len);
+                echo_len = p->prompt_len;
+            }
+        } else if (c->tok && p->prompt_ids) {
+            if (tok_decode(c->tok, p->prompt_ids, (size_t)p->n_prompt_ids, false, &echo_text, &echo_len, NULL) !=
+                PG_OK)
+                echo_text = NULL;
+        }
+    }
     put_body_head(b, c, "cmpl-", h, "text_completion");
     json_buf_puts(b, ",\"choices\":[");
     for (int32_t k = 0; k < o->n_outputs; k++) {
         const seq_output *s = &o->outputs[k];
         json_buf_printf(b, "%s{\"index\":%d,\"text\":", k ? "," : "", (int)s->index);
-        put_text(b, s);
+        if (p->echo && (echo_text || s->text)) {
+            size_t out_len = p->echo_only || !s->text ? 0 : s->text_len;
+            char *all = malloc(echo_len + out_len + 1);
+            if (!all) {
+                b->oom = true;
+            } else {
+                if (echo_len)
+                    memcpy(all, echo_text, echo_len);
+                if (out_len)
+                    memcpy(all + echo_len, s->text, out_len);
+                json_buf_string(b, all, echo_len + out_len);
+                free(all);
+            }
+        } else {
+            put_text(b, s);
+        }
         json_buf_puts(b, ",\"logprobs\":");
         if (s->token_logprobs)
-            put_logprobs_openai(b, c, s);
+            put_logprobs_openai(b, c, p, o, s);
         else
             json_buf_puts(b, "null");
         json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));
         put_stop_reason(b, c, s);
-        json_buf_puts(b, ",\"prompt_logprobs\":null}");
+        json_buf_puts(b, ",\"prompt_logprobs\":");
+        put_prompt_logprobs_vllm(b, c, p, o);
+        json_buf_puts(b, "}");
     }
+    free(echo_text);
     int64_t ct = completion_tokens(o);
     json_buf_printf(b, "],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":{\"prompt_tokens\":%d,"
                     "\"total_tokens\":%lld,\"completion_tokens\":%lld,\"prompt_tokens_details\":null},"
@@ -432,7 +571,7 @@ static void result_openai(json_buf *b, const cli_output_ctx *c, const cli_pendin
     if (p->chat)
         body_chat(b, c, h, o);
     else
-        body_completion(b, c, h, o);
+        body_completion(b, c, p, h, o);
     put_batch_tail(b, c, o);
 }
 
@@ -468,7 +607,31 @@ void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *
         }
         json_buf_puts(b, "}");
     }
-    json_buf_printf(b, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld}",
+    json_buf_puts(b, "]");
+    if (o->prompt_logprobs && p->prompt_ids) {
+        /* vLLM's RequestOutput.prompt_logprobs: null for the first token,
+         * then each prompt token's logprob dict (it first, then its top k) */
+        json_buf_puts(b, ",\"prompt_logprobs\":[");
+        for (int32_t i = 0; i < p->n_prompt_ids; i++) {
+            lp_pos q;
+            prompt_pos(o, p->prompt_ids, i, &q);
+            if (i)
+                json_buf_puts(b, ",");
+            if (q.none) {
+                json_buf_puts(b, "null");
+                continue;
+            }
+            json_buf_puts(b, "[");
+            for (int32_t k = 0; k < q.n; k++) {
+                json_buf_printf(b, "%s[%d,", k ? "," : "", (int)q.ids[k]);
+                put_logprob(b, q.lps[k]);
+                json_buf_puts(b, "]");
+            }
+            json_buf_puts(b, "]");
+        }
+        json_buf_puts(b, "]");
+    }
+    json_buf_printf(b, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld}",
                     (int)o->n_prompt_tokens, (long long)completion_tokens(o));
     if (c->metrics)
         put_metrics(b, o);

@@ -41,6 +41,7 @@ typedef struct cli_pending {
     uint64_t seq;                /* output sequence number (reorder) */
     int64_t index, line;
     bool chat;                   /* a chat request: openai lines get a chat.completion body */
+    bool echo, echo_only;        /* openai completions echo (see cli_request) */
     char *id_json;               /* owned */
     char *prompt;                /* owned, only with --include-prompt (NULL for id prompts;
                                     a chat request's rendered prompt) */

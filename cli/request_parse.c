@@ -331,7 +331,7 @@ static bool neutral_value(const json_doc *d, int v, const char *neutral)
 static int unsupported_field(pctx *c, int key, bool *is_unsupported)
 {
     static const char *const fields[][2] = {
-        {"prompt_logprobs", ""}, {"logit_bias", "{}"}, {"allowed_token_ids", ""},
+        {"logit_bias", "{}"}, {"allowed_token_ids", ""},
         {"bad_words", "[]"}, {"best_of", "1"}, {"use_beam_search", "false"},
         {"truncate_prompt_tokens", ""}, {"spaces_between_special_tokens", "true"},
         {"suffix", ""},
@@ -380,7 +380,7 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
             "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n",
             "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
             "skip_special_tokens", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "logprobs"};
+            "repetition_penalty", "logprobs", "prompt_logprobs"};
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
             if (json_str_eq(d, key, known[k])) {
                 if (k == 0)
@@ -425,6 +425,8 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
             return type_error(c, "logprobs", v, "an integer (completions API)");
         return get_i32(c, "logprobs", v, 0, 20, &sp->logprobs);
     }
+    if (json_str_eq(d, key, "prompt_logprobs"))
+        return get_i32(c, "prompt_logprobs", v, 0, SAMPLING_PARAMS_MAX_LOGPROBS, &sp->prompt_logprobs);
     if (json_str_eq(d, key, "ignore_eos"))
         return get_bool(c, "ignore_eos", v, &sp->ignore_eos);
     if (json_str_eq(d, key, "include_stop_str_in_output"))
@@ -540,6 +542,14 @@ static int read_prompt(pctx *c, const char *field, int v, bool allow_ids)
     return type_error(c, field, v, allow_ids ? "a string or an array of token ids" : "a string");
 }
 
+
+/* A JSON number that is zero (0, 0.0, -0, 0e5). */
+static bool json_raw_is_zero(const json_doc *d, int v)
+{
+    double x;
+    pg_error e;
+    return json_get_double(d, v, &x, &e) == PG_OK && x == 0.0;
+}
 
 /* The openai body's "model" (a string) into r->model. */
 static int read_model(pctx *c, int v)
@@ -762,13 +772,21 @@ static int parse_openai_body(pctx *c, int body)
                 return type_error(c, json_str_eq(d, key, "model") ? "model" : "user", v, "a string");
             if (json_str_eq(d, key, "model") && json_is_string(d, v) && read_model(c, v) != PG_OK)
                 return PG_EINVAL;
-        } else if (json_str_eq(d, key, "stream") || json_str_eq(d, key, "echo")) {
-            const char *f = json_str_eq(d, key, "stream") ? "stream" : "echo";
+        } else if (json_str_eq(d, key, "echo")) {
+            if (!json_is_null(d, v) && get_bool(c, "echo", v, &c->r->echo) != PG_OK)
+                return PG_EINVAL;
+        } else if (json_str_eq(d, key, "max_tokens") && json_is_number(d, v) && json_raw_is_zero(d, v)) {
+            /* max_tokens 0: only with echo (checked below), vLLM's
+             * echo_without_generation */
+            c->r->echo_only = true;
+            c->r->max_tokens_set = true;
+            c->r->sp.max_tokens = 1;
+        } else if (json_str_eq(d, key, "stream")) {
             bool b = false;
-            if (!json_is_null(d, v) && get_bool(c, f, v, &b) != PG_OK)
+            if (!json_is_null(d, v) && get_bool(c, "stream", v, &b) != PG_OK)
                 return PG_EINVAL;
             if (b)
-                return pg_error_set(c->err, PG_EINVAL, "field '%s': only false is supported", f);
+                return pg_error_set(c->err, PG_EINVAL, "field 'stream': only false is supported");
         } else {
             int rc = sampling_field(c, key, v, true);
             if (rc != PG_OK)
@@ -778,6 +796,12 @@ static int parse_openai_body(pctx *c, int body)
     }
     if (!have_prompt)
         return pg_error_set(c->err, PG_EINVAL, "body: missing 'prompt'");
+    if (c->r->echo_only && !c->r->echo)
+        return pg_error_set(c->err, PG_EINVAL, "max_tokens must be at least 1, got 0.");
+    /* vLLM's CompletionRequest.to_sampling_params: with echo the prompt's
+     * logprobs come back too (prompt_logprobs = logprobs) */
+    if (c->r->echo && c->r->sp.logprobs >= 0 && c->r->sp.prompt_logprobs < 0)
+        c->r->sp.prompt_logprobs = c->r->sp.logprobs;
     return PG_OK;
 }
 

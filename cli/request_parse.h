@@ -73,6 +73,11 @@ typedef struct cli_request {
      * lax mode does (3.0 or "3" for an int, "0.5" for a float, "true" for a
      * bool). 0 under strict parsing. */
     int32_t n_lax;
+    /* openai /v1/completions "echo": true — the response text and logprobs
+     * start with the prompt's (vLLM's serving_completion). echo_only: it
+     * came with max_tokens 0 (sp.max_tokens is then 1; the one generated
+     * token is left out of text and logprobs, as vLLM does). */
+    bool echo, echo_only;
     sampling_params sp;         /* its stop / stop_token_ids point into the arrays below */
     char **stop;                /* owned strings */
     size_t n_stop;

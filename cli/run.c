@@ -197,9 +197,11 @@ static void submit(run_state *s, cli_request *r)
     p->index = r->index;
     p->line = r->line;
     p->chat = r->chat_json != NULL;
+    p->echo = r->echo;
+    p->echo_only = r->echo_only;
     p->id_json = r->id_json;
     r->id_json = NULL;
-    if (s->o->include_prompt) {
+    if (s->o->include_prompt || r->echo || r->sp.prompt_logprobs >= 0) {
         /* a chat request's prompt is its rendered text */
         p->prompt = chat_text ? chat_text : r->prompt;
         p->prompt_len = chat_text ? chat_len : r->prompt_len;

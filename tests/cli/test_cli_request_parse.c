@@ -257,7 +257,7 @@ static void test_lax_and_strict(void **state)
     /* fields vLLM applies and pagedgen does not: an error unless neutral,
      * strict or not (never silently ignored) */
     static const char *const unsupported[] = {
-        "{\"prompt\": \"hi\", \"prompt_logprobs\": 1}", "{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 10}}",
+        "{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 10}}",
         "{\"prompt\": \"hi\", \"best_of\": 2}", "{\"prompt\": \"hi\", \"use_beam_search\": true}",
         "{\"prompt\": \"hi\", \"bad_words\": [\"x\"]}", "{\"prompt\": \"hi\", \"allowed_token_ids\": [1]}",
         "{\"prompt\": \"hi\", \"spaces_between_special_tokens\": false}",
@@ -271,10 +271,31 @@ static void test_lax_and_strict(void **state)
         cli_request_free(&r);
     }
     assert_int_equal(parse(&r,
-        "{\"prompt\": \"hi\", \"prompt_logprobs\": null, \"logit_bias\": {}, \"best_of\": 1,"
+        "{\"prompt\": \"hi\", \"logit_bias\": {}, \"best_of\": 1,"
         " \"use_beam_search\": false, \"bad_words\": [], \"spaces_between_special_tokens\": true}",
         CLI_FORMAT_JSONL, &err), PG_OK);
     assert_int_equal(r.n_lax, 0);
+    cli_request_free(&r);
+    /* prompt_logprobs; echo with max_tokens 0 (prompt_logprobs = logprobs, one token
+     * generated and dropped); max_tokens 0 without echo is vLLM's error */
+    assert_int_equal(parse(&r, "{\"prompt\": \"hi\", \"prompt_logprobs\": 3}", CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_int_equal(r.sp.prompt_logprobs, 3);
+    cli_request_free(&r);
+    assert_int_equal(parse(&r, "{\"prompt\": \"hi\", \"prompt_logprobs\": 21}", CLI_FORMAT_JSONL, &err), PG_EINVAL);
+    cli_request_free(&r);
+    assert_int_equal(parse(&r,
+        "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\","
+        " \"body\": {\"prompt\": [1, 2, 3], \"echo\": true, \"max_tokens\": 0, \"logprobs\": 1}}",
+        CLI_FORMAT_OPENAI, &err), PG_OK);
+    assert_true(r.echo && r.echo_only);
+    assert_int_equal(r.sp.max_tokens, 1);
+    assert_int_equal(r.sp.prompt_logprobs, 1);
+    cli_request_free(&r);
+    assert_int_equal(parse(&r,
+        "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\","
+        " \"body\": {\"prompt\": [1, 2, 3], \"max_tokens\": 0}}",
+        CLI_FORMAT_OPENAI, &err), PG_EINVAL);
+    assert_string_equal(err.msg, "max_tokens must be at least 1, got 0.");
     cli_request_free(&r);
     /* greedy n > 1: vLLM's _verify_greedy_sampling message; sampled n > 1 is fine */
     assert_int_equal(parse_lax(&r, "{\"prompt\": \"hi\", \"n\": 2, \"temperature\": 0}", CLI_FORMAT_JSONL, &err),

@@ -320,6 +320,77 @@ def case_generation_config():
                     {"prompt": "Once upon a time", "ignore_eos": True, "max_tokens": 20}])
     check([len(x["token_ids"]) for x in o] == [5, 5], f"max_new_tokens: {[len(x['token_ids']) for x in o]}")
 
+
+def case_loglikelihood():
+    """lm-evaluation-harness loglikelihood (its local-completions model):
+    /v1/completions with the context + continuation ids, echo true,
+    max_tokens 1 (or 0), logprobs 1; score = sum of token_logprobs over the
+    continuation ([ctxlen:-1] with max_tokens 1), is_greedy = each of them
+    is its position's best. Checked against separate forwards of each prefix
+    (a plain request: the logprobs of its first generated token)."""
+    tok = lambda text: tokenize_ids(text)
+    items = [("Once upon a time, there was a little", [" girl", " dog", " tree", " car"]),
+             ("Tom and his dog went to the", [" park", " moon", " store", " school"]),
+             ("She was very", [" happy", " sad", " big", " blue"])]
+    reqs, meta = [], []
+    for qi, (ctx, conts) in enumerate(items):
+        ctx_ids = tok(ctx)
+        for ci, cont in enumerate(conts):
+            whole = tok(ctx + cont)
+            check(whole[:len(ctx_ids)] == ctx_ids, "the context tokenizes the same inside the whole")
+            for mt in (1, 0):
+                reqs.append({"custom_id": f"q{qi}-c{ci}-m{mt}", "method": "POST", "url": "/v1/completions",
+                             "body": {"model": "stories260K", "prompt": whole, "echo": True, "max_tokens": mt,
+                                      "logprobs": 1, "temperature": 0}})
+            meta.append((qi, ci, whole, len(ctx_ids)))
+    rc, out, err = gen([], stdin_bytes="".join(json.dumps(r) + "\n" for r in reqs).encode())
+    check(rc == 0, f"exit {rc}: {err.decode()[-400:]}")
+    recs = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}
+    scores = {}
+    for qi, ci, whole, ctxlen in meta:
+        lp1 = recs[f"q{qi}-c{ci}-m1"]["response"]["body"]["choices"][0]["logprobs"]
+        lp0 = recs[f"q{qi}-c{ci}-m0"]["response"]["body"]["choices"][0]["logprobs"]
+        check(lp1["token_logprobs"][0] is None and lp1["top_logprobs"][0] is None, "first prompt token: null")
+        check(len(lp1["tokens"]) == len(whole) + 1 and len(lp0["tokens"]) == len(whole), "echo lengths")
+        check(lp0["token_logprobs"] == lp1["token_logprobs"][:-1], "max_tokens 0 = the prompt part of max_tokens 1")
+        cont_lp = lp1["token_logprobs"][ctxlen:-1]
+        tops = lp1["top_logprobs"][ctxlen:-1]
+        is_greedy = all(t == max(top.values()) for t, top in zip(cont_lp, tops))
+        scores[(qi, ci)] = (sum(cont_lp), is_greedy, cont_lp)
+    # separate forwards: each continuation token's logprob from a plain
+    # request on its prefix (its first generated token's top 20)
+    sep = []
+    for qi, ci, whole, ctxlen in meta:
+        for j in range(ctxlen, len(whole)):
+            sep.append({"id": f"{qi}-{ci}-{j}", "prompt_token_ids": whole[:j], "max_tokens": 1,
+                        "temperature": 0, "logprobs": 20})
+    rc, out, err = gen(["--no-prefix-caching"], stdin_bytes="".join(json.dumps(r) + "\n" for r in sep).encode())
+    check(rc == 0, f"separate: exit {rc}")
+    byid = {r["id"]: r["outputs"][0] for r in map(json.loads, lines_of(out))}
+    compared = 0
+    for qi, ci, whole, ctxlen in meta:
+        greedy = True
+        for j in range(ctxlen, len(whole)):
+            o = byid[f"{qi}-{ci}-{j}"]
+            top = {t[0]: t[1] for t in o["logprobs"][0]["top"]}
+            greedy = greedy and o["token_ids"][0] == whole[j]
+            if whole[j] in top:
+                got = scores[(qi, ci)][2][j - ctxlen]
+                check(abs(got - top[whole[j]]) <= 1e-5, f"q{qi} c{ci} token {j}: {got} vs {top[whole[j]]}")
+                compared += 1
+        check(greedy == scores[(qi, ci)][1], f"q{qi} c{ci}: is_greedy {scores[(qi, ci)][1]} vs {greedy}")
+    check(compared >= len(meta), f"only {compared} continuation tokens compared")
+    for qi, (ctx, conts) in enumerate(items):
+        best = max(range(len(conts)), key=lambda ci: scores[(qi, ci)][0])
+        print(f"  {ctx!r}: " + ", ".join(f"{c!r} {scores[(qi, ci)][0]:.3f}{' greedy' if scores[(qi, ci)][1] else ''}"
+                                          for ci, c in enumerate(conts)) + f" -> {conts[best]!r}")
+
+
+def tokenize_ids(text):
+    rc, out, err = run(["tokenize", "--tokenizer", MODEL], stdin_bytes=(json.dumps({"text": text}) + "\n").encode())
+    check(rc == 0, f"tokenize: {err.decode()}")
+    return json.loads(lines_of(out)[0])["ids"]
+
 def case_exit_codes():
     rc, _, err = run(["--bogus"])
     check(rc == 2 and b"unknown option" in err, f"usage error: exit {rc}")
