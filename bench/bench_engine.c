@@ -150,6 +150,7 @@ int bench_run(bench_model *bm, const bench_workload *w, const bench_run_params *
     ep.prefix_caching = rp->prefix_caching;
     ep.layout = rp->layout;
     ep.check_invariants = false;
+    ep.fan_out_always = rp->fan_out_always;
     ep.eos_token_ids = bm->cfg.eos_token_ids;
     ep.n_eos_token_ids = bm->cfg.n_eos_token_ids;
 

@@ -56,6 +56,8 @@ typedef struct bench_run_params {
     bool prefix_caching;
     kv_layout layout;
     int32_t n;                       /* parallel samples per request (>= 1) */
+    bool fan_out_always;             /* n > 1 as n child requests, never forked
+                                        (engine_params.fan_out_always) */
     float temperature;               /* 0 = greedy */
     uint64_t seed;
     /* Request 0 is added alone and stepped until its prompt is computed, and

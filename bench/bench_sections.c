@@ -175,6 +175,7 @@ static void json_result(bench_json *j, const char *key, const bench_result *r,
     bench_json_int(j, "max_num_batched_tokens", rp->max_num_batched_tokens);
     bench_json_bool(j, "prefix_caching", rp->prefix_caching);
     bench_json_int(j, "n", rp->n);
+    bench_json_bool(j, "fan_out_always", rp->fan_out_always);
     bench_json_num(j, "temperature", (double)rp->temperature);
     bench_json_int(j, "requests", r->requests);
     bench_json_int(j, "seqs", r->seqs);
@@ -775,10 +776,25 @@ static int run_parallel(bench_ctx *c, bench_model *bm, const bench_workload_spec
     pa.seed = 7;
     pb = pa;
     pa.n = n;
+    /* fan-out (vLLM v1): the same n=4 requests as 4 child requests each,
+     * sharing the prompt's full blocks through the prefix cache */
+    bench_result rf;
+    bench_run_params pf = pa;
+    pf.n = n;
+    pf.prefix_caching = true;
+    pf.fan_out_always = true;
     int rc = run_or_report(bm, &wa, &pa, &ra);
     if (rc == 0)
         rc = run_or_report(bm, &wb, &pb, &rb);
+    if (rc == 0)
+        rc = run_or_report(bm, &wa, &pf, &rf);
     if (rc == 0) {
+        printf("  %-11s %-9s n=4 fork: peak blocks %5d, %llu prompt tokens computed, %.0f tok/s; "
+               "fan-out: peak blocks %5d, %llu prompt tokens computed (%llu prefix hits), "
+               "%.0f tok/s\n", bm->name, wa.name, ra.stats.blocks_in_use_peak,
+               (unsigned long long)ra.stats.prompt_tokens, ra.gen_tok_s,
+               rf.stats.blocks_in_use_peak, (unsigned long long)rf.stats.prompt_tokens,
+               (unsigned long long)rf.stats.prefix_cache_hits, rf.gen_tok_s);
         double saved = rb.stats.blocks_in_use_peak > 0
                            ? 1.0 - (double)ra.stats.blocks_in_use_peak / rb.stats.blocks_in_use_peak
                            : (double)NAN;
@@ -795,6 +811,7 @@ static int run_parallel(bench_ctx *c, bench_model *bm, const bench_workload_spec
         json_workload(j, "workload", &wa);
         json_result(j, "shared_n4", &ra, &pa);
         json_result(j, "independent", &rb, &pb);
+        json_result(j, "fan_out_n4", &rf, &pf);
         bench_json_num(j, "memory_saved_fraction", saved);
         bench_json_num(j, "ideal_token_saving_fraction", ideal);
         bench_json_end(j);

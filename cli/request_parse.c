@@ -79,6 +79,7 @@ void cli_request_free(cli_request *r)
         free(r->stop[k]);
     free(r->stop);
     free(r->stop_token_ids);
+    cli_structured_free(&r->structured);
     memset(r, 0, sizeof *r);
 }
 
@@ -374,6 +375,9 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
 {
     const json_doc *d = c->d;
     sampling_params *sp = &c->r->sp;
+    int src = cli_structured_field(d, key, v, &c->r->structured, c->err);
+    if (src != 1)
+        return src;
     if (json_is_null(d, v)) {
         /* null = not set, for every known field */
         static const char *const known[] = {
@@ -928,6 +932,9 @@ int cli_request_parse_ex(cli_request *out, const char *line, size_t len, cli_for
     out->sp.n_stop = out->n_stop;
     out->sp.stop_token_ids = out->stop_token_ids;
     out->sp.n_stop_token_ids = out->n_stop_token_ids;
+    out->sp.structured_kind = out->structured.kind;
+    out->sp.structured = out->structured.text;
+    out->sp.structured_len = out->structured.len;
     if (!c.has_seed)
         out->sp.seed = cli_request_seed(base_seed, index);
     pg_error e;

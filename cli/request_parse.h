@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "options.h"
+#include "request_structured.h"
 #include "pg_error.h"
 #include "sampling_params.h"
 
@@ -83,6 +84,7 @@ typedef struct cli_request {
     size_t n_stop;
     int32_t *stop_token_ids;
     size_t n_stop_token_ids;
+    cli_structured structured;  /* structured outputs; sp.structured points into it */
 } cli_request;
 
 /* Parses line[0, len) (no trailing newline). `defaults` is the fully

@@ -10,11 +10,29 @@
 #include <string.h>
 #include <time.h>
 
+#include "grammar.h"
 #include "kv_pool.h"
 #include "sampler.h"
 #include "scheduler.h"
 #include "sequence.h"
 #include "tokenizer.h"
+
+/* A compiled constraint shared by the requests that give the same one
+ * (kind and text): compiled once, one mask cache. Freed with its last
+ * request. */
+typedef struct gram_entry {
+    grammar_kind kind;
+    char *text;
+    size_t len;
+    grammar *g;
+    grammar_cache *cache;
+    int32_t refs;
+    struct gram_entry *next;
+} gram_entry;
+
+/* Mask-cache memory per distinct constraint (grammar_cache_create): about
+ * 500 states of a 128k vocabulary; past it masks are walked each time. */
+#define ENGINE_GRAMMAR_CACHE_BYTES ((size_t)8 << 20)
 
 struct engine {
     engine_params p;
@@ -36,6 +54,11 @@ struct engine {
     request **done;                             /* [max_seqs] retiring this step */
     float *logits;                              /* [max_seqs][vocab] */
     float *scratch;                             /* [vocab] */
+    /* structured outputs: the vocabulary trie (built at the first constrained
+     * request) and one mask */
+    grammar_vocab *gvocab;
+    uint64_t *gmask;                            /* [grammar_mask_words] */
+    gram_entry *grams;                          /* live compiled constraints */
     int32_t top_ids[SAMPLING_PARAMS_MAX_LOGPROBS];
     float top_lp[SAMPLING_PARAMS_MAX_LOGPROBS];
     /* finished outputs, FIFO */
@@ -154,11 +177,81 @@ fail:
     return rc;
 }
 
+static void gram_release(engine *e, gram_entry *g)
+{
+    if (!g || --g->refs > 0) return;
+    for (gram_entry **p = &e->grams; *p; p = &(*p)->next)
+        if (*p == g) {
+            *p = g->next;
+            break;
+        }
+    grammar_cache_destroy(g->cache);
+    grammar_destroy(g->g);
+    free(g->text);
+    free(g);
+}
+
+/* The shared compile of sp's constraint (a new reference). */
+static int gram_acquire(engine *e, const sampling_params *sp, gram_entry **out, pg_error *err)
+{
+    const char *text = sp->structured ? sp->structured : "";
+    size_t len = sp->structured ? sp->structured_len : 0;
+    for (gram_entry *g = e->grams; g; g = g->next)
+        if (g->kind == sp->structured_kind && g->len == len && memcmp(g->text, text, len) == 0) {
+            g->refs++;
+            *out = g;
+            return PG_OK;
+        }
+    gram_entry *g = calloc(1, sizeof *g);
+    if (!g || !(g->text = malloc(len + 1))) {
+        free(g);
+        return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a constraint");
+    }
+    memcpy(g->text, text, len);
+    g->text[len] = '\0';
+    g->len = len;
+    g->kind = sp->structured_kind;
+    int rc = grammar_compile(&g->g, g->kind, g->text, len, err);
+    if (!rc) rc = grammar_cache_create(&g->cache, g->g, e->gvocab, ENGINE_GRAMMAR_CACHE_BYTES, err);
+    if (rc) {
+        grammar_destroy(g->g);
+        free(g->text);
+        free(g);
+        return rc;
+    }
+    g->refs = 1;
+    g->next = e->grams;
+    e->grams = g;
+    *out = g;
+    return PG_OK;
+}
+
 static void destroy_request(engine *e, request *r)
 {
+    gram_release(e, r->gentry);
+    r->gentry = NULL;
     for (int32_t i = 0; i < r->n; i++)
         if (r->seqs[i].table >= 0) kv_pool_table_delete(e->pool, r->seqs[i].table);
     request_destroy(r);
+}
+
+/* Frees a child shell (out of the scheduler's queues; its sequence stays
+ * in the parent). Returns its parent when that was the last child (the
+ * caller retires or destroys it), else NULL. */
+static request *detach_child(request *c)
+{
+    request *p = c->parent;
+    c->seqs[0].req = p;
+    p->n_live--; /* each child ran one of the parent's live sequences */
+    request_destroy(c);
+    return --p->n_children == 0 ? p : NULL;
+}
+
+/* Frees a request taken out of the scheduler's queues (teardown). */
+static void drop_request(engine *e, request *r)
+{
+    if (r->parent && !(r = detach_child(r))) return;
+    destroy_request(e, r);
 }
 
 void engine_destroy(engine *e)
@@ -168,11 +261,11 @@ void engine_destroy(engine *e)
         request *r;
         while ((r = scheduler_running(e->sched))) {
             scheduler_remove(e->sched, r);
-            destroy_request(e, r);
+            drop_request(e, r);
         }
         while ((r = scheduler_waiting(e->sched))) {
             scheduler_remove_waiting(e->sched, r);
-            destroy_request(e, r);
+            drop_request(e, r);
         }
     }
     for (int32_t i = 0; i < e->fin_n; i++)
@@ -193,10 +286,13 @@ void engine_destroy(engine *e)
     free(e->done);
     free(e->logits);
     free(e->scratch);
+    grammar_vocab_destroy(e->gvocab);
+    free(e->gmask);
     free(e);
 }
 
-/* Blocks a request needs at its longest (each sequence at its cap). */
+/* Blocks a request needs at its longest (each sequence at its cap, the
+ * prompt's full blocks shared by its n sequences; n = 1: one child). */
 static int64_t request_blocks_needed(const engine *e, int32_t n_prompt, int32_t n,
                                      int32_t max_output)
 {
@@ -206,6 +302,35 @@ static int64_t request_blocks_needed(const engine *e, int32_t n_prompt, int32_t 
     if (n == 1) return total;
     int64_t shared = n_prompt / bs;
     return shared + (int64_t)n * (total - shared);
+}
+
+/* The vocabulary as the automaton sees it (tok_token_bytes per id; ids the
+ * tokenizer does not know never match), built once. */
+static int ensure_grammar_vocab(engine *e, pg_error *err)
+{
+    if (e->gvocab) return PG_OK;
+    if (!e->tok)
+        return pg_error_set(err, PG_EINVAL, "request: structured outputs need a tokenizer, got none");
+    int32_t V = e->be.vocab_size;
+    char **bytes = calloc((size_t)V, sizeof *bytes);
+    uint32_t *lens = calloc((size_t)V, sizeof *lens);
+    int rc = bytes && lens ? PG_OK : PG_ENOMEM;
+    for (int32_t i = 0; i < V && !rc; i++) {
+        size_t l = 0;
+        rc = tok_token_bytes(e->tok, i, &bytes[i], &l, err);
+        lens[i] = (uint32_t)l;
+    }
+    if (!rc) rc = grammar_vocab_create(&e->gvocab, V, (const char *const *)bytes, lens, err);
+    if (!rc && !(e->gmask = malloc(grammar_mask_words(e->gvocab) * sizeof *e->gmask))) rc = PG_ENOMEM;
+    for (int32_t i = 0; bytes && i < V; i++) free(bytes[i]);
+    free(bytes);
+    free(lens);
+    if (rc) {
+        grammar_vocab_destroy(e->gvocab);
+        e->gvocab = NULL;
+        return rc == PG_ENOMEM ? pg_error_set(err, rc, "engine: out of memory for the vocabulary trie") : rc;
+    }
+    return PG_OK;
 }
 
 int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
@@ -233,22 +358,36 @@ int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
         return pg_error_set(err, PG_EINVAL, "request: prompt of %d tokens does not fit "
                             "max_model_len %d (at least one token of room is needed)",
                             (int)n_prompt, (int)e->p.max_model_len);
-    if (sp->n > e->max_seqs)
-        return pg_error_set(err, PG_EINVAL, "request: n = %d sequences can never run: at most %d "
-                            "run in one step (max_num_seqs, max_num_batched_tokens)",
-                            (int)sp->n, (int)e->max_seqs);
     int32_t max_output = e->p.max_model_len - n_prompt;
     if (sp->max_tokens >= 0 && sp->max_tokens < max_output) max_output = sp->max_tokens;
-    int64_t need = request_blocks_needed(e, n_prompt, sp->n, max_output);
-    if (need > e->p.num_blocks)
+    /* n sequences that cannot run together (more than a step holds, or
+     * more than the pool holds at their longest) run as independent
+     * children (scheduler.h); refused only if one sequence alone can never
+     * fit the pool */
+    int64_t need_one = request_blocks_needed(e, n_prompt, 1, max_output);
+    if (need_one > e->p.num_blocks)
         return pg_error_set(err, PG_EINVAL, "request: needs %lld KV blocks (%d prompt tokens, up to "
-                            "%d generated, n = %d, block size %d), the pool has %d",
-                            (long long)need, (int)n_prompt, (int)max_output, (int)sp->n,
+                            "%d generated, block size %d), the pool has %d",
+                            (long long)need_one, (int)n_prompt, (int)max_output,
                             (int)e->p.block_size, (int)e->p.num_blocks);
+    bool must_fan_out = e->p.fan_out_always || sp->n > e->max_seqs ||
+                        request_blocks_needed(e, n_prompt, sp->n, max_output) > e->p.num_blocks;
     request *r;
     rc = request_create(&r, e->next_id, prompt_ids, n_prompt, sp, e->p.max_model_len, e->eos,
                         e->n_eos, e->tok, user, err);
     if (rc) return rc;
+    r->must_fan_out = must_fan_out;
+    if (sp->structured_kind != GRAMMAR_NONE) {
+        gram_entry *g = NULL;
+        if ((rc = ensure_grammar_vocab(e, err)) || (rc = gram_acquire(e, sp, &g, err))) {
+            destroy_request(e, r);
+            return pg_error_wrap(err, rc == PG_ENOMEM ? rc : PG_EINVAL, "request: structured outputs");
+        }
+        r->gentry = g;
+        r->gram = g->g;
+        r->gcache = g->cache;
+        for (int32_t i = 0; i < r->n; i++) grammar_state_init(r->gram, &r->seqs[i].gst);
+    }
     for (int32_t i = 0; i < r->n; i++) {
         if ((rc = kv_pool_table_new(e->pool, &r->seqs[i].table, err))) {
             destroy_request(e, r);
@@ -294,9 +433,12 @@ bool engine_pop_finished(engine *e, request_output **out)
 }
 
 /* Hands a request whose sequences are all finished (or aborted) to the
- * finished queue and frees it. */
+ * finished queue and frees it; a child only when it is its parent's last. */
 static int retire(engine *e, request *r, pg_error *err)
 {
+    /* a child: its sequence (finished or aborted) stays in the parent,
+     * which is handed out with all n outputs when its last child goes */
+    if (r->parent && !(r = detach_child(r))) return PG_OK;
     request_output *o = request_make_output(r, now_ms());
     destroy_request(e, r);
     e->n_unfinished--;
@@ -426,16 +568,55 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
     };
     sampler_result res = {.top_ids = e->top_ids, .top_logprobs = e->top_lp};
-    int rc = sampler_sample(e->ws, &r->sp, e->scratch, vocab, &view, &q->rng, &res);
+    int rc;
+    if (r->gram) {
+        /* structured outputs: tokens that kill the automaton get -inf before
+         * anything else (penalties, temperature, top-k/p, min-p, greedy);
+         * eos and stop ids only where the text so far is a complete match */
+        int32_t cnt = grammar_mask_cached(r->gcache, &q->gst, e->gmask);
+        if (cnt < 0)
+            return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
+        bool can_end = grammar_can_end(r->gram, &q->gst);
+        if (cnt == 0) {
+            /* nothing can follow: end here (as sampling the one allowed eos
+             * would), or a dead end the vocabulary cannot spell (abort) */
+            q->stop_token_id = can_end && !r->sp.ignore_eos && e->n_eos > 0 ? e->eos[0] : -1;
+            if ((rc = sequence_finish(q, can_end ? FINISH_STOP : FINISH_ABORT, err))) return rc;
+            kv_pool_table_release(e->pool, q->table);
+            q->num_computed = 0;
+            r->n_live--;
+            return PG_OK;
+        }
+        for (int32_t i = 0; i < vocab; i++)
+            if (!((e->gmask[i >> 6] >> (i & 63)) & 1)) e->scratch[i] = -INFINITY;
+        if (can_end) {
+            for (int32_t k = 0; k < e->n_eos && !r->sp.ignore_eos; k++)
+                e->scratch[e->eos[k]] = row[e->eos[k]];
+            for (size_t k = 0; k < r->sp.n_stop_token_ids; k++)
+                e->scratch[r->stop_ids[k]] = row[r->stop_ids[k]];
+        }
+    }
+    rc = sampler_sample(e->ws, &r->sp, e->scratch, vocab, &view, &q->rng, &res);
     if (rc)
         return pg_error_set(err, rc, "engine: request %llu sequence %d: %s",
                             (unsigned long long)r->id, (int)q->index,
                             sampler_workspace_error(e->ws));
-    if (!r->sampled_once) {
-        r->sampled_once = true;
-        r->t_first_token_ms = now_ms();
+    request *root = request_root(r);
+    if (!root->sampled_once) {
+        root->sampled_once = true;
+        root->t_first_token_ms = now_ms();
     }
     e->stats.generated_tokens++;
+    if (r->gram) {
+        uint32_t blen;
+        const uint8_t *b = grammar_vocab_bytes(e->gvocab, res.token_id, &blen);
+        /* a token of the mask always advances; one let in only as a
+         * terminator (eos, a stop id) stops the sequence in sequence_accept */
+        bool in_mask = (e->gmask[res.token_id >> 6] >> (res.token_id & 63)) & 1;
+        if (in_mask && !grammar_advance(r->gram, &q->gst, b, blen))
+            return pg_error_set(err, PG_EINVAL, "engine: request %llu: token %d refused by its own mask",
+                                (unsigned long long)r->id, (int)res.token_id);
+    }
     rc = sequence_accept(q, res.token_id, &res, e->eos, e->n_eos, err);
     if (rc) return rc;
     if (q->finished) {
@@ -459,7 +640,7 @@ int engine_step(engine *e, pg_error *err)
     if (st.n_entries == 0) goto done; /* everything was preempted: readmit next step */
     double t = now_ms();
     for (int32_t i = 0; i < st.n_entries; i++) {
-        request *r = st.entries[i].seq->req;
+        request *r = request_root(st.entries[i].seq->req);
         if (!r->admitted_once) {
             r->admitted_once = true;
             r->t_first_admit_ms = t;
@@ -497,7 +678,11 @@ int engine_step(engine *e, pg_error *err)
     e->util_filled_sum += (double)m.filled_slots;
     e->util_alloc_sum += (double)m.allocated_slots;
 
-    /* forks (the leader has just computed the prompt), then sampling */
+    /* forks (the leader has just computed the prompt), then sampling. Only
+     * the KV is forked: every sequence keeps its own sampling state from
+     * request_create (RNG stream i; per-sequence state such as a grammar
+     * belongs there too, so a fanned-out child, which never forks, has its
+     * own: see request_fan_out) */
     int32_t row = 0;
     for (int32_t i = 0; i < st.n_entries; i++) {
         sequence *q = st.entries[i].seq;

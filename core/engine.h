@@ -70,6 +70,9 @@ typedef struct engine_params {
                                         once. With nothing running the head request is
                                         admitted anyway. Paged layout only; 0 disables;
                                         default 0.01 */
+    bool fan_out_always;             /* run every n > 1 request as n independent child
+                                        requests, never as a forked group (benchmarks and
+                                        tests; outputs are the same); default false */
     const int32_t *eos_token_ids;    /* [n_eos_token_ids] ids in [0, vocab) that stop a
                                         sequence (unless ignore_eos); copied at create */
     int32_t n_eos_token_ids;         /* default 0: no eos */
@@ -153,7 +156,8 @@ typedef struct engine_stats {
     int32_t num_blocks;
     int32_t blocks_in_use;           /* now */
     int32_t blocks_in_use_peak;
-    int32_t running, waiting;        /* requests now */
+    int32_t running, waiting;        /* requests now (a fanned-out request: its
+                                        children, each counted) */
     int32_t peak_running_seqs;
     double kv_utilization;           /* filled slots / slots of allocated blocks, now */
     double kv_utilization_mean;      /* averaged over steps, weighted by blocks in use */
@@ -180,12 +184,22 @@ void engine_destroy(engine *e);
  * the whole pool, or the params are invalid; the message says which.
  * A prompt that fits but leaves less room than max_tokens is accepted and
  * finishes with FINISH_LENGTH at max_model_len (max_tokens is truncated to
- * the context; max_tokens = -1 means exactly that). Also refused: n larger
- * than a step can hold (min(max_num_seqs, max_num_batched_tokens)), stop
+ * the context; max_tokens = -1 means exactly that). Also refused: stop
  * strings without a tokenizer, stop ids outside the vocabulary, and a
- * request whose worst case (every sequence at its length cap; the prompt's
- * full blocks shared by the n sequences) needs more KV blocks than the
- * pool has — it could never finish, so it is an error, not a hang.
+ * request one of whose sequences alone (at its length cap) needs more KV
+ * blocks than the pool has — it could never finish, so it is an error, not
+ * a hang.
+ *
+ * Parallel sampling (n > 1), as vLLM v1 (vllm/v1/engine/parallel_sampling.py
+ * at 003d3ee22261b7937258b7531aee00e10393f1d6): when the n sequences fit a
+ * step and the free sequence slots at admission, they run as one group
+ * that computes the prompt once and forks it (copy-on-write); otherwise
+ * (n > min(max_num_seqs, max_num_batched_tokens), n sequences beyond the
+ * pool at their longest, or — with the prefix cache — too few free slots)
+ * the request runs as n child requests that share the prompt through the
+ * prefix cache and are scheduled and preempted on their own. Either way
+ * sequence i samples from RNG stream i, so the outputs are the same; the
+ * request finishes when its last sequence does, outputs in index order.
  *
  * Stop rules, in vLLM v1's order, after each sampled token: the length cap
  * (max_tokens or the context: FINISH_LENGTH, the token is kept); an eos id
@@ -230,8 +244,9 @@ const kv_pool *engine_kv_pool(const engine *e);
 /* Inside backend->forward: for each of the step's b->num_seqs sequences,
  * (request_id << 8) | sequence index. Borrowed, valid during the step. */
 const uint64_t *engine_step_seq_ids(const engine *e);
-/* The waiting queue front to back (request ids), up to max; returns the
- * total number waiting. */
+/* The waiting queue front to back (request ids; a fanned-out request's
+ * waiting children each give its id), up to max; returns the total number
+ * waiting. */
 int32_t engine_waiting_ids(const engine *e, uint64_t *ids, int32_t max);
 
 #endif /* PG_ENGINE_H */

@@ -25,6 +25,8 @@ sampling_params sampling_params_default(void)
         .skip_special_tokens = true,
         .logprobs = -1,
         .prompt_logprobs = -1,
+        .structured_kind = GRAMMAR_NONE,
+        .structured = NULL, .structured_len = 0,
     };
     return p;
 }
@@ -85,5 +87,11 @@ int sampling_params_validate(const sampling_params *p, pg_error *err)
         if (!p->stop[i] || p->stop[i][0] == '\0')
             return pg_error_set(err, PG_EINVAL, "stop[%zu] must be a non-empty string, got %s",
                                 i, p->stop[i] ? "\"\"" : "NULL");
+    if (p->structured_kind < GRAMMAR_NONE || p->structured_kind > GRAMMAR_CHOICE)
+        return pg_error_set(err, PG_EINVAL, "structured outputs: unknown constraint kind %d",
+                            (int)p->structured_kind);
+    if (p->structured_kind != GRAMMAR_NONE && p->structured_kind != GRAMMAR_JSON_OBJECT &&
+        !p->structured)
+        return pg_error_set(err, PG_EINVAL, "structured outputs: expected the constraint text, got NULL");
     return PG_OK;
 }

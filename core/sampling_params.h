@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar.h"
 #include "pg_error.h"
 
 /* Caps that validate() enforces: n (parallel samples per request) and
@@ -38,6 +39,12 @@ typedef struct sampling_params {
                                      the raw logits of the positions before it) plus the top k.
                                      Such a request skips prefix-cache hits (vLLM's
                                      skip_reading_prefix_cache) and prefills one token a step */
+    /* structured outputs (vLLM's StructuredOutputsParams): GRAMMAR_NONE, or
+     * the kind of constraint and its text (grammar.h: a schema as JSON, a
+     * regex, a JSON array of choices; none for json_object), copied and
+     * compiled by engine_add_request */
+    grammar_kind structured_kind;
+    const char *structured;       size_t structured_len;
 } sampling_params;
 
 /* vLLM's defaults: n 1, max_tokens 16, temperature 1, top_p 1, top_k -1,

@@ -18,6 +18,7 @@ struct scheduler {
     sched_entry *entries;   /* [max_num_seqs] */
     int32_t *cow;           /* [max_num_seqs][2] */
     int32_t *hits;          /* [max blocks of one sequence] */
+    request *children[SAMPLING_PARAMS_MAX_N]; /* fan_out scratch */
     int32_t max_blocks;
 };
 
@@ -104,7 +105,7 @@ static void preempt(scheduler *s, request *r)
         q->num_computed = 0;
     }
     r->forked = false;
-    r->n_preemptions++;
+    request_root(r)->n_preemptions++;
     list_remove(&s->running, r);
     list_push_front(&s->waiting, r);
 }
@@ -224,9 +225,33 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
     return true;
 }
 
+/* Whether the waiting request r (the queue head) runs as independent
+ * children instead of one group (see scheduler.h). */
+static bool should_fan_out(const scheduler *s, const request *r, int32_t n_seqs)
+{
+    if (r->parent || r->n_live < 2) return false;
+    if (r->must_fan_out || r->n_live > s->p.max_num_seqs) return true;
+    /* the group would wait for sequence slots while some are free: its
+     * children start now and lose no sharing when the prompt's full blocks
+     * are found in the prefix cache (contiguous KV shares nothing anyway) */
+    return n_seqs < s->p.max_num_seqs && n_seqs + r->n_live > s->p.max_num_seqs &&
+           (s->p.prefix_caching || s->p.layout == KV_LAYOUT_CONTIGUOUS);
+}
+
+/* Replaces the waiting head r by its children, in index order. */
+static int fan_out(scheduler *s, request *r, pg_error *err)
+{
+    int32_t n;
+    if (request_fan_out(r, s->children, &n))
+        return pg_error_set(err, PG_ENOMEM, "scheduler: out of memory splitting request %llu",
+                            (unsigned long long)r->id);
+    list_remove(&s->waiting, r);
+    for (int32_t k = n - 1; k >= 0; k--) list_push_front(&s->waiting, s->children[k]);
+    return PG_OK;
+}
+
 int scheduler_schedule(scheduler *s, sched_step *out, pg_error *err)
 {
-    (void)err;
     out->entries = s->entries;
     out->cow = s->cow;
     out->n_entries = out->n_cow = out->n_tokens = 0;
@@ -239,6 +264,11 @@ int scheduler_schedule(scheduler *s, sched_step *out, pg_error *err)
     if (out->n_preempted > 0) return PG_OK;
     int32_t n_seqs = scheduler_running_seqs(s);
     while (s->waiting.head && budget > 0) {
+        if (should_fan_out(s, s->waiting.head, n_seqs)) {
+            int rc = fan_out(s, s->waiting.head, err);
+            if (rc) return rc;
+            continue;
+        }
         if (!admit(s, s->waiting.head, out, &budget, &n_seqs)) break;
     }
     return PG_OK;

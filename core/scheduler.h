@@ -27,6 +27,17 @@
  * Blocks past a chunk's end are not committed (a chunk cut by the budget is
  * also the last thing scheduled in its step).
  *
+ * Parallel sampling (n > 1): a request whose live sequences fit
+ * max_num_seqs (and the free sequence slots, or without the prefix cache)
+ * is admitted as one group: the leader computes the prompt and the others
+ * fork its blocks (sequence.h). Otherwise (n > max_num_seqs, a request the
+ * engine marked must_fan_out, or too few free slots with the prefix cache
+ * on) the head request is split into one child request per live sequence
+ * (request_fan_out), in its place in the queue, and each child is admitted,
+ * scheduled and preempted on its own like vLLM v1's child requests; the
+ * children admitted in one step share the prompt's full blocks through the
+ * same-step prefix sharing below.
+ *
  * Preemption by recomputation: when a running sequence needs a block and
  * the pool has none free or evictable, the most recently admitted running
  * request (possibly the one being served) is preempted as a whole: its
@@ -84,7 +95,7 @@ void scheduler_add(scheduler *s, request *r);
 /* Decides the next step. The returned arrays are owned by the scheduler and
  * valid until the next call. Errors only on OOM. */
 int scheduler_schedule(scheduler *s, sched_step *out, pg_error *err);
-/* Removes a running request whose sequences are all finished (their
+/* Removes a running request (or child) whose sequences are all finished (their
  * tables already released). */
 void scheduler_remove(scheduler *s, request *r);
 /* Removes a waiting request (abort, teardown). */

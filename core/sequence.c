@@ -31,6 +31,8 @@ int request_create(request **out, uint64_t id, const int32_t *prompt, int32_t n_
     r->sp.n_stop_token_ids = 0;
     r->sp.stop = NULL;
     r->sp.n_stop = 0;
+    r->sp.structured = NULL; /* compiled by the engine into r->gram */
+    r->sp.structured_len = 0;
     if (sp->n_stop_token_ids > 0) {
         r->stop_ids = malloc(sp->n_stop_token_ids * sizeof *r->stop_ids);
         if (!r->stop_ids) goto oom;
@@ -115,6 +117,10 @@ oom:
 void request_destroy(request *r)
 {
     if (!r) return;
+    if (r->parent) { /* a child owns only its shell */
+        free(r);
+        return;
+    }
     if (r->seqs) {
         for (int32_t i = 0; i < r->n; i++) {
             sequence *s = &r->seqs[i];
@@ -138,6 +144,37 @@ void request_destroy(request *r)
     free(r->p_top_ids);
     free(r->p_top_lp);
     free(r);
+}
+
+int request_fan_out(request *r, request **children, int32_t *n_children)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < r->n; i++) {
+        if (r->seqs[i].finished) continue;
+        request *c = malloc(sizeof *c);
+        if (!c) {
+            while (n > 0) free(children[--n]);
+            return PG_ENOMEM;
+        }
+        *c = *r; /* params, prompt, stops, banned ids: borrowed from r */
+        c->parent = r;
+        c->seqs = &r->seqs[i];
+        c->n = 1;
+        c->n_live = 1;
+        c->forked = false;
+        c->n_children = 0;
+        c->fanned_out = false;
+        c->must_fan_out = false;
+        c->retiring = false;
+        c->prev = c->next = NULL;
+        children[n++] = c;
+    }
+    for (int32_t k = 0; k < n; k++) children[k]->seqs[0].req = children[k];
+    r->fanned_out = true;
+    r->forked = false;
+    r->n_children = n;
+    *n_children = n;
+    return PG_OK;
 }
 
 sequence *request_leader(request *r)
@@ -264,6 +301,11 @@ static int finish(sequence *s, finish_reason why, pg_error *err)
     s->finished = true;
     s->finish = why;
     return s->stop_str >= 0 ? PG_OK : flush_text(s, err);
+}
+
+int sequence_finish(sequence *s, finish_reason why, pg_error *err)
+{
+    return finish(s, why, err);
 }
 
 int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const int32_t *eos_ids,

@@ -13,6 +13,19 @@
  * the prompt; then every live sequence forks the leader's table (shared
  * blocks, copy-on-write on divergence) and continues with its own tokens.
  * After a preemption the request forks again the same way.
+ *
+ * Fan-out (vLLM v1's ParentRequest, vllm/v1/engine/parallel_sampling.py at
+ * 003d3ee22261b7937258b7531aee00e10393f1d6): when the n sequences cannot run
+ * together — n > max_num_seqs, a pool too small for all of them at once, or
+ * (with the prefix cache) too few free sequence slots at admission — the
+ * scheduler splits the waiting request into one child request per live
+ * sequence (request_fan_out). A child is a shell (n = 1) that runs the
+ * parent's sequence seqs[i] in place: same index, RNG stream, tokens, text
+ * and sequence id, so its output is byte for byte the one the fork gives.
+ * Children share the prompt through the prefix cache and are scheduled,
+ * preempted and retired on their own; the parent sits in no queue, collects
+ * nothing but the finished sequences in its own seqs[] (so the output is
+ * in index order) and is handed out when its last child retires.
  */
 #ifndef PG_SEQUENCE_H
 #define PG_SEQUENCE_H
@@ -22,6 +35,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "grammar.h"
 #include "sampler.h"
 #include "sampling_params.h"
 
@@ -36,6 +50,9 @@ typedef struct sequence {
     int32_t num_computed;       /* tokens whose K/V are in the table */
     int32_t table;              /* kv_pool table handle */
     sampler_rng rng;
+    grammar_state gst;          /* structured outputs: the automaton after the generated
+                                   tokens (host state: kept across preemption, which
+                                   re-computes KV but samples nothing again) */
     bool finished;
     finish_reason finish;
     int32_t stop_token_id;      /* the eos id or stop_token_ids entry that stopped it, or -1 */
@@ -69,6 +86,9 @@ struct request {
     int32_t *p_rank, *p_top_ids;
     float *p_top_lp;
     int32_t n_ptop;
+    grammar *gram;              /* structured outputs constraint, or NULL; borrowed from */
+    grammar_cache *gcache;      /* the engine's shared compile (gentry, released by the */
+    void *gentry;               /* engine when the request is destroyed) */
     sequence *seqs;             /* [n] */
     int32_t n, n_live;
     bool forked;                /* the live sequences run on their own */
@@ -77,6 +97,16 @@ struct request {
     double t_arrival_ms, t_first_admit_ms, t_first_token_ms;
     bool admitted_once, sampled_once;
     bool retiring;              /* all sequences finished; being handed out */
+    /* fan-out (see the top of this file) */
+    request *parent;            /* a child: its parent (the fields above are a shallow
+                                   copy of the parent's; seqs points into parent->seqs;
+                                   the child owns only itself). Request-level state that
+                                   changes while running (timing, n_preemptions, prompt
+                                   logprobs, ...) must be written to request_root(r), or
+                                   a child's write is lost with its shell */
+    int32_t n_children;         /* a fanned-out parent: children not yet retired */
+    bool fanned_out;            /* a parent whose live sequences run as children */
+    bool must_fan_out;          /* the n sequences can never run together (engine) */
     request *prev, *next;       /* links in the scheduler's queues */
 };
 
@@ -85,7 +115,21 @@ struct request {
 int request_create(request **out, uint64_t id, const int32_t *prompt, int32_t n_prompt,
                    const sampling_params *sp, int32_t max_model_len, const int32_t *eos_ids,
                    int32_t n_eos, const tokenizer *tok, void *user, pg_error *err);
-void request_destroy(request *r); /* accepts NULL */
+/* Frees r and everything it owns (a child: only itself). Accepts NULL. */
+void request_destroy(request *r);
+
+/* The request that owns the output: r's parent for a child, else r. */
+static inline request *request_root(request *r) { return r->parent ? r->parent : r; }
+
+/* Splits r (waiting, every table empty, not a child) into one child per
+ * live sequence, in index order, written to children (room for r->n);
+ * *n_children gets their count. r becomes a fanned-out parent. Per-sequence
+ * state stays in r->seqs[i]: a child has no state of its own to copy.
+ * Hook for per-sequence sampling state (e.g. a structured-output grammar
+ * state): keep it in sequence, initialised for every sequence at
+ * request_create (not only the leader's, copied at the fork), and a child
+ * runs its own. PG_ENOMEM: nothing changed. */
+int request_fan_out(request *r, request **children, int32_t *n_children);
 
 /* The first live sequence (the leader before a fork), or NULL. */
 sequence *request_leader(request *r);
@@ -104,6 +148,11 @@ int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error
  * borrowed. Returns 0 or an error. */
 int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const int32_t *eos_ids,
                     int32_t n_eos, pg_error *err);
+
+/* Finishes s now for a reason outside the stop rules (a structured-output
+ * automaton that can only end: FINISH_STOP, or a dead end: FINISH_ABORT);
+ * flushes its text. Returns 0 or an error. */
+int sequence_finish(sequence *s, finish_reason why, pg_error *err);
 
 /* Builds the output of a finished (or aborted) request. NULL on OOM. */
 request_output *request_make_output(const request *r, double now_ms);

@@ -2,16 +2,18 @@
  * saves the [L][V] f32 logits copy when every sequence is greedy). */
 #include "cuda_common.cuh"
 
-/* (value, id) is better than (bv, bi) when larger, or equal with a lower id;
- * NaN is never better. */
+/* (value, id) is better than (bv, bi) when larger, or equal with a lower
+ * id; starting from (-inf, -1), only a value > -inf is ever taken, so NaN
+ * and -inf never win (core/sampler.c sampler_greedy: strict > from -inf). */
 static __device__ __forceinline__ bool better(float v, int32_t i, float bv, int32_t bi)
 {
-    return v > bv || (v == bv && i < bi) || (bi < 0 && v == v);
+    return v > bv || (v == bv && bi >= 0 && i < bi);
 }
 
 /* grid (rows), block 256: thread j scans v = j, j+256, ... keeping its best;
  * then a warp butterfly and a pass over the 8 warp winners (fixed order).
- *   ids[r] = argmax_v logits[r][v], ties -> lowest v; all NaN -> 0. */
+ *   ids[r] = argmax_v logits[r][v], ties -> lowest v; no v with
+ *   logits[r][v] > -inf (all -inf or NaN) -> -1. */
 static __global__ void argmax_kernel(int32_t *__restrict__ ids, const float *__restrict__ logits,
                                      int32_t V)
 {
@@ -50,7 +52,7 @@ static __global__ void argmax_kernel(int32_t *__restrict__ ids, const float *__r
                 b = sv[w];
                 i = si[w];
             }
-        ids[blockIdx.x] = i < 0 ? 0 : i;
+        ids[blockIdx.x] = i;
     }
 }
 

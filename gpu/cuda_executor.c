@@ -57,9 +57,10 @@ typedef struct cuda_exec {
     /* decode attention split workspace, f32 */
     float *ws_d;
     size_t ws_floats;
-    /* lm_head output, f32 [L][V] */
+    /* lm_head output, f32 [L][V], and its pinned host copy */
     float *logits_d;
     size_t logits_cap;
+    pinned_buf logits_h;
     /* copy_blocks pairs */
     pinned_buf pairs_h;
     int32_t *pairs_d;
@@ -191,6 +192,7 @@ static void cuda_destroy(executor *ex)
     cuda_gemm_destroy(c->gemm);
     pinned_free(&c->meta_h);
     pinned_free(&c->pairs_h);
+    pinned_free(&c->logits_h);
     pinned_free(&c->stage[0]);
     pinned_free(&c->stage[1]);
     if (c->meta_d)
@@ -405,7 +407,11 @@ static int cuda_begin_step(executor *ex, const step_batch *b)
         return pg_error_set(&c->err, PG_EINVAL,
                             "cuda begin_step: expected query_start[0] = 0 and query_start[S] = T = %d, "
                             "got %d and %d", (int)T, (int)b->query_start[0], (int)b->query_start[S]);
-    int32_t max_q = 0, max_len = 0, n_decode = 0;
+    /* The checks of the CPU twin (cpu_check_batch, attn_prepare,
+     * cpu_op_kv_write), here before anything is launched: on the device a
+     * bad entry is an illegal address or a silent write into another
+     * sequence's KV. Token ids are checked by embed, which knows V. */
+    int32_t max_q = 0, max_len = 0, n_decode = 0, n_prefill = 0;
     for (int32_t s = 0; s < S; s++) {
         int32_t q = b->query_start[s + 1] - b->query_start[s];
         int32_t len = b->seq_lens[s];
@@ -415,9 +421,30 @@ static int cuda_begin_step(executor *ex, const step_batch *b)
                                 "cuda begin_step: sequence %d: expected 0 <= q_len <= seq_len and "
                                 "ceil(seq_len / block_size) <= block_table_stride %d, got q_len %d, "
                                 "seq_len %d", (int)s, (int)b->block_table_stride, (int)q, (int)len);
+        const int32_t *table = b->block_tables + (size_t)s * (size_t)b->block_table_stride;
+        for (int64_t k = 0; k < nblk; k++)
+            if (table[k] < 0)
+                return pg_error_set(&c->err, PG_EINVAL,
+                                    "cuda begin_step: sequence %d: block table entry %d: expected a "
+                                    "block id >= 0, got %d", (int)s, (int)k, (int)table[k]);
+        /* the kernels derive a query's position as seq_len - q_len + i (the
+         * chunk is the tail of the context), rope and the CPU read positions */
+        for (int32_t i = 0; i < q; i++) {
+            int32_t t = b->query_start[s] + i;
+            if (b->positions[t] != len - q + i)
+                return pg_error_set(&c->err, PG_EINVAL,
+                                    "cuda begin_step: token %d (query %d of sequence %d, seq_len %d, "
+                                    "q_len %d): expected position %d, got %d", (int)t, (int)i, (int)s,
+                                    (int)len, (int)q, (int)(len - q + i), (int)b->positions[t]);
+            if (b->slots[t] < 0)
+                return pg_error_set(&c->err, PG_EINVAL,
+                                    "cuda begin_step: token %d: expected slot >= 0, got %d", (int)t,
+                                    (int)b->slots[t]);
+        }
         max_q = q > max_q ? q : max_q;
         max_len = len > max_len ? len : max_len;
         n_decode += q == 1;
+        n_prefill += q >= 2;
     }
     for (int32_t r = 0; r < L; r++)
         if (b->logits_rows[r] < 0 || b->logits_rows[r] >= T)
@@ -426,7 +453,7 @@ static int cuda_begin_step(executor *ex, const step_batch *b)
                                 (int)r, (int)b->logits_rows[r], (int)T - 1);
 
     size_t n_bt = (size_t)S * (size_t)b->block_table_stride;
-    size_t n = 3u * (size_t)T + (size_t)(S + 1) + (size_t)S + n_bt + (size_t)L;
+    size_t n = 3u * (size_t)T + (size_t)(S + 1) + (size_t)S + n_bt + (size_t)L + (size_t)n_prefill;
     void *hv = NULL;
     int rc = pinned_get(&c->meta_h, n * 4u, &hv, &c->err);
     if (rc)
@@ -452,6 +479,10 @@ static int cuda_begin_step(executor *ex, const step_batch *b)
     PUT(seq_lens, b->seq_lens, S);
     PUT(block_tables, b->block_tables, n_bt);
     PUT(logits_rows, b->logits_rows, L);
+    d->prefill_seqs = c->meta_d + o;
+    for (int32_t s = 0; s < S; s++)
+        if (b->query_start[s + 1] - b->query_start[s] >= 2)
+            h[o++] = s;
 #undef PUT
     CUDA_TRY(&c->err, "cudaMemcpyAsync (step metadata)",
              cudaMemcpyAsync(c->meta_d, h, n * 4u, cudaMemcpyHostToDevice, c->stream));
@@ -465,6 +496,7 @@ static int cuda_begin_step(executor *ex, const step_batch *b)
     d->max_seq_len = max_len;      /* recomputed: the grids are sized from these */
     d->max_query_len = max_q;
     d->num_logits = L;
+    d->num_prefill_seqs = n_prefill;
     c->n_decode_seqs = n_decode;
     c->have_batch = 1;
     return 0;
@@ -494,6 +526,10 @@ static int cuda_embed(executor *ex, void *x, const void *table, int32_t H, int32
     int rc = step_batch_dev(c, b, "embed", &d);
     if (rc)
         return rc;
+    for (int32_t t = 0; t < b->num_tokens; t++)
+        if (b->token_ids[t] < 0 || b->token_ids[t] >= V)
+            return pg_error_set(&c->err, PG_EINVAL, "cuda embed: token %d: expected id in [0,%d), got %d",
+                                (int)t, (int)V, (int)b->token_ids[t]);
     return pgk_embed(x, table, c->act_dt, H, V, d, c->stream, c->sync_each, &c->err);
 }
 
@@ -617,9 +653,16 @@ static int cuda_logits(executor *ex, float *logits_host, const void *x, const vo
     rc = cuda_gemm_xwt(c->gemm, c->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
     if (rc)
         return rc;
+    /* into pinned memory (a DMA straight from the device; a pageable copy
+     * is staged by the driver in pieces), then into the caller's buffer */
+    void *h = NULL;
+    rc = pinned_get(&c->logits_h, bytes, &h, &c->err);
+    if (rc)
+        return pg_error_wrap(&c->err, rc, "cuda logits");
     CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
-             cudaMemcpyAsync(logits_host, c->logits_d, bytes, cudaMemcpyDeviceToHost, c->stream));
+             cudaMemcpyAsync(h, c->logits_d, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
+    memcpy(logits_host, h, bytes);
     return 0;
 }
 
@@ -641,6 +684,19 @@ static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t pla
             return pg_error_set(&c->err, PG_EINVAL,
                                 "cuda copy_blocks: block id %d at %d: expected 0 .. %zu",
                                 (int)src_dst_host[i], (int)i, nb - 1);
+    /* the pairs are copied in parallel (one kernel): a destination that is
+     * also another pair's source or destination would race (a chain a->b,
+     * b->c gives c either a's or b's old contents). Copy-on-write never
+     * produces one (destinations are fresh blocks); reject it. */
+    for (int32_t k = 0; k < n_pairs; k++)
+        for (int32_t j = 0; j < n_pairs; j++)
+            if (j != k && (src_dst_host[2 * j] == src_dst_host[2 * k + 1] ||
+                           src_dst_host[2 * j + 1] == src_dst_host[2 * k + 1]) &&
+                src_dst_host[2 * k] != src_dst_host[2 * k + 1])
+                return pg_error_set(&c->err, PG_EINVAL,
+                                    "cuda copy_blocks: pair %d's destination block %d is also used by "
+                                    "pair %d: expected distinct destinations that are no pair's source",
+                                    (int)k, (int)src_dst_host[2 * k + 1], (int)j);
     size_t bytes = (size_t)n_pairs * 2u * 4u;
     void *h = NULL;
     int rc = pinned_get(&c->pairs_h, bytes, &h, &c->err);
@@ -678,6 +734,11 @@ int cuda_executor_argmax(executor *ex, int32_t *ids_host, const float *logits, i
         if (e != cudaSuccess)
             rc = cuda_fail(&c->err, PG_EDEVICE, "argmax result copy", e);
     }
+    for (int32_t r = 0; rc == 0 && r < rows; r++)
+        if (ids_host[r] < 0)
+            rc = pg_error_set(&c->err, PG_EINVAL,
+                              "cuda argmax: row %d: no token can be sampled: all %d logits are -inf "
+                              "or nan", (int)r, (int)V);
     cudaFree(ids_d);
     return rc;
 }

@@ -24,6 +24,12 @@
  * creation and assumes it stays current on the calling thread. Ops are
  * asynchronous on the executor's stream; logits() and sync() wait.
  *
+ * Checks (begin_step, like the CPU twin): positions[t] must equal
+ * seq_lens[s] - q_len + i (the kernels derive positions that way), slots
+ * and block-table entries >= 0; embed rejects token ids outside [0, V).
+ * copy_blocks copies all pairs in parallel and rejects a destination that is
+ * another pair's source or destination (a chain a->b, b->c).
+ *
  * Environment: PAGEDGEN_CUDA_SYNC=1 synchronizes after every kernel launch,
  * so a device fault is reported by the op that caused it.
  *
@@ -69,7 +75,10 @@ int cuda_device_count(void);
 
 /* Greedy sampling on the device, for a later device-side sampler:
  * ids_host[r] = argmax_v logits[r][v] over the f32 rows of a device buffer
- * logits [rows][V] (from alloc(EXEC_F32)); ties -> lowest id. Synchronizes. */
+ * logits [rows][V] (from alloc(EXEC_F32)); ties -> lowest id, NaN never
+ * wins. A row with no logit > -inf (all -inf or NaN) gets -1 and the call
+ * fails with PG_EINVAL, as core/sampler.c's greedy sampling does.
+ * Synchronizes. */
 int cuda_executor_argmax(executor *ex, int32_t *ids_host, const float *logits, int32_t rows,
                          int32_t V);
 

@@ -44,10 +44,13 @@ const char *pgk_dtype_name(int dt);
  * sync_each); 0 or PG_EDEVICE with the message. */
 int pgk_check_launch(const char *kernel, cudaStream_t st, int sync_each, pg_error *err);
 
-/* Step metadata on the device (copied by begin_step). */
+/* Step metadata on the device (copied by begin_step, which checked it:
+ * positions[t] = seq_lens[s] - q_len(s) + i for the i-th token of sequence s,
+ * slots >= 0, block-table entries >= 0). */
 typedef struct pgk_batch {
     int32_t num_tokens, num_seqs, block_size, block_table_stride;
     int32_t max_seq_len, max_query_len, num_logits;
+    int32_t num_prefill_seqs;     /* sequences with q_len >= 2 */
     const int32_t *token_ids;     /* [T] */
     const int32_t *positions;     /* [T] */
     const int32_t *slots;         /* [T] */
@@ -55,10 +58,12 @@ typedef struct pgk_batch {
     const int32_t *seq_lens;      /* [S] */
     const int32_t *block_tables;  /* [S][block_table_stride] */
     const int32_t *logits_rows;   /* [L] */
+    const int32_t *prefill_seqs;  /* [num_prefill_seqs]: their indices s, ascending */
 } pgk_batch;
 
 /* x[t][i] = table[token_ids[t]][i]; x [T][H] act, table [V][H] act type.
- * A token id outside [0, V) gives a zero row. */
+ * A token id outside [0, V) gives a zero row (the executor rejects such ids
+ * on the host before launching, as the CPU twin does). */
 int pgk_embed(void *x, const void *table, int dt, int32_t H, int32_t V, const pgk_batch *b,
               cudaStream_t st, int sync_each, pg_error *err);
 
@@ -72,7 +77,8 @@ int pgk_rope(void *qkv, const float *inv_freq, int dt, int32_t nh, int32_t nkv, 
              const pgk_batch *b, cudaStream_t st, int sync_each, pg_error *err);
 
 /* k/v heads of qkv -> slot slots[t] of k_cache, v_cache
- * ([num_blocks][block_size][nkv][hd], kv_dt). A negative slot is skipped. */
+ * ([num_blocks][block_size][nkv][hd], kv_dt). A negative slot is skipped
+ * (begin_step rejects them today; kept for padded CUDA-graph batches). */
 int pgk_kv_write(void *k_cache, void *v_cache, int kv_dt, const void *qkv, int dt,
                  int32_t nh, int32_t nkv, int32_t hd, const pgk_batch *b, cudaStream_t st,
                  int sync_each, pg_error *err);
@@ -89,7 +95,7 @@ int pgk_decode_attention(void *out, const void *qkv, int dt, const void *k_cache
                          cudaStream_t st, int sync_each, pg_error *err);
 
 /* Prefill attention (prefill_attention.cu) for the sequences with two or
- * more query tokens. */
+ * more query tokens: grid z runs over b->prefill_seqs only. */
 int pgk_prefill_attention(void *out, const void *qkv, int dt, const void *k_cache,
                           const void *v_cache, int kv_dt, int32_t nh, int32_t nkv, int32_t hd,
                           float scale, const pgk_batch *b, cudaStream_t st, int sync_each,
@@ -104,13 +110,15 @@ int pgk_gather_rows(void *dst, const void *src, int dt, int32_t dim, const pgk_b
                     cudaStream_t st, int sync_each, pg_error *err);
 
 /* For each pair k and plane p: block d_pairs[2k] -> d_pairs[2k+1]
- * (d_pairs on the device). */
+ * (d_pairs on the device). The pairs run in parallel: no destination may be
+ * the source or the destination of another pair (the executor checks). */
 int pgk_copy_blocks(void *kv, int kv_dt, int32_t n_planes, size_t plane_elems,
                     size_t block_elems, const int32_t *d_pairs, int32_t n_pairs,
                     cudaStream_t st, int sync_each, pg_error *err);
 
 /* Greedy sampling on the device: ids[r] = argmax_v logits[r][v] (f32,
- * [rows][V]); ties -> lowest id; NaN never wins. */
+ * [rows][V]); ties -> lowest id; NaN never wins; a row with no logit
+ * > -inf (all -inf or NaN) gives -1 (core/sampler.c's greedy rule). */
 int pgk_argmax(int32_t *ids, const float *logits, int32_t rows, int32_t V, cudaStream_t st,
                int sync_each, pg_error *err);
 

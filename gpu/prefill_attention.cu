@@ -31,11 +31,12 @@ extern "C" {
 
 #define PF_NT CUDA_PLAN_ATTN_THREADS
 
-/* grid (grid_x, nkv, S), block PF_NT, dynamic shared memory (f32):
+/* grid (grid_x, nkv, P), block PF_NT, dynamic shared memory (f32):
  *   Qs [R][HD], Os [R][HD], Ks [BK][HD+1] (padded: conflict-free column
  *   reads), Vs [BK][HD], Ss [R][BK], ms [R], ls [R], als [R].
- * Block (x, kvh, s): rows r0 = x * R .. r0 + nr - 1 of the q_len * G rows of
- * sequence s; row = i * G + g -> query token t = query_start[s] + i,
+ * Block (x, kvh, z): sequence s = prefill_seqs[z] (the P sequences with
+ * q_len >= 2, so decode sequences launch no block); rows r0 = x * R ..
+ * r0 + nr - 1 of its q_len * G rows; row = i * G + g -> query token t = query_start[s] + i,
  * head h = kvh * G + g, position pos = seq_len - q_len + i.
  * Key j of the sequence: blk = block_tables[s][j / bs],
  *   K[j][d] = k_cache[((blk * bs + j % bs) * nkv + kvh) * HD + d]  (V alike).
@@ -48,11 +49,11 @@ prefill_attention_kernel(T *__restrict__ out, const T *__restrict__ qkv,
                          const int32_t *__restrict__ query_start,
                          const int32_t *__restrict__ seq_lens,
                          const int32_t *__restrict__ block_tables, int32_t bt_stride,
-                         int32_t block_size, int32_t nh, int32_t nkv, float scale, int32_t R,
-                         int32_t BK)
+                         const int32_t *__restrict__ prefill_seqs, int32_t block_size,
+                         int32_t nh, int32_t nkv, float scale, int32_t R, int32_t BK)
 {
     extern __shared__ float smem[];
-    const int32_t s = blockIdx.z, kvh = blockIdx.y;
+    const int32_t s = prefill_seqs[blockIdx.z], kvh = blockIdx.y;
     const int32_t q0 = query_start[s];
     const int32_t q_len = query_start[s + 1] - q0;
     if (q_len < 2)
@@ -175,20 +176,24 @@ extern "C" int pgk_prefill_attention(void *out, const void *qkv, int dt, const v
         return pg_error_set(err, PG_EINVAL,
                             "prefill_attention: expected nh a multiple of nkv >= 1, got nh %d, nkv %d",
                             (int)nh, (int)nkv);
-    if (b->num_seqs < 1 || b->num_seqs > 65535 || nkv > 65535 || b->block_size < 1)
+    if (b->num_seqs < 1 || b->num_prefill_seqs < 0 || b->num_prefill_seqs > 65535 ||
+        b->num_prefill_seqs > b->num_seqs || nkv > 65535 || b->block_size < 1)
         return pg_error_set(err, PG_EINVAL,
-                            "prefill_attention: expected 1 <= S, nkv <= 65535 and block_size >= 1, "
-                            "got S %d, nkv %d, block_size %d", (int)b->num_seqs, (int)nkv,
+                            "prefill_attention: expected S >= 1, 0 <= prefill sequences <= min(S, "
+                            "65535), nkv <= 65535 and block_size >= 1, got S %d, %d, nkv %d, "
+                            "block_size %d", (int)b->num_seqs, (int)b->num_prefill_seqs, (int)nkv,
                             (int)b->block_size);
+    if (b->num_prefill_seqs == 0)
+        return 0;
     cuda_prefill_plan pl;
     rc = cuda_plan_prefill(&pl, hd, nh / nkv, b->max_query_len, CUDA_PLAN_SMEM_DEFAULT_BYTES, err);
     if (rc)
         return rc;
-    dim3 grid((unsigned)pl.grid_x, (unsigned)nkv, (unsigned)b->num_seqs);
+    dim3 grid((unsigned)pl.grid_x, (unsigned)nkv, (unsigned)b->num_prefill_seqs);
     PGK_DISPATCH_ACT_KV(dt, kv_dt, PGK_HD_CASES(hd,
         prefill_attention_kernel<T, KV, HDC><<<grid, PF_NT, pl.smem_bytes, st>>>(
             (T *)out, (const T *)qkv, (const KV *)k_cache, (const KV *)v_cache, b->query_start,
-            b->seq_lens, b->block_tables, b->block_table_stride, b->block_size, nh, nkv, scale,
-            pl.rows_per_block, pl.keys_per_tile)));
+            b->seq_lens, b->block_tables, b->block_table_stride, b->prefill_seqs, b->block_size,
+            nh, nkv, scale, pl.rows_per_block, pl.keys_per_tile)));
     return pgk_check_launch("prefill_attention_kernel", st, sync_each, err);
 }

@@ -270,16 +270,11 @@ static bool replace_into(tok_buf *dst, const char *src, size_t n, const char *pa
     return tok_buf_put(dst, src + last, n - last);
 }
 
-static int dec_token(dec_state *s, int32_t id, tok_buf *out)
+/* The per-token steps (Replace, Metaspace, Strip) on piece p[0, n); the
+ * result in *op / *on (s->a or s->b, or p itself without steps). */
+static int token_steps(dec_state *s, const char *p, size_t n, const char **op, size_t *on)
 {
-    const tokenizer *t = s->t;
-    const tok_decoder *dc = &t->dec;
-    if (id < 0 || id >= t->n_ids || !t->piece[id])
-        return PG_OK;
-    if (s->skip_special && t->is_special[id])
-        return PG_OK;
-    const char *p = t->piece[id];
-    size_t n = t->piece_len[id];
+    const tok_decoder *dc = &s->t->dec;
     tok_buf *cur = &s->a, *nxt = &s->b;
     for (int k = 0; k < dc->n_steps; k++) {
         const tok_dstep *st = &dc->steps[k];
@@ -313,6 +308,26 @@ static int dec_token(dec_state *s, int32_t id, tok_buf *out)
         cur = nxt;
         nxt = sw;
     }
+    *op = p;
+    *on = n;
+    return PG_OK;
+}
+
+static int dec_token(dec_state *s, int32_t id, tok_buf *out)
+{
+    const tokenizer *t = s->t;
+    const tok_decoder *dc = &t->dec;
+    if (id < 0 || id >= t->n_ids || !t->piece[id])
+        return PG_OK;
+    if (s->skip_special && t->is_special[id])
+        return PG_OK;
+    const char *p;
+    size_t n;
+    if (token_steps(s, t->piece[id], t->piece_len[id], &p, &n))
+        return PG_ENOMEM;
+    /* the scratch buffer token_steps did not return is free for the
+     * ByteLevel text below */
+    tok_buf *nxt = p == s->a.p ? &s->b : &s->a;
     bool ok = true;
     switch (dc->mode) {
     case TOK_DECM_NONE:
@@ -537,4 +552,57 @@ void tok_stream_free(tok_stream *s)
     tok_buf_free(&s->out);
     tok_buf_free(&s->q);
     free(s);
+}
+
+int tok_token_bytes(const tokenizer *t, int32_t id, char **bytes, size_t *len, pg_error *err)
+{
+    *bytes = NULL;
+    *len = 0;
+    if (!t || id < 0 || id >= t->n_ids || !t->piece[id] || t->is_special[id])
+        return PG_OK;
+    dec_state s;
+    dec_init(&s, t, true);
+    s.n_kept = 1; /* not the first token of the text */
+    s.strip_left = 0;
+    const tok_decoder *dc = &t->dec;
+    const char *p;
+    size_t n;
+    tok_buf out = {0};
+    int rc = token_steps(&s, t->piece[id], t->piece_len[id], &p, &n);
+    bool ok = rc == PG_OK;
+    if (ok && dc->mode == TOK_DECM_NONE) {
+        ok = tok_buf_put(&out, " ", 1) && tok_buf_put(&out, p, n);
+    } else if (ok && dc->mode == TOK_DECM_CONCAT) {
+        if (dc->byte_fallback && n == 6 && memcmp(p, "<0x", 3) == 0 && p[5] == '>' &&
+            hexval(p[3]) >= 0 && hexval(p[4]) >= 0) {
+            char byte = (char)(hexval(p[3]) * 16 + hexval(p[4]));
+            ok = tok_buf_put(&out, &byte, 1);
+        } else {
+            ok = tok_buf_put(&out, p, n);
+        }
+    } else if (ok) { /* ByteLevel: chars -> bytes, no UTF-8 repair */
+        bool all = true;
+        size_t cl;
+        for (size_t i = 0; i < n && all; i += cl)
+            all = tok_bytelevel_byte(tok_utf8_decode((const unsigned char *)p + i, &cl)) >= 0;
+        for (size_t i = 0; i < n && ok; i += cl) {
+            char byte;
+            if (all) {
+                byte = (char)tok_bytelevel_byte(tok_utf8_decode((const unsigned char *)p + i, &cl));
+            } else {
+                byte = p[i];
+                cl = 1;
+            }
+            ok = tok_buf_put(&out, &byte, 1);
+        }
+    }
+    dec_free(&s);
+    if (!ok || !tok_buf_reserve(&out, 0)) {
+        tok_buf_free(&out);
+        return pg_error_set(err, PG_ENOMEM, "tok_token_bytes: out of memory");
+    }
+    out.p[out.len] = '\0';
+    *bytes = out.p;
+    *len = out.len;
+    return PG_OK;
 }

@@ -40,6 +40,15 @@ bool tok_is_special(const tokenizer *t, int32_t id);
 /* The vocabulary string of id (borrowed, valid until tok_free), NULL if out of range. */
 const char *tok_piece(const tokenizer *t, int32_t id);
 
+/* The bytes token id adds to a decoded text when it is not the text's first
+ * token (what a structured-output automaton must see): the decoder's
+ * per-token steps ("\u2581" -> " "), then a ByteFallback "<0xHH>" piece is
+ * that one byte and a ByteLevel piece its GPT-2 bytes, with no UTF-8
+ * repair (a token may hold part of a character). Special tokens and ids
+ * without a piece give no bytes (*bytes NULL, *len 0). On success *bytes is
+ * malloc'd (caller frees), NUL-terminated. */
+int tok_token_bytes(const tokenizer *t, int32_t id, char **bytes, size_t *len, pg_error *err);
+
 /* Encodes len bytes of UTF-8 text (invalid UTF-8 is an error, PG_EINVAL).
  * Text that spells an added token (e.g. "<s>") becomes that token's id even
  * without add_special, as in HF (added tokens are split out first). With

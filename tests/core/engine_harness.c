@@ -183,6 +183,7 @@ void run_workload(const workload *w, const run_cfg *c, run_result *out)
     ep.layout = c->layout;
     if (c->watermark != 0.0f) ep.watermark = c->watermark < 0.0f ? 0.0f : c->watermark;
     ep.check_invariants = true;
+    ep.fan_out_always = c->fan_out_always;
     ep.eos_token_ids = harness_eos;
     ep.n_eos_token_ids = 1;
     engine_backend be = fake_backend_iface(f);

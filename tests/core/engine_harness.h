@@ -48,6 +48,7 @@ typedef struct run_cfg {
     bool prefix_caching;
     kv_layout layout;
     bool staggered;             /* add requests at their arrive_step */
+    bool fan_out_always;        /* engine_params.fan_out_always */
     float watermark;            /* admission watermark: 0 = the engine's default,
                                    < 0 = none (0 to the engine) */
 } run_cfg;

@@ -33,6 +33,7 @@ SAMPLE_RUNS = [
     ("chat_batch.jsonl", "chat_batch.out.jsonl", ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")], 0),
     ("chat_messages.jsonl", "chat_messages.out.jsonl", ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")],
      0),
+    ("extract.jsonl", "extract.out.jsonl", [], 1),
 ]
 
 
@@ -95,6 +96,48 @@ def case_stdin():
     rc, out, err = gen(["--unordered", "--max-num-seqs", "3"], stdin_bytes=data)
     check(rc == 0, f"unordered: exit {rc}")
     check(sorted(lines_of(out)) == sorted(lines_of(want)), "--unordered records differ")
+
+
+def case_parallel_sampling():
+    """n > 1 like vLLM v1: n > --max-num-seqs runs (the sequences fan out into
+    independent child requests sharing the prompt through the prefix cache)
+    and every record is byte-identical to the default run (the forked group),
+    for --max-num-seqs 1..3, tiny pools (preemption), no prefix caching and
+    the contiguous layout."""
+    flag_sets = [["--max-num-seqs", "1"], ["--max-num-seqs", "2"], ["--max-num-seqs", "3"],
+                 ["--max-num-seqs", "1", "--num-kv-blocks", "32", "--max-num-batched-tokens", "7"],
+                 ["--max-num-seqs", "2", "--num-kv-blocks", "128", "--block-size", "4",
+                  "--max-num-batched-tokens", "16"],
+                 ["--max-num-seqs", "2", "--no-prefix-caching"],
+                 ["--max-num-seqs", "1", "--kv-layout", "contiguous"]]
+    for inp, exp, flags, code in SAMPLE_RUNS:
+        data = open(os.path.join(SAMPLES, inp), "rb").read()
+        if not any(f'"n": {k}'.encode() in data for k in range(2, 10)):
+            continue  # (extract.jsonl: constrained n = 2 children keep their automaton state)
+        want = open(os.path.join(SAMPLES, exp), "rb").read()
+        for extra in flag_sets:
+            rc, out, err = gen(["-i", os.path.join(SAMPLES, inp)] + flags + extra)
+            check(rc == code, f"{inp} {extra}: exit {rc}: {err.decode()[-2000:]}")
+            check(out == want, f"{inp} {extra}: differs from samples/{exp}")
+    lines = [{"id": "a", "prompt": "Once upon a time", "n": 3, "temperature": 1.0, "seed": 7,
+              "max_tokens": 40, "logprobs": 2},
+             {"id": "b", "prompt": "The dog", "max_tokens": 10},
+             {"id": "c", "prompt": "Lily and Tom", "n": 5, "temperature": 0.8, "top_p": 0.9,
+              "max_tokens": 30}]
+    data = "".join(json.dumps(l) + "\n" for l in lines).encode()
+    rc, ref, err = gen([], stdin_bytes=data)
+    check(rc == 0, f"default: exit {rc}: {err.decode()[-2000:]}")
+    recs = [json.loads(l) for l in lines_of(ref)]
+    check([r["id"] for r in recs] == ["a", "b", "c"], "records out of order")
+    for r, n in zip(recs, (3, 1, 5)):
+        check("outputs" in r, f"{r['id']}: {r}")
+        check([o["index"] for o in r["outputs"]] == list(range(n)), f"{r['id']}: indices")
+    texts = {o["text"] for o in recs[2]["outputs"]}
+    check(len(texts) > 1, "the n = 5 samples are all equal")
+    for extra in flag_sets:
+        rc, out, err = gen(extra, stdin_bytes=data)
+        check(rc == 0, f"{extra}: exit {rc}: {err.decode()[-2000:]}")
+        check(out == ref, f"--max-num-seqs 1 with n 3 and 5: {extra} differs from the default run")
 
 
 def case_goldens():

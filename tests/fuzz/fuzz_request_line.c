@@ -2,7 +2,8 @@
  * format; an accepted request must be well formed (one prompt, or one chat
  * request whose kept text is itself one JSON object, valid
  * params, arrays as long as they claim), and an error must come with a
- * message. The record writer is then run on the id it found. */
+ * message; a structured-output constraint it carries is compiled. The
+ * record writer is then run on the id it found. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (size_t i = 0; i < r.sp.n_stop; i++)
                 if (!r.sp.stop[i][0])
                     abort();
+            if (r.sp.structured_kind != GRAMMAR_NONE) { /* what the engine compiles */
+                grammar *g = NULL;
+                if (grammar_compile(&g, r.sp.structured_kind, r.sp.structured, r.sp.structured_len,
+                                    NULL) == PG_OK)
+                    grammar_destroy(g);
+                else if (g)
+                    abort();
+            }
         } else if (!err.msg[0]) {
             abort();
         }
