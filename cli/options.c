@@ -18,6 +18,7 @@ enum {
     OPT_NO_SPECIAL, OPT_VERSION,
     OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM,
     OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
+    OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
 };
 
 static const struct option generate_opts[] = {
@@ -65,6 +66,9 @@ static const struct option generate_opts[] = {
     {"quiet", no_argument, NULL, 'q'},
     {"log-interval", required_argument, NULL, OPT_LOG_INTERVAL},
     {"shard", required_argument, NULL, OPT_SHARD},
+    {"served-model-name", required_argument, NULL, OPT_SERVED_MODEL_NAME},
+    {"strict", no_argument, NULL, OPT_STRICT},
+    {"truncate-max-tokens", no_argument, NULL, OPT_TRUNCATE_MAX_TOKENS},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -166,8 +170,8 @@ static const char *const generate_help[] = {
 "Default sampling (for lines that do not set their own; vLLM semantics):\n"
 "      --max-tokens N         tokens to generate, -1 = until eos or the context is\n"
 "                             full [default: 256]\n"
-"      --temperature X        0 = greedy [default: generation_config.json's, or 0 when\n"
-"                             it says do_sample false, else 1]\n"
+"      --temperature X        0 = greedy [default: generation_config.json's, else 1;\n"
+"                             its do_sample is ignored, as in vLLM]\n"
 "      --top-p X              (0, 1] [default: generation_config.json's, else 1]\n"
 "      --top-k N              -1 = off [default: generation_config.json's, else -1]\n"
 "      --min-p X              [0, 1] [default: 0]\n"
@@ -197,6 +201,15 @@ static const char *const generate_help[] = {
 "      --log-interval SEC     progress line period when stderr is not a terminal\n"
 "                             [default: 10]\n"
 "      --shard K/N            only requests whose index = K (mod N) [default: 0/1]\n"
+"      --served-model-name N  the name openai bodies' \"model\" must match (else vLLM's\n"
+"                             404 record) and responses carry [default: the -m\n"
+"                             folder's name; -m as given is accepted too]\n"
+"      --strict               unknown fields and loosely typed values (3.0 for an int,\n"
+"                             \"0.5\" for a float) are per-line errors [default:\n"
+"                             accepted as vLLM does, counted in the summary]\n"
+"      --truncate-max-tokens  cut max_tokens to the context left after the prompt\n"
+"                             [default: prompt + max_tokens > --max-model-len is a\n"
+"                             per-line error, vLLM's 400]\n"
 "  -h, --help                 this help\n"
 "      --version              print the version\n"
 "\n"
@@ -667,6 +680,9 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         break;
     case OPT_INCLUDE_PROMPT: o->include_prompt = true; break;
     case OPT_UNORDERED: o->unordered = true; break;
+    case OPT_SERVED_MODEL_NAME: o->served_model_name = arg; break;
+    case OPT_STRICT: o->strict = true; break;
+    case OPT_TRUNCATE_MAX_TOKENS: o->truncate_max_tokens = true; break;
     case OPT_RESUME: o->resume = true; break;
     case OPT_METRICS: o->metrics = true; break;
     case 'q': o->quiet = true; break;

@@ -100,6 +100,9 @@ typedef struct cli_options {
     bool include_prompt, unordered, resume, metrics, quiet;
     double log_interval_s;         /* non-TTY progress line period; 10 */
     int32_t shard_k, shard_n;      /* 0/1 = everything */
+    const char *served_model_name; /* --served-model-name; NULL = the -m folder's name */
+    bool strict;                   /* --strict: unknown fields / lax types are line errors */
+    bool truncate_max_tokens;      /* --truncate-max-tokens: clamp instead of a line error */
 
     /* chat (generate and chat-template) */
     const char *chat_template_path;/* --chat-template FILE: always wins over the tokenizer's */

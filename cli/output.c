@@ -3,12 +3,15 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "request_parse.h"
+#include "sampling_params.h"
 #include "tokenizer.h"
 
 void cli_pending_free(cli_pending *p)
@@ -57,12 +60,13 @@ static void put_stop_reason(json_buf *b, const cli_output_ctx *c, const seq_outp
         return;
     }
     if (s->finish == FINISH_STOP && s->stop_token_id >= 0) {
-        for (int32_t k = 0; k < c->n_eos_ids; k++)
-            if (c->eos_ids[k] == s->stop_token_id) {
-                json_buf_puts(b, "null");
-                return;
-            }
-        json_buf_printf(b, "%d", (int)s->stop_token_id);
+        bool is_null = c->primary_eos >= 0 ? s->stop_token_id == c->primary_eos : false;
+        for (int32_t k = 0; c->primary_eos < 0 && k < c->n_eos_ids; k++)
+            is_null = is_null || c->eos_ids[k] == s->stop_token_id;
+        if (is_null)
+            json_buf_puts(b, "null");
+        else
+            json_buf_printf(b, "%d", (int)s->stop_token_id);
         return;
     }
     json_buf_puts(b, "null");
@@ -76,18 +80,72 @@ static void put_text(json_buf *b, const seq_output *s)
         json_buf_puts(b, "null");
 }
 
-/* [{"id": t, "logprob": x, "top": [[id, x], ...]}, ...] */
+/* vLLM v1's logprob dict of one generated token: the sampled token first
+ * ("Sampler puts the sampled logprob in first", vllm/v1/engine/logprobs.py),
+ * then the top k in order, the sampled one not repeated (a dict keyed by
+ * id): k entries when it is among the top k, else k + 1; 1 with k = 0.
+ * Fills ids/lps (room for SAMPLING_PARAMS_MAX_LOGPROBS + 1), returns the count. */
+static int32_t logprob_dict(const seq_output *s, int32_t t, int32_t *ids, float *lps)
+{
+    int32_t n = 0;
+    ids[n] = s->token_ids[t];
+    lps[n++] = s->token_logprobs[t];
+    for (int32_t k = 0; k < s->n_top; k++) {
+        size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
+        if (s->top_ids[at] < 0 || s->top_ids[at] == s->token_ids[t])
+            continue;
+        ids[n] = s->top_ids[at];
+        lps[n++] = s->top_logprobs[at];
+    }
+    return n;
+}
+
+/* One position of a completions logprobs object: a token, its logprob (or
+ * none: the first prompt token) and its logprob dict. */
+typedef struct lp_pos {
+    int32_t id;
+    bool none;
+    float lp;
+    int32_t n;
+    int32_t ids[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    float lps[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+} lp_pos;
+
+/* Prompt position p of o (the prompt token first, then its top k). */
+static void prompt_pos(const request_output *o, const int32_t *prompt_ids, int32_t p, lp_pos *out)
+{
+    out->id = prompt_ids[p];
+    out->n = 0;
+    out->none = p == 0 || !o->prompt_logprobs || isnan(o->prompt_logprobs[p]);
+    if (out->none)
+        return;
+    out->lp = o->prompt_logprobs[p];
+    out->ids[out->n] = out->id;
+    out->lps[out->n++] = out->lp;
+    for (int32_t k = 0; k < o->n_prompt_top; k++) {
+        size_t at = (size_t)p * (size_t)o->n_prompt_top + (size_t)k;
+        if (o->prompt_top_ids[at] < 0 || o->prompt_top_ids[at] == out->id)
+            continue;
+        out->ids[out->n] = o->prompt_top_ids[at];
+        out->lps[out->n++] = o->prompt_top_logprobs[at];
+    }
+}
+
+/* [{"id": t, "logprob": x, "top": [[id, x], ...]}, ...]; "top" is the
+ * logprob dict (the sampled token first, k or k + 1 entries). */
 static void put_logprobs_jsonl(json_buf *b, const seq_output *s)
 {
+    int32_t ids[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    float lps[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
     json_buf_puts(b, "[");
     for (int32_t t = 0; t < s->n_tokens; t++) {
         json_buf_printf(b, "%s{\"id\":%d,\"logprob\":", t ? "," : "", (int)s->token_ids[t]);
         put_logprob(b, s->token_logprobs[t]);
         json_buf_puts(b, ",\"top\":[");
-        for (int32_t k = 0; k < s->n_top; k++) {
-            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
-            json_buf_printf(b, "%s[%d,", k ? "," : "", (int)s->top_ids[at]);
-            put_logprob(b, s->top_logprobs[at]);
+        int32_t n = logprob_dict(s, t, ids, lps);
+        for (int32_t k = 0; k < n; k++) {
+            json_buf_printf(b, "%s[%d,", k ? "," : "", (int)ids[k]);
+            put_logprob(b, lps[k]);
             json_buf_puts(b, "]");
         }
         json_buf_puts(b, "]}");
@@ -166,18 +224,24 @@ static void put_chat_logprob(json_buf *b, const tokenizer *tok, int32_t id, floa
 }
 
 /* The chat API's logprobs: {"content": [{token, logprob, bytes,
- * "top_logprobs": [{token, logprob, bytes}, ... top_logprobs]}, ...]}. */
+ * "top_logprobs": [{token, logprob, bytes}, ... top_logprobs]}, ...]}.
+ * top_logprobs is the first top_logprobs entries of the logprob dict (the
+ * sampled token first), as vLLM's _get_top_logprobs takes them. */
 static void put_logprobs_chat(json_buf *b, const cli_output_ctx *c, const seq_output *s)
 {
+    int32_t ids[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    float lps[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
     json_buf_puts(b, "{\"content\":[");
     for (int32_t t = 0; t < s->n_tokens; t++) {
         json_buf_puts(b, t ? ",{" : "{");
         put_chat_logprob(b, c->tok, s->token_ids[t], s->token_logprobs[t]);
         json_buf_puts(b, ",\"top_logprobs\":[");
-        for (int32_t k = 0; k < s->n_top; k++) {
-            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
+        int32_t n = logprob_dict(s, t, ids, lps);
+        if (n > s->n_top)
+            n = s->n_top;
+        for (int32_t k = 0; k < n; k++) {
             json_buf_puts(b, k ? ",{" : "{");
-            put_chat_logprob(b, c->tok, s->top_ids[at], s->top_logprobs[at]);
+            put_chat_logprob(b, c->tok, ids[k], lps[k]);
             json_buf_puts(b, "}");
         }
         json_buf_puts(b, "]}");
@@ -185,45 +249,156 @@ static void put_logprobs_chat(json_buf *b, const cli_output_ctx *c, const seq_ou
     json_buf_puts(b, "]}");
 }
 
-/* OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset. */
-static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const seq_output *s)
+/* OpenAI completions logprobs over positions: tokens, token_logprobs,
+ * top_logprobs, text_offset (vLLM's _create_completion_logprobs). */
+static void put_logprobs_positions(json_buf *b, const cli_output_ctx *c, const lp_pos *pos, int32_t n)
 {
     json_buf_puts(b, "{\"tokens\":[");
-    for (int32_t t = 0; t < s->n_tokens; t++) {
+    for (int32_t t = 0; t < n; t++) {
         if (t)
             json_buf_puts(b, ",");
-        put_token_string(b, c->tok, s->token_ids[t], NULL);
+        put_token_string(b, c->tok, pos[t].id, NULL);
     }
     json_buf_puts(b, "],\"token_logprobs\":[");
-    for (int32_t t = 0; t < s->n_tokens; t++) {
+    for (int32_t t = 0; t < n; t++) {
         if (t)
             json_buf_puts(b, ",");
-        put_logprob(b, s->token_logprobs[t]);
+        if (pos[t].none)
+            json_buf_puts(b, "null");
+        else
+            put_logprob(b, pos[t].lp);
     }
+    /* top_logprobs: the logprob dict (sampled or prompt token first, k or
+     * k + 1 entries) as {token text: logprob}; tokens with the same text
+     * are one key, at the first one's place with the last one's value (a
+     * Python dict built by a comprehension, serving_completion.py
+     * _create_completion_logprobs); null where the logprob is */
     json_buf_puts(b, "],\"top_logprobs\":[");
-    for (int32_t t = 0; t < s->n_tokens; t++) {
-        json_buf_puts(b, t ? ",{" : "{");
-        for (int32_t k = 0; k < s->n_top; k++) {
-            size_t at = (size_t)t * (size_t)s->n_top + (size_t)k;
-            if (k)
+    char *txt[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    size_t tlen[SAMPLING_PARAMS_MAX_LOGPROBS + 1];
+    for (int32_t t = 0; t < n; t++) {
+        if (t)
+            json_buf_puts(b, ",");
+        if (pos[t].none) {
+            json_buf_puts(b, "null");
+            continue;
+        }
+        json_buf_puts(b, "{");
+        int32_t m = pos[t].n;
+        for (int32_t k = 0; k < m; k++) {
+            tlen[k] = 0;
+            txt[k] = token_text(c->tok, pos[t].ids[k], &tlen[k]);
+            if (!txt[k]) {
+                char num[16];
+                int w = snprintf(num, sizeof num, "%d", (int)pos[t].ids[k]);
+                txt[k] = malloc((size_t)w + 1);
+                if (txt[k])
+                    memcpy(txt[k], num, (size_t)w + 1);
+                tlen[k] = txt[k] ? (size_t)w : 0;
+            }
+        }
+        bool first = true;
+        for (int32_t k = 0; k < m; k++) {
+            bool seen = false;
+            for (int32_t j = 0; j < k && !seen; j++)
+                seen = tlen[j] == tlen[k] && (tlen[k] == 0 || memcmp(txt[j], txt[k], tlen[k]) == 0);
+            if (seen)
+                continue;
+            float v = pos[t].lps[k];
+            for (int32_t j = k + 1; j < m; j++)
+                if (tlen[j] == tlen[k] && (tlen[k] == 0 || memcmp(txt[j], txt[k], tlen[k]) == 0))
+                    v = pos[t].lps[j];
+            if (!first)
                 json_buf_puts(b, ",");
-            put_token_string(b, c->tok, s->top_ids[at], NULL);
+            first = false;
+            json_buf_string(b, txt[k] ? txt[k] : "", tlen[k]);
             json_buf_puts(b, ":");
-            put_logprob(b, s->top_logprobs[at]);
+            put_logprob(b, v);
+        }
+        for (int32_t k = 0; k < m; k++)
+            free(txt[k]);
+        json_buf_puts(b, "}");
+    }
+    /* text_offset: Python len() of each token's text, in characters (code
+     * points: UTF-8 bytes that are not continuation bytes) */
+    json_buf_puts(b, "],\"text_offset\":[");
+    size_t off = 0;
+    for (int32_t t = 0; t < n; t++) {
+        json_buf_printf(b, t ? ",%zu" : "%zu", off);
+        size_t len = 0;
+        char *tx = token_text(c->tok, pos[t].id, &len);
+        if (tx) {
+            for (size_t k = 0; k < len; k++)
+                off += ((unsigned char)tx[k] & 0xC0) != 0x80;
+        } else {
+            char num[16];
+            off += (size_t)snprintf(num, sizeof num, "%d", (int)pos[t].id);
+        }
+        free(tx);
+    }
+    json_buf_puts(b, "]}");
+}
+
+/* The completions logprobs of choice s: with echo the prompt's positions
+ * first (the first one null), then the output's (none with echo_only). */
+static void put_logprobs_openai(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
+                                const request_output *o, const seq_output *s)
+{
+    int32_t n_prompt = p->echo ? p->n_prompt_ids : 0;
+    int32_t n_out = p->echo_only ? 0 : s->n_tokens;
+    lp_pos *pos = calloc((size_t)(n_prompt + n_out) + 1, sizeof *pos);
+    if (!pos) {
+        b->oom = true;
+        return;
+    }
+    for (int32_t i = 0; i < n_prompt; i++)
+        prompt_pos(o, p->prompt_ids, i, &pos[i]);
+    for (int32_t t = 0; t < n_out; t++) {
+        lp_pos *q = &pos[n_prompt + t];
+        q->id = s->token_ids[t];
+        q->lp = s->token_logprobs[t];
+        q->n = logprob_dict(s, t, q->ids, q->lps);
+    }
+    put_logprobs_positions(b, c, pos, n_prompt + n_out);
+    free(pos);
+}
+
+/* vLLM's prompt_logprobs of a completion choice: [null, {"<id>":
+ * {"logprob", "rank", "decoded_token"}, ...}, ...] (the prompt token first,
+ * then its top k; ranks 1.. for those). */
+static void put_prompt_logprobs_vllm(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
+                                     const request_output *o)
+{
+    if (!o->prompt_logprobs || !p->prompt_ids) {
+        json_buf_puts(b, "null");
+        return;
+    }
+    json_buf_puts(b, "[");
+    for (int32_t i = 0; i < p->n_prompt_ids; i++) {
+        lp_pos q;
+        prompt_pos(o, p->prompt_ids, i, &q);
+        if (i)
+            json_buf_puts(b, ",");
+        if (q.none) {
+            json_buf_puts(b, "null");
+            continue;
+        }
+        json_buf_puts(b, "{");
+        for (int32_t k = 0; k < q.n; k++) {
+            int32_t rank = k == 0 ? o->prompt_ranks[i] : 0;
+            if (k > 0)
+                for (int32_t j = 0; j < o->n_prompt_top; j++)
+                    if (o->prompt_top_ids[(size_t)i * (size_t)o->n_prompt_top + (size_t)j] == q.ids[k])
+                        rank = j + 1;
+            json_buf_printf(b, "%s\"%d\":{\"logprob\":", k ? "," : "", (int)q.ids[k]);
+            put_logprob(b, q.lps[k]);
+            json_buf_printf(b, ",\"rank\":%d,\"decoded_token\":", (int)rank);
+            put_token_string(b, c->tok, q.ids[k], NULL);
+            json_buf_puts(b, "}");
         }
         json_buf_puts(b, "}");
     }
-    json_buf_puts(b, "],\"text_offset\":[");
-    size_t off = 0;
-    json_buf scratch = {0};
-    for (int32_t t = 0; t < s->n_tokens; t++) {
-        json_buf_printf(b, t ? ",%zu" : "%zu", off);
-        size_t len = 0;
-        put_token_string(&scratch, c->tok, s->token_ids[t], &len);
-        off += len;
-    }
-    json_buf_free(&scratch);
-    json_buf_puts(b, "]}");
+    json_buf_puts(b, "]");
 }
 
 static int64_t completion_tokens(const request_output *o)
@@ -296,25 +471,68 @@ static void put_batch_tail(json_buf *b, const cli_output_ctx *c, const request_o
     json_buf_puts(b, "}\n");
 }
 
-/* /v1/completions: vLLM's CompletionResponse body. */
-static void body_completion(json_buf *b, const cli_output_ctx *c, const char h[17], const request_output *o)
+/* /v1/completions: vLLM's CompletionResponse body with every key its
+ * model_dump_json writes, in its field order (protocol.py at vLLM 0052bed3:
+ * CompletionResponseChoice, CompletionResponse, UsageInfo). */
+static void body_completion(json_buf *b, const cli_output_ctx *c, const cli_pending *p, const char h[17],
+                            const request_output *o)
 {
+    /* echo (vLLM's request_output_to_completion_response): the prompt text
+     * before the output's (the ids decoded for an id prompt); with
+     * max_tokens 0 the prompt alone */
+    char *echo_text = NULL;
+    size_t echo_len = 0;
+    if (p->echo) {
+        if (p->prompt) {
+            echo_text = malloc(p->prompt_len + 1);
+            if (echo_text) {
+                memcpy(echo_text, p->prompt, p->prompt_len);
+                echo_len = p->prompt_len;
+            }
+        } else if (c->tok && p->prompt_ids) {
+            if (tok_decode(c->tok, p->prompt_ids, (size_t)p->n_prompt_ids, false, &echo_text, &echo_len, NULL) !=
+                PG_OK)
+                echo_text = NULL;
+        }
+    }
     put_body_head(b, c, "cmpl-", h, "text_completion");
     json_buf_puts(b, ",\"choices\":[");
     for (int32_t k = 0; k < o->n_outputs; k++) {
         const seq_output *s = &o->outputs[k];
         json_buf_printf(b, "%s{\"index\":%d,\"text\":", k ? "," : "", (int)s->index);
-        put_text(b, s);
+        if (p->echo && (echo_text || s->text)) {
+            size_t out_len = p->echo_only || !s->text ? 0 : s->text_len;
+            char *all = malloc(echo_len + out_len + 1);
+            if (!all) {
+                b->oom = true;
+            } else {
+                if (echo_len)
+                    memcpy(all, echo_text, echo_len);
+                if (out_len)
+                    memcpy(all + echo_len, s->text, out_len);
+                json_buf_string(b, all, echo_len + out_len);
+                free(all);
+            }
+        } else {
+            put_text(b, s);
+        }
         json_buf_puts(b, ",\"logprobs\":");
         if (s->token_logprobs)
-            put_logprobs_openai(b, c, s);
+            put_logprobs_openai(b, c, p, o, s);
         else
             json_buf_puts(b, "null");
-        put_choice_end(b, c, s);
+        json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));
+        put_stop_reason(b, c, s);
+        json_buf_puts(b, ",\"prompt_logprobs\":");
+        put_prompt_logprobs_vllm(b, c, p, o);
+        json_buf_puts(b, "}");
     }
+    free(echo_text);
     int64_t ct = completion_tokens(o);
-    json_buf_printf(b, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld,\"total_tokens\":%lld}}",
-                    (int)o->n_prompt_tokens, (long long)ct, (long long)(ct + o->n_prompt_tokens));
+    json_buf_printf(b, "],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":{\"prompt_tokens\":%d,"
+                    "\"total_tokens\":%lld,\"completion_tokens\":%lld,\"prompt_tokens_details\":null},"
+                    "\"kv_transfer_params\":null}",
+                    (int)o->n_prompt_tokens, (long long)(ct + o->n_prompt_tokens), (long long)ct);
 }
 
 /* /v1/chat/completions: vLLM's ChatCompletionResponse body with every key
@@ -353,7 +571,7 @@ static void result_openai(json_buf *b, const cli_output_ctx *c, const cli_pendin
     if (p->chat)
         body_chat(b, c, h, o);
     else
-        body_completion(b, c, h, o);
+        body_completion(b, c, p, h, o);
     put_batch_tail(b, c, o);
 }
 
@@ -389,7 +607,31 @@ void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *
         }
         json_buf_puts(b, "}");
     }
-    json_buf_printf(b, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld}",
+    json_buf_puts(b, "]");
+    if (o->prompt_logprobs && p->prompt_ids) {
+        /* vLLM's RequestOutput.prompt_logprobs: null for the first token,
+         * then each prompt token's logprob dict (it first, then its top k) */
+        json_buf_puts(b, ",\"prompt_logprobs\":[");
+        for (int32_t i = 0; i < p->n_prompt_ids; i++) {
+            lp_pos q;
+            prompt_pos(o, p->prompt_ids, i, &q);
+            if (i)
+                json_buf_puts(b, ",");
+            if (q.none) {
+                json_buf_puts(b, "null");
+                continue;
+            }
+            json_buf_puts(b, "[");
+            for (int32_t k = 0; k < q.n; k++) {
+                json_buf_printf(b, "%s[%d,", k ? "," : "", (int)q.ids[k]);
+                put_logprob(b, q.lps[k]);
+                json_buf_puts(b, "]");
+            }
+            json_buf_puts(b, "]");
+        }
+        json_buf_puts(b, "]");
+    }
+    json_buf_printf(b, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%lld}",
                     (int)o->n_prompt_tokens, (long long)completion_tokens(o));
     if (c->metrics)
         put_metrics(b, o);
@@ -397,16 +639,23 @@ void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *
 }
 
 void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
-                      const char *message)
+                      int status, const char *message)
 {
     if (c->fmt == CLI_FORMAT_OPENAI) {
+        /* vLLM's ErrorInfo {"message", "type", "param", "code"} (code = the
+         * HTTP status, type from create_error_response), plus our "line";
+         * the response has that status and no body, as run_batch.py writes
+         * an ErrorResponse. */
         char h[17];
         openai_hash(h, id_json, line);
-        put_batch_head(b, h, id_json, 400);
-        json_buf_puts(b, "null},\"error\":{\"code\":\"invalid_request\",\"message\":");
-    } else {
-        json_buf_printf(b, "{\"id\":%s,\"error\":{\"message\":", id_json ? id_json : "null");
+        put_batch_head(b, h, id_json, status);
+        json_buf_puts(b, "null},\"error\":{\"message\":");
+        json_buf_string(b, message, strlen(message));
+        json_buf_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d,\"line\":%lld}}\n",
+                        status == 404 ? "NotFoundError" : "BadRequestError", status, (long long)line);
+        return;
     }
+    json_buf_printf(b, "{\"id\":%s,\"error\":{\"message\":", id_json ? id_json : "null");
     json_buf_string(b, message, strlen(message));
     json_buf_printf(b, ",\"line\":%lld}}\n", (long long)line);
 }

@@ -26,8 +26,13 @@ typedef struct cli_output_ctx {
     const tokenizer *tok;        /* may be NULL: then "text" is null */
     const char *model_name;      /* openai "model" */
     bool include_prompt, metrics;
-    const int32_t *eos_ids;      /* a stop by one of these has stop_reason null */
+    const int32_t *eos_ids;      /* the model's eos list (config + generation_config) */
     int32_t n_eos_ids;
+    /* vLLM's primary eos (the tokenizer's eos_token, else the first of
+     * eos_ids): a stop by it has stop_reason null; the other eos ids are
+     * stop_token_ids in vLLM (update_from_generation_config), so a stop by
+     * one of them names it. -1 = every eos id gives null. */
+    int32_t primary_eos;
 } cli_output_ctx;
 
 /* What the CLI keeps of a request while the engine runs it (the engine's
@@ -36,6 +41,7 @@ typedef struct cli_pending {
     uint64_t seq;                /* output sequence number (reorder) */
     int64_t index, line;
     bool chat;                   /* a chat request: openai lines get a chat.completion body */
+    bool echo, echo_only;        /* openai completions echo (see cli_request) */
     char *id_json;               /* owned */
     char *prompt;                /* owned, only with --include-prompt (NULL for id prompts;
                                     a chat request's rendered prompt) */
@@ -49,9 +55,12 @@ void cli_pending_free(cli_pending *p); /* accepts NULL */
 /* Appends one record, with its final "\n", to b (b->oom on failure). */
 void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
                        const request_output *o);
-/* id_json NULL: the id is null (openai: derived from the line number). */
+/* id_json NULL: the id is null (openai: derived from the line number).
+ * status: the HTTP status vLLM would answer, 400 (BadRequestError) or 404
+ * (NotFoundError: an unknown model); openai records carry it as
+ * response.status_code and error.code, jsonl records ignore it. */
 void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
-                      const char *message);
+                      int status, const char *message);
 
 /* write() until all len bytes are out (retries EINTR and short writes). */
 int cli_write_all(int fd, const char *data, size_t len, pg_error *err);

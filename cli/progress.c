@@ -123,6 +123,9 @@ void cli_progress_summary(cli_progress *p, const cli_progress_counts *c, const e
     say(p, "pagedgen: %s: %lld requests ok, %lld failed, %lld already answered (--resume) in %.2f s\n",
         interrupted ? "interrupted" : "done", (long long)c->ok, (long long)c->failed,
         (long long)c->skipped, el);
+    if (c->lax_lines > 0)
+        say(p, "pagedgen: warning: %lld lines had unknown fields (ignored) or loosely typed values "
+            "(coerced), as vLLM accepts them; --strict makes them errors\n", (long long)c->lax_lines);
     say(p, "pagedgen: tokens: %llu prompt (computed), %llu generated | %.1f prompt tok/s, %.1f gen tok/s, "
         "%.2f req/s\n",
         (unsigned long long)s->prompt_tokens, (unsigned long long)s->generated_tokens,

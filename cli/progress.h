@@ -16,6 +16,7 @@ typedef struct cli_progress_counts {
     int64_t ok, failed; /* records written (or finished) this run */
     int64_t skipped;    /* answered by an earlier run (--resume) */
     int64_t skipped_failed; /* of which error records */
+    int64_t lax_lines;  /* lines with ignored unknown fields or coerced values (not --strict) */
 } cli_progress_counts;
 
 typedef struct cli_progress cli_progress;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "json.h"
 
@@ -73,6 +74,7 @@ void cli_request_free(cli_request *r)
     free(r->prompt);
     free(r->prompt_ids);
     free(r->chat_json);
+    free(r->model);
     for (size_t k = 0; k < r->n_stop; k++)
         free(r->stop[k]);
     free(r->stop);
@@ -89,7 +91,30 @@ typedef struct pctx {
     pg_error *err;
     bool has_seed;
     bool has_stop, has_stop_ids;
+    bool strict;                /* today's errors; else pydantic lax mode, counted in r->n_lax */
 } pctx;
+
+/* pydantic's lax mode for a number given as a JSON string ("0.5", " 3 "):
+ * the whole string must be a finite decimal number. */
+static bool lax_number(pctx *c, int i, double *out)
+{
+    if (c->strict || !json_is_string(c->d, i))
+        return false;
+    char *s = NULL;
+    size_t len = 0;
+    pg_error e;
+    if (json_get_string(c->d, i, &s, &len, &e) != PG_OK)
+        return false;
+    char *end = NULL;
+    double v = strtod(s, &end);
+    while (end && (*end == ' ' || *end == '\t' || *end == '\n'))
+        end++;
+    bool ok = len > 0 && end && *end == '\0' && end != s && isfinite(v) && strlen(s) == len;
+    free(s);
+    if (ok)
+        *out = v;
+    return ok;
+}
 
 /* A short description of token i for messages: its JSON text, cut at 40 bytes. */
 static const char *describe(const json_doc *d, int i, char *buf, size_t cap)
@@ -116,17 +141,32 @@ static int not_object(pctx *c)
     return pg_error_set(c->err, PG_EINVAL, "expected a JSON object, found %s", describe(c->d, 0, b, sizeof b));
 }
 
+static int range_error(pctx *c, const char *field, int i, int64_t lo, int64_t hi)
+{
+    char b[64];
+    return pg_error_set(c->err, PG_EINVAL, "field '%s': expected an integer in [%lld, %lld], found %s",
+                        field, (long long)lo, (long long)hi, describe(c->d, i, b, sizeof b));
+}
+
 static int get_i64(pctx *c, const char *field, int i, int64_t lo, int64_t hi, int64_t *out)
 {
-    if (!json_is_number(c->d, i))
+    double lax = 0.0;
+    bool str = lax_number(c, i, &lax);
+    if (!json_is_number(c->d, i) && !str)
         return type_error(c, field, i, "an integer");
     pg_error e;
-    if (json_get_int(c->d, i, lo, hi, out, &e) != PG_OK) {
-        char b[64];
-        return pg_error_set(c->err, PG_EINVAL, "field '%s': expected an integer in [%lld, %lld], found %s",
-                            field, (long long)lo, (long long)hi, describe(c->d, i, b, sizeof b));
+    if (!str && json_get_int(c->d, i, lo, hi, out, &e) == PG_OK)
+        return PG_OK;
+    /* lax mode: an integral float (3.0) or a numeric string ("3"); pydantic
+     * refuses a fractional part */
+    double v = lax;
+    if (!c->strict && (str || json_get_double(c->d, i, &v, &e) == PG_OK) && v == floor(v) &&
+        v >= (double)lo && v <= (double)hi && fabs(v) < 9007199254740992.0) {
+        *out = (int64_t)v;
+        c->r->n_lax++;
+        return PG_OK;
     }
-    return PG_OK;
+    return range_error(c, field, i, lo, hi);
 }
 
 static int get_i32(pctx *c, const char *field, int i, int64_t lo, int64_t hi, int32_t *out)
@@ -142,7 +182,9 @@ static int get_f32(pctx *c, const char *field, int i, float *out)
 {
     double v;
     pg_error e;
-    if (!json_is_number(c->d, i) || json_get_double(c->d, i, &v, &e) != PG_OK)
+    if (lax_number(c, i, &v))
+        c->r->n_lax++; /* lax mode: "0.5" for a float */
+    else if (!json_is_number(c->d, i) || json_get_double(c->d, i, &v, &e) != PG_OK)
         return type_error(c, field, i, "a number");
     if (!(fabs(v) <= (double)FLT_MAX))
         return type_error(c, field, i, "a number in the float range");
@@ -153,9 +195,36 @@ static int get_f32(pctx *c, const char *field, int i, float *out)
 static int get_bool(pctx *c, const char *field, int i, bool *out)
 {
     pg_error e;
-    if (!json_is_bool(c->d, i) || json_get_bool(c->d, i, out, &e) != PG_OK)
-        return type_error(c, field, i, "true or false");
-    return PG_OK;
+    if (json_is_bool(c->d, i) && json_get_bool(c->d, i, out, &e) == PG_OK)
+        return PG_OK;
+    if (!c->strict) {
+        /* pydantic's lax bool (docs.pydantic.dev Conversion Table): the
+         * numbers 0, 1 (0.0, 1.0) and, lower-cased, the strings below */
+        static const char *const yes[] = {"1", "on", "t", "true", "y", "yes"};
+        static const char *const no[] = {"0", "off", "f", "false", "n", "no"};
+        size_t n = 0;
+        const char *raw = json_raw(c->d, i, &n);
+        double v;
+        if (json_is_number(c->d, i) && json_get_double(c->d, i, &v, &e) == PG_OK && (v == 0.0 || v == 1.0)) {
+            *out = v == 1.0;
+            c->r->n_lax++;
+            return PG_OK;
+        }
+        if (json_is_string(c->d, i))
+            for (size_t k = 0; k < 6; k++) {
+                if (strlen(yes[k]) == n && strncasecmp(raw, yes[k], n) == 0) {
+                    *out = true;
+                    c->r->n_lax++;
+                    return PG_OK;
+                }
+                if (strlen(no[k]) == n && strncasecmp(raw, no[k], n) == 0) {
+                    *out = false;
+                    c->r->n_lax++;
+                    return PG_OK;
+                }
+            }
+    }
+    return type_error(c, field, i, "true or false");
 }
 
 static int get_str(pctx *c, const char *field, int i, char **out, size_t *len)
@@ -244,15 +313,64 @@ static int get_stop(pctx *c, int i)
     return PG_OK;
 }
 
+/* Request fields vLLM knows and applies but pagedgen does not implement:
+ * ignoring them like truly unknown fields would silently give other output
+ * than vLLM, so anything but their neutral value is a line error. */
+static bool neutral_value(const json_doc *d, int v, const char *neutral)
+{
+    if (json_is_null(d, v))
+        return true;
+    size_t n;
+    const char *raw = json_raw(d, v, &n);
+    if (!strcmp(neutral, "{}"))
+        return json_is_object(d, v) && json_size(d, v) == 0;
+    if (!strcmp(neutral, "[]"))
+        return json_is_array(d, v) && json_size(d, v) == 0;
+    return !json_is_string(d, v) && strlen(neutral) == n && memcmp(raw, neutral, n) == 0;
+}
+
+static int unsupported_field(pctx *c, int key, bool *is_unsupported)
+{
+    static const char *const fields[][2] = {
+        {"logit_bias", "{}"}, {"allowed_token_ids", ""},
+        {"bad_words", "[]"}, {"best_of", "1"}, {"use_beam_search", "false"},
+        {"truncate_prompt_tokens", ""}, {"spaces_between_special_tokens", "true"},
+        {"suffix", ""},
+    };
+    *is_unsupported = false;
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        if (!json_str_eq(c->d, key, fields[k][0]))
+            continue;
+        *is_unsupported = true;
+        if (neutral_value(c->d, key + 1, fields[k][1][0] ? fields[k][1] : "null"))
+            return PG_OK;
+        return pg_error_set(c->err, PG_EINVAL,
+                            "field '%s' is not supported by pagedgen (vLLM would apply it): leave it "
+                            "out or set it to %s",
+                            fields[k][0], fields[k][1][0] ? fields[k][1] : "null");
+    }
+    return PG_OK;
+}
+
 static int unknown_field(pctx *c, int key)
 {
+    bool unsupported;
+    int rc = unsupported_field(c, key, &unsupported);
+    if (unsupported)
+        return rc;
+    if (!c->strict) {
+        /* vLLM (OpenAIBaseModel) logs and ignores fields it does not know */
+        c->r->n_lax++;
+        return PG_OK;
+    }
     size_t n;
     const char *raw = json_raw(c->d, key, &n);
     return pg_error_set(c->err, PG_EINVAL, "unknown field '%.*s'", (int)(n > 60 ? 60 : n), raw);
 }
 
 /* The sampling fields shared by jsonl lines and openai bodies. A key that is
- * none of them is an "unknown field" error. Returns a pg_status. */
+ * none of them is an "unknown field" (an error when strict, else ignored
+ * and counted). Returns a pg_status. */
 static int sampling_field(pctx *c, int key, int v, bool openai)
 {
     const json_doc *d = c->d;
@@ -266,10 +384,13 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
             "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n",
             "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
             "skip_special_tokens", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "logprobs"};
+            "repetition_penalty", "logprobs", "prompt_logprobs"};
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
-            if (json_str_eq(d, key, known[k]))
+            if (json_str_eq(d, key, known[k])) {
+                if (k == 0)
+                    c->r->max_tokens_null = true;
                 return PG_OK;
+            }
         return unknown_field(c, key);
     }
     if (json_str_eq(d, key, "max_tokens")) {
@@ -308,6 +429,8 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
             return type_error(c, "logprobs", v, "an integer (completions API)");
         return get_i32(c, "logprobs", v, 0, 20, &sp->logprobs);
     }
+    if (json_str_eq(d, key, "prompt_logprobs"))
+        return get_i32(c, "prompt_logprobs", v, 0, SAMPLING_PARAMS_MAX_LOGPROBS, &sp->prompt_logprobs);
     if (json_str_eq(d, key, "ignore_eos"))
         return get_bool(c, "ignore_eos", v, &sp->ignore_eos);
     if (json_str_eq(d, key, "include_stop_str_in_output"))
@@ -424,6 +547,23 @@ static int read_prompt(pctx *c, const char *field, int v, bool allow_ids)
 }
 
 
+/* A JSON number that is zero (0, 0.0, -0, 0e5). */
+static bool json_raw_is_zero(const json_doc *d, int v)
+{
+    double x;
+    pg_error e;
+    return json_get_double(d, v, &x, &e) == PG_OK && x == 0.0;
+}
+
+/* The openai body's "model" (a string) into r->model. */
+static int read_model(pctx *c, int v)
+{
+    size_t len;
+    free(c->r->model);
+    c->r->model = NULL;
+    return get_str(c, "model", v, &c->r->model, &len);
+}
+
 /* ---- chat requests ------------------------------------------------------------ */
 
 /* A chat field that must be of one JSON type or null (the template reads it;
@@ -455,7 +595,7 @@ static int chat_messages(pctx *c, int v)
 
 /* The body of a chat request: a jsonl line (`openai` false; its "id" was
  * read by the caller) or an openai body. vLLM's ChatCompletionRequest
- * names; every other key is an "unknown field" error. */
+ * names; every other key is an "unknown field" (see unknown_field). */
 static int parse_chat(pctx *c, int obj, bool openai)
 {
     const json_doc *d = c->d;
@@ -494,7 +634,9 @@ static int parse_chat(pctx *c, int obj, bool openai)
             rc = chat_typed(c, json_str_eq(d, key, "tools") ? "tools" : "documents", v, json_is_array,
                             "an array");
         } else if (json_str_eq(d, key, "max_completion_tokens")) {
-            if (!json_is_null(d, v)) {
+            if (json_is_null(d, v)) {
+                r->max_tokens_null = true;
+            } else {
                 rc = get_i32(c, "max_completion_tokens", v, 1, INT32_MAX, &max_completion_tokens);
                 have_mct = true;
             }
@@ -507,6 +649,8 @@ static int parse_chat(pctx *c, int obj, bool openai)
         } else if (openai && (json_str_eq(d, key, "model") || json_str_eq(d, key, "user"))) {
             if (!json_is_string(d, v) && !json_is_null(d, v))
                 rc = type_error(c, json_str_eq(d, key, "model") ? "model" : "user", v, "a string");
+            else if (json_str_eq(d, key, "model") && json_is_string(d, v))
+                rc = read_model(c, v);
         } else if (openai && json_str_eq(d, key, "stream")) {
             bool b = false;
             if (!json_is_null(d, v))
@@ -630,13 +774,23 @@ static int parse_openai_body(pctx *c, int body)
         } else if (json_str_eq(d, key, "model") || json_str_eq(d, key, "user")) {
             if (!json_is_string(d, v) && !json_is_null(d, v))
                 return type_error(c, json_str_eq(d, key, "model") ? "model" : "user", v, "a string");
-        } else if (json_str_eq(d, key, "stream") || json_str_eq(d, key, "echo")) {
-            const char *f = json_str_eq(d, key, "stream") ? "stream" : "echo";
+            if (json_str_eq(d, key, "model") && json_is_string(d, v) && read_model(c, v) != PG_OK)
+                return PG_EINVAL;
+        } else if (json_str_eq(d, key, "echo")) {
+            if (!json_is_null(d, v) && get_bool(c, "echo", v, &c->r->echo) != PG_OK)
+                return PG_EINVAL;
+        } else if (json_str_eq(d, key, "max_tokens") && json_is_number(d, v) && json_raw_is_zero(d, v)) {
+            /* max_tokens 0: only with echo (checked below), vLLM's
+             * echo_without_generation */
+            c->r->echo_only = true;
+            c->r->max_tokens_set = true;
+            c->r->sp.max_tokens = 1;
+        } else if (json_str_eq(d, key, "stream")) {
             bool b = false;
-            if (!json_is_null(d, v) && get_bool(c, f, v, &b) != PG_OK)
+            if (!json_is_null(d, v) && get_bool(c, "stream", v, &b) != PG_OK)
                 return PG_EINVAL;
             if (b)
-                return pg_error_set(c->err, PG_EINVAL, "field '%s': only false is supported", f);
+                return pg_error_set(c->err, PG_EINVAL, "field 'stream': only false is supported");
         } else {
             int rc = sampling_field(c, key, v, true);
             if (rc != PG_OK)
@@ -646,6 +800,12 @@ static int parse_openai_body(pctx *c, int body)
     }
     if (!have_prompt)
         return pg_error_set(c->err, PG_EINVAL, "body: missing 'prompt'");
+    if (c->r->echo_only && !c->r->echo)
+        return pg_error_set(c->err, PG_EINVAL, "max_tokens must be at least 1, got 0.");
+    /* vLLM's CompletionRequest.to_sampling_params: with echo the prompt's
+     * logprobs come back too (prompt_logprobs = logprobs) */
+    if (c->r->echo && c->r->sp.logprobs >= 0 && c->r->sp.prompt_logprobs < 0)
+        c->r->sp.prompt_logprobs = c->r->sp.logprobs;
     return PG_OK;
 }
 
@@ -679,8 +839,8 @@ static int parse_openai(pctx *c)
             have_url = true;
         } else if (json_str_eq(d, key, "body")) {
             body = v;
-        } else {
-            return unknown_field(c, key);
+        } else if (unknown_field(c, key) != PG_OK) {
+            return PG_EINVAL;
         }
         key = json_skip(d, v);
     }
@@ -728,6 +888,13 @@ int cli_request_parse(cli_request *out, const char *line, size_t len, cli_format
                       int64_t index, int64_t line_no, const sampling_params *defaults,
                       uint64_t base_seed, pg_error *err)
 {
+    return cli_request_parse_ex(out, line, len, fmt, index, line_no, defaults, base_seed, true, err);
+}
+
+int cli_request_parse_ex(cli_request *out, const char *line, size_t len, cli_format fmt,
+                         int64_t index, int64_t line_no, const sampling_params *defaults,
+                         uint64_t base_seed, bool strict, pg_error *err)
+{
     memset(out, 0, sizeof *out);
     out->index = index;
     out->line = line_no;
@@ -736,7 +903,7 @@ int cli_request_parse(cli_request *out, const char *line, size_t len, cli_format
     if (fmt != CLI_FORMAT_OPENAI && set_id_int(out, index) != PG_OK)
         return pg_error_set(err, PG_ENOMEM, "out of memory");
 
-    pctx c = {.r = out, .err = err};
+    pctx c = {.r = out, .err = err, .strict = strict};
     int rc = PG_OK;
     if (fmt == CLI_FORMAT_TEXT || fmt == CLI_FORMAT_AUTO) {
         if (len == 0)
@@ -773,5 +940,10 @@ int cli_request_parse(cli_request *out, const char *line, size_t len, cli_format
     pg_error e;
     if (sampling_params_validate(&out->sp, &e) != PG_OK)
         return pg_error_set(err, PG_EINVAL, "%s", e.msg);
+    /* vLLM's SamplingParams._verify_greedy_sampling (sampling_params.py at
+     * 00388f65): greedy (temperature < _SAMPLING_EPS = 1e-5) with n > 1 is
+     * refused, with its message */
+    if (out->sp.temperature < 1e-5f && out->sp.n > 1)
+        return pg_error_set(err, PG_EINVAL, "n must be 1 when using greedy sampling, got %d.", (int)out->sp.n);
     return PG_OK;
 }

@@ -9,7 +9,8 @@
  *           stop (string|[string]), stop_token_ids, ignore_eos,
  *           include_stop_str_in_output, skip_special_tokens, presence_penalty,
  *           frequency_penalty, repetition_penalty, logprobs}
- *           null means "not set"; any other field is an error.
+ *           null means "not set"; any other field is an error when strict,
+ *           else ignored and counted (cli_request_parse_ex).
  *   openai {"custom_id": string, "method": "POST", "url": "/v1/completions",
  *           "body": {"model", "prompt": string|[int], max_tokens, ...}}
  *           (the same sampling fields, OpenAI's logprobs as an integer, plus
@@ -63,6 +64,21 @@ typedef struct cli_request {
      * did not gets the rest of the context (vLLM's chat default) unless
      * --max-tokens was given; run.c decides. */
     bool max_tokens_set;
+    /* max_tokens (or max_completion_tokens) was an explicit null: vLLM's
+     * "the rest of the context" (run.c decides, as for chat). */
+    bool max_tokens_null;
+    /* The openai body's "model" string (owned), NULL when absent or null;
+     * run.c checks it against the served name (vLLM's 404). */
+    char *model;
+    /* Not strict: unknown fields ignored plus values coerced as pydantic's
+     * lax mode does (3.0 or "3" for an int, "0.5" for a float, "true" for a
+     * bool). 0 under strict parsing. */
+    int32_t n_lax;
+    /* openai /v1/completions "echo": true — the response text and logprobs
+     * start with the prompt's (vLLM's serving_completion). echo_only: it
+     * came with max_tokens 0 (sp.max_tokens is then 1; the one generated
+     * token is left out of text and logprobs, as vLLM does). */
+    bool echo, echo_only;
     sampling_params sp;         /* its stop / stop_token_ids point into the arrays below */
     char **stop;                /* owned strings */
     size_t n_stop;
@@ -80,6 +96,12 @@ typedef struct cli_request {
 int cli_request_parse(cli_request *out, const char *line, size_t len, cli_format fmt,
                       int64_t index, int64_t line_no, const sampling_params *defaults,
                       uint64_t base_seed, pg_error *err);
+/* cli_request_parse with strict = false: vLLM's leniency (pydantic's lax
+ * mode, extra fields ignored), each leniency counted in out->n_lax.
+ * cli_request_parse is this with strict = true. */
+int cli_request_parse_ex(cli_request *out, const char *line, size_t len, cli_format fmt,
+                         int64_t index, int64_t line_no, const sampling_params *defaults,
+                         uint64_t base_seed, bool strict, pg_error *err);
 void cli_request_free(cli_request *r); /* accepts NULL; leaves *r zeroed */
 
 /* seed = splitmix64(base ^ splitmix64(index)): reproducible, independent of

@@ -110,12 +110,18 @@ static void emit(run_state *s, uint64_t seq, json_buf *b)
     }
 }
 
-static void emit_error(run_state *s, const char *id_json, int64_t line, const char *msg)
+static void emit_error_status(run_state *s, const char *id_json, int64_t line, int status,
+                              const char *msg)
 {
     json_buf b = {0};
-    cli_output_error(&b, &s->octx, id_json, line, msg);
+    cli_output_error(&b, &s->octx, id_json, line, status, msg);
     s->counts.failed++;
     emit(s, s->next_seq++, &b);
+}
+
+static void emit_error(run_state *s, const char *id_json, int64_t line, const char *msg)
+{
+    emit_error_status(s, id_json, line, 400, msg);
 }
 
 /* ---- admission ------------------------------------------------------------- */
@@ -191,9 +197,11 @@ static void submit(run_state *s, cli_request *r)
     p->index = r->index;
     p->line = r->line;
     p->chat = r->chat_json != NULL;
+    p->echo = r->echo;
+    p->echo_only = r->echo_only;
     p->id_json = r->id_json;
     r->id_json = NULL;
-    if (s->o->include_prompt) {
+    if (s->o->include_prompt || r->echo || r->sp.prompt_logprobs >= 0) {
         /* a chat request's prompt is its rendered text */
         p->prompt = chat_text ? chat_text : r->prompt;
         p->prompt_len = chat_text ? chat_len : r->prompt_len;
@@ -209,10 +217,41 @@ static void submit(run_state *s, cli_request *r)
      * (max_model_len - prompt tokens), unless --max-tokens says otherwise */
     if (p->chat && !r->max_tokens_set && !(s->o->sampling_set & CLI_SET_MAX_TOKENS))
         r->sp.max_tokens = -1;
+    /* an explicit "max_tokens": null is vLLM's "the rest of the context"
+     * for completions too (get_max_tokens: max_model_len - prompt) */
+    if (r->max_tokens_null && !r->max_tokens_set && !(s->o->sampling_set & CLI_SET_MAX_TOKENS))
+        r->sp.max_tokens = -1;
+    /* prompt + a max_tokens the line (or --max-tokens) asked for beyond the
+     * context: vLLM's 400 (serving_engine.py _validate_input), unless
+     * --truncate-max-tokens keeps the clamp (the engine then cuts it) */
+    bool asked = r->max_tokens_set || (s->o->sampling_set & CLI_SET_MAX_TOKENS);
+    if (asked && !s->o->truncate_max_tokens && r->sp.max_tokens >= 0 &&
+        (int64_t)n + r->sp.max_tokens > s->max_model_len) {
+        char msg[512];
+        snprintf(msg, sizeof msg,
+                 "'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context "
+                 "length is %d tokens and your request has %d input tokens (%d > %d - %d).",
+                 (int)r->sp.max_tokens, (int)s->max_model_len, (int)n, (int)r->sp.max_tokens,
+                 (int)s->max_model_len, (int)n);
+        json_buf b = {0};
+        cli_output_error(&b, &s->octx, p->id_json, p->line, 400, msg);
+        s->counts.failed++;
+        emit(s, p->seq, &b);
+        if (p->prompt_ids == ids)
+            ids = NULL;
+        cli_pending_free(p);
+        free(ids);
+        return;
+    }
+    /* generation_config's max_new_tokens caps every request (vLLM's
+     * get_max_tokens takes the min with default_sampling_params'
+     * max_tokens), after the context check above saw what was asked */
+    if (s->cfg.has_max_new_tokens && (r->sp.max_tokens < 0 || r->sp.max_tokens > s->cfg.max_new_tokens))
+        r->sp.max_tokens = s->cfg.max_new_tokens;
     uint64_t rid;
     if (engine_add_request(s->eng, ids, n, &r->sp, p, &rid, &e) != PG_OK) {
         json_buf b = {0};
-        cli_output_error(&b, &s->octx, p->id_json, p->line, e.msg);
+        cli_output_error(&b, &s->octx, p->id_json, p->line, 400, e.msg);
         s->counts.failed++;
         emit(s, p->seq, &b);
         if (p->prompt_ids == ids)
@@ -226,13 +265,24 @@ static void submit(run_state *s, cli_request *r)
     s->in_engine++;
 }
 
+/* The body's "model" names what is served: --served-model-name, or
+ * without it the -m folder's name or -m as given (vLLM serves args.model
+ * under its path as given; the basename is what our records carry). */
+static bool served_name_ok(const run_state *s, const char *name)
+{
+    if (s->o->served_model_name)
+        return strcmp(name, s->o->served_model_name) == 0;
+    return strcmp(name, s->model_name) == 0 || strcmp(name, s->o->model_dir) == 0;
+}
+
 /* One input line: parse, check the id, shard and resume filters, submit. */
 static void take_line(run_state *s, const char *line, size_t len, int64_t line_no)
 {
     int64_t index = s->next_index++;
     cli_request r;
     pg_error e;
-    int rc = cli_request_parse(&r, line, len, s->fmt, index, line_no, &s->defaults, s->o->seed, &e);
+    int rc = cli_request_parse_ex(&r, line, len, s->fmt, index, line_no, &s->defaults, s->o->seed,
+                                  s->o->strict, &e);
     /* Every line's id is registered, in and out of the shard and of the
      * resumed part, so duplicate detection is the same in every run. */
     if (s->ids && r.id_key) {
@@ -257,10 +307,18 @@ static void take_line(run_state *s, const char *line, size_t len, int64_t line_n
         cli_request_free(&r);
         return;
     }
-    if (rc != PG_OK)
+    if (rc == PG_OK && r.n_lax > 0)
+        s->counts.lax_lines++;
+    if (rc == PG_OK && r.model && !served_name_ok(s, r.model)) {
+        /* vLLM's _check_model: an unknown model is a 404 NotFoundError */
+        char msg[512];
+        snprintf(msg, sizeof msg, "The model `%.200s` does not exist.", r.model);
+        emit_error_status(s, r.id_json, line_no, 404, msg);
+    } else if (rc != PG_OK) {
         emit_error(s, r.id_json, line_no, e.msg);
-    else
+    } else {
         submit(s, &r);
+    }
     cli_request_free(&r);
 }
 
@@ -345,8 +403,17 @@ static int resolve_defaults(run_state *s)
         d.top_p = s->cfg.top_p;
     if (s->cfg.has_top_k)
         d.top_k = s->cfg.top_k;
-    if (s->cfg.has_do_sample && !s->cfg.do_sample)
-        d.temperature = 0.0f;
+    /* vLLM's --generation-config auto (vllm/config/model.py
+     * get_diff_sampling_param at 18ec6629): repetition_penalty,
+     * temperature, top_k, top_p, min_p, max_new_tokens (as max_tokens);
+     * do_sample is not among them, so a do_sample false file with a
+     * temperature samples, as in vLLM */
+    if (s->cfg.has_repetition_penalty)
+        d.repetition_penalty = s->cfg.repetition_penalty;
+    if (s->cfg.has_min_p)
+        d.min_p = s->cfg.min_p;
+    if (s->cfg.has_max_new_tokens)
+        d.max_tokens = s->cfg.max_new_tokens;
     const sampling_params *f = &o->sampling;
     unsigned set = o->sampling_set;
     if (set & CLI_SET_MAX_TOKENS) d.max_tokens = f->max_tokens;
@@ -381,6 +448,10 @@ static bool file_exists(const char *dir, const char *name)
 
 static void set_model_name(run_state *s)
 {
+    if (s->o->served_model_name) {
+        snprintf(s->model_name, sizeof s->model_name, "%s", s->o->served_model_name);
+        return;
+    }
     const char *dir = s->o->model_dir;
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/')
@@ -613,6 +684,8 @@ int cli_run_generate(const cli_options *o)
         .fmt = s->fmt, .tok = s->tok, .model_name = s->model_name,
         .include_prompt = o->include_prompt, .metrics = o->metrics,
         .eos_ids = s->cfg.eos_token_ids, .n_eos_ids = s->cfg.n_eos_token_ids,
+        .primary_eos = s->tok && tok_eos_id(s->tok) >= 0 ? tok_eos_id(s->tok)
+                       : s->cfg.n_eos_token_ids > 0 ? s->cfg.eos_token_ids[0] : -1,
     };
 
     engine_stats stats;

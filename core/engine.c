@@ -463,6 +463,47 @@ void engine_abort_all(engine *e)
     }
 }
 
+/* The prompt position whose logits this entry must return for prompt
+ * logprobs (its one computed token p, scoring prompt token p + 1), or -1.
+ * `start` is the entry's num_computed before the step. */
+static int32_t prompt_row_pos(const sched_entry *en, int32_t start)
+{
+    const request *r = en->seq->req;
+    if (!r->plp || en->samples || en->n_new != 1 || start + 1 >= r->n_prompt) return -1;
+    return start;
+}
+
+/* Prompt logprobs of request r from the raw logits row of position p:
+ * token p + 1's logprob (log-softmax in double), its rank and the top
+ * n_ptop ids (ties: lowest id first). vLLM computes them the same way,
+ * from the raw logits (v1 prompt logprobs). */
+static void prompt_logprob(request *r, int32_t p, const float *row, int32_t vocab)
+{
+    double mx = -INFINITY;
+    for (int32_t v = 0; v < vocab; v++)
+        if ((double)row[v] > mx) mx = (double)row[v];
+    double sum = 0.0;
+    for (int32_t v = 0; v < vocab; v++) sum += exp((double)row[v] - mx);
+    double lse = mx + log(sum);
+    int32_t tok = r->prompt[p + 1];
+    int32_t rank = 1;
+    for (int32_t v = 0; v < vocab; v++) rank += row[v] > row[tok];
+    r->plp[p + 1] = (float)((double)row[tok] - lse);
+    r->p_rank[p + 1] = rank;
+    for (int32_t k = 0; k < r->n_ptop; k++) {
+        int32_t best = -1;
+        for (int32_t v = 0; v < vocab; v++) {
+            bool taken = false;
+            for (int32_t j = 0; j < k && !taken; j++)
+                taken = r->p_top_ids[(size_t)(p + 1) * (size_t)r->n_ptop + (size_t)j] == v;
+            if (!taken && (best < 0 || row[v] > row[best])) best = v;
+        }
+        size_t at = (size_t)(p + 1) * (size_t)r->n_ptop + (size_t)k;
+        r->p_top_ids[at] = best;
+        r->p_top_lp[at] = best >= 0 ? (float)((double)row[best] - lse) : 0.0f;
+    }
+}
+
 /* Fills the step_batch from the schedule. */
 static void build_batch(engine *e, const sched_step *st, step_batch *b)
 {
@@ -493,7 +534,7 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
         e->seq_ids[i] = (q->req->id << 8) | (uint64_t)q->index;
         if (len > max_seq) max_seq = len;
         if (en->n_new > max_q) max_q = en->n_new;
-        if (en->samples) e->logits_rows[n_logits++] = t - 1;
+        if (en->samples || prompt_row_pos(en, q->num_computed) >= 0) e->logits_rows[n_logits++] = t - 1;
     }
     memset(b, 0, sizeof *b);
     b->num_tokens = t;
@@ -614,7 +655,17 @@ int engine_step(engine *e, pg_error *err)
     }
     if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) return rc;
 
-    /* the KV of the scheduled tokens is now written */
+    /* the KV of the scheduled tokens is now written (prompt logprob rows
+     * are read first, while num_computed is still the entry's start) */
+    int32_t prow = 0;
+    for (int32_t i = 0; i < st.n_entries; i++) {
+        const sched_entry *en = &st.entries[i];
+        int32_t p = prompt_row_pos(en, en->seq->num_computed);
+        if (p >= 0)
+            prompt_logprob(en->seq->req, p, e->logits + (size_t)prow * (size_t)e->be.vocab_size,
+                           e->be.vocab_size);
+        if (p >= 0 || en->samples) prow++;
+    }
     for (int32_t i = 0; i < st.n_entries; i++) {
         sequence *q = st.entries[i].seq;
         int32_t end = q->num_computed + st.entries[i].n_new;
@@ -649,6 +700,7 @@ int engine_step(engine *e, pg_error *err)
             r->forked = true;
             fresh_fork = st.entries[i].samples;
         }
+        if (prompt_row_pos(&st.entries[i], q->num_computed - st.entries[i].n_new) >= 0) row++;
         if (!st.entries[i].samples) continue;
         const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
         row++;

@@ -96,8 +96,9 @@ typedef enum finish_reason {
 typedef struct seq_output {
     int32_t index;               /* 0 .. n-1 (the sequence's RNG stream) */
     int32_t *token_ids;          /* [n_tokens] generated ids. A stopping eos id or
-                                    stop_token_ids entry is not included; the tokens of a
-                                    matched stop string are (only the text is cut) */
+                                    stop_token_ids entry is the last one (vLLM v1); the
+                                    tokens of a matched stop string are too (only the text
+                                    is cut) */
     int32_t n_tokens;
     char *text;                  /* [text_len] detokenized output, NUL-terminated; cut before
                                     a matched stop string (after it with
@@ -129,6 +130,14 @@ typedef struct request_output {
      * to the first sampled token (0 when it never got there), to the finish */
     double queue_ms, first_token_ms, total_ms;
     int32_t n_preemptions;       /* times the request was preempted (recomputed) */
+    /* prompt logprobs (prompt_logprobs = k >= 0; else NULL and 0): entry
+     * p > 0 is prompt token p's logprob given tokens 0..p-1, from the raw
+     * logits; entry 0 has none (NaN, vLLM's None) */
+    float *prompt_logprobs;      /* [n_prompt_tokens] */
+    int32_t *prompt_ranks;       /* [n_prompt_tokens] 1 + the ids more likely than it */
+    int32_t *prompt_top_ids;     /* [n_prompt_tokens][n_prompt_top], best first (-1 past V) */
+    float *prompt_top_logprobs;  /* [n_prompt_tokens][n_prompt_top] */
+    int32_t n_prompt_top;
 } request_output;
 
 /* Frees o and everything it points to. Accepts NULL. */

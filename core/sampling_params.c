@@ -24,6 +24,7 @@ sampling_params sampling_params_default(void)
         .include_stop_str_in_output = false,
         .skip_special_tokens = true,
         .logprobs = -1,
+        .prompt_logprobs = -1,
         .structured_kind = GRAMMAR_NONE,
         .structured = NULL, .structured_len = 0,
     };
@@ -67,6 +68,9 @@ int sampling_params_validate(const sampling_params *p, pg_error *err)
     if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
         return pg_error_set(err, PG_EINVAL, "repetition_penalty must be greater than zero, got %g",
                             (double)p->repetition_penalty);
+    if (p->prompt_logprobs < -1 || p->prompt_logprobs > SAMPLING_PARAMS_MAX_LOGPROBS)
+        return pg_error_set(err, PG_EINVAL, "prompt_logprobs must be -1 (none) or in [0, %d], got %d",
+                            SAMPLING_PARAMS_MAX_LOGPROBS, (int)p->prompt_logprobs);
     if (p->logprobs < -1 || p->logprobs > SAMPLING_PARAMS_MAX_LOGPROBS)
         return pg_error_set(err, PG_EINVAL, "logprobs must be -1 (none) or in [0, %d], got %d",
                             SAMPLING_PARAMS_MAX_LOGPROBS, (int)p->logprobs);

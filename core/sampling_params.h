@@ -35,6 +35,10 @@ typedef struct sampling_params {
     bool include_stop_str_in_output;
     bool skip_special_tokens;     /* for the output text (default true) */
     int32_t logprobs;             /* -1 = none; k in [0, 20]: the sampled token's logprob plus the top k */
+    int32_t prompt_logprobs;      /* -1 = none; k in [0, 20]: each prompt token's logprob (from
+                                     the raw logits of the positions before it) plus the top k.
+                                     Such a request skips prefix-cache hits (vLLM's
+                                     skip_reading_prefix_cache) and prefills one token a step */
     /* structured outputs (vLLM's StructuredOutputsParams): GRAMMAR_NONE, or
      * the kind of constraint and its text (grammar.h: a schema as JSON, a
      * regex, a JSON array of choices; none for json_object), copied and

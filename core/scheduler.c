@@ -130,6 +130,7 @@ static bool schedule_running(scheduler *s, request *r, sched_step *out, int32_t 
         int32_t n_new = target - q->num_computed;
         if (n_new <= 0) continue;
         if (n_new > *budget) n_new = *budget;
+        if (r->plp && q->num_computed < r->n_prompt) n_new = 1; /* prompt logprobs: a row a step */
         for (;;) {
             int32_t src, dst;
             int rc = kv_pool_allocate(s->pool, q->table, NULL, 0, n_new, &src, &dst);
@@ -183,6 +184,7 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
             assert(rc == PG_OK);
             (void)rc;
             int32_t n_new = q->n_tokens < *budget ? q->n_tokens : *budget;
+            if (r->plp && n_new > 1) n_new = 1; /* prompt logprobs: a row a step */
             if (n_new <= 0) continue;
             rc = kv_pool_allocate(s->pool, q->table, NULL, 0, n_new, NULL, NULL);
             assert(rc == PG_OK);
@@ -193,9 +195,12 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         sequence *q = request_leader(r);
         int32_t target = request_seq_target(r, q, true);
         int32_t max_hit_blocks = (target - 1) / bs; /* the last token is always computed */
-        int32_t n_hits = kv_pool_match_prefix(s->pool, q->tokens, max_hit_blocks, s->hits);
+        /* prompt logprobs need every prompt row: no prefix-cache hit (vLLM's
+         * skip_reading_prefix_cache) */
+        int32_t n_hits = r->plp ? 0 : kv_pool_match_prefix(s->pool, q->tokens, max_hit_blocks, s->hits);
         int32_t n_new = target - n_hits * bs;
         if (n_new > *budget) n_new = *budget;
+        if (r->plp && n_new > 1) n_new = 1; /* a row a step */
         if (!kv_pool_can_allocate(s->pool, q->table, s->hits, n_hits, n_new)) return false;
         if (s->p.watermark_blocks > 0 && s->running.n > 0 &&
             kv_pool_free_after(s->pool, q->table, s->hits, n_hits, target - n_hits * bs) <

@@ -1,6 +1,7 @@
 /* sequence: request/sequence state, stop rules, outputs (see sequence.h). */
 #include "sequence.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +63,23 @@ int request_create(request **out, uint64_t id, const int32_t *prompt, int32_t n_
     r->max_output = max_model_len - n_prompt;
     if (sp->max_tokens >= 0 && sp->max_tokens < r->max_output) r->max_output = sp->max_tokens;
     r->n_top = sp->logprobs > 0 ? sp->logprobs : 0;
+    if (sp->prompt_logprobs >= 0) {
+        r->n_ptop = sp->prompt_logprobs;
+        size_t np = (size_t)n_prompt, nt = np * (size_t)(r->n_ptop > 0 ? r->n_ptop : 1);
+        r->plp = malloc(np * sizeof *r->plp);
+        r->p_rank = malloc(np * sizeof *r->p_rank);
+        r->p_top_ids = malloc(nt * sizeof *r->p_top_ids);
+        r->p_top_lp = malloc(nt * sizeof *r->p_top_lp);
+        if (!r->plp || !r->p_rank || !r->p_top_ids || !r->p_top_lp) goto oom;
+        for (size_t i = 0; i < np; i++) {
+            r->plp[i] = NAN;
+            r->p_rank[i] = 0;
+        }
+        for (size_t i = 0; i < nt; i++) {
+            r->p_top_ids[i] = -1;
+            r->p_top_lp[i] = 0.0f;
+        }
+    }
     r->n = sp->n;
     r->n_live = sp->n;
     r->seqs = calloc((size_t)sp->n, sizeof *r->seqs);
@@ -121,6 +139,10 @@ void request_destroy(request *r)
     free(r->stop_ids);
     free(r->banned);
     free(r->prompt);
+    free(r->plp);
+    free(r->p_rank);
+    free(r->p_top_ids);
+    free(r->p_top_lp);
     free(r);
 }
 
@@ -189,7 +211,8 @@ static int text_append(sequence *s, const char *t, size_t len)
     return PG_OK;
 }
 
-int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error *err)
+/* Appends id (tokens, logprobs); feeds the text stream when `text`. */
+static int append(sequence *s, int32_t id, const sampler_result *res, bool text, pg_error *err)
 {
     request *r = s->req;
     int32_t n_out = s->n_tokens - r->n_prompt;
@@ -226,7 +249,7 @@ int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error
         }
     }
     s->tokens[s->n_tokens++] = id;
-    if (s->ts) {
+    if (s->ts && text) {
         const char *t;
         size_t len;
         int rc = tok_stream_push(s->ts, id, &t, &len, err);
@@ -237,6 +260,11 @@ int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error
 oom:
     return pg_error_set(err, PG_ENOMEM, "engine: out of memory appending to request %llu",
                         (unsigned long long)r->id);
+}
+
+int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error *err)
+{
+    return append(s, id, res, true, err);
 }
 
 static bool id_in(int32_t id, const int32_t *ids, size_t n)
@@ -291,8 +319,14 @@ int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const in
         bool is_eos = !r->sp.ignore_eos && id_in(id, eos_ids, (size_t)n_eos);
         bool is_stop_id = id_in(id, r->stop_ids, r->sp.n_stop_token_ids);
         if (is_eos || is_stop_id) {
+            /* vLLM v1 keeps the stopping id in the output (token_ids,
+             * logprobs, completion_tokens); its detokenizer renders it only
+             * with include_stop_str_in_output, and skips the stop-string
+             * check (vllm/v1/engine/detokenizer.py update()). */
             s->stop_token_id = id;
-            return finish(s, FINISH_STOP, err); /* the stopping id is not appended */
+            int rc = append(s, id, res, r->sp.include_stop_str_in_output, err);
+            if (rc) return rc;
+            return finish(s, FINISH_STOP, err);
         }
     }
     size_t old_len = s->text_len;
@@ -332,6 +366,20 @@ request_output *request_make_output(const request *r, double now_ms)
     o->total_ms = now_ms - r->t_arrival_ms;
     o->outputs = calloc((size_t)r->n, sizeof *o->outputs);
     if (!o->outputs) goto oom;
+    if (r->plp) {
+        size_t np = (size_t)r->n_prompt, nt = np * (size_t)(r->n_ptop > 0 ? r->n_ptop : 1);
+        o->n_prompt_top = r->n_ptop;
+        o->prompt_logprobs = malloc(np * sizeof(float));
+        o->prompt_ranks = malloc(np * sizeof(int32_t));
+        o->prompt_top_ids = malloc(nt * sizeof(int32_t));
+        o->prompt_top_logprobs = malloc(nt * sizeof(float));
+        if (!o->prompt_logprobs || !o->prompt_ranks || !o->prompt_top_ids || !o->prompt_top_logprobs)
+            goto oom;
+        memcpy(o->prompt_logprobs, r->plp, np * sizeof(float));
+        memcpy(o->prompt_ranks, r->p_rank, np * sizeof(int32_t));
+        memcpy(o->prompt_top_ids, r->p_top_ids, nt * sizeof(int32_t));
+        memcpy(o->prompt_top_logprobs, r->p_top_lp, nt * sizeof(float));
+    }
     o->n_outputs = r->n;
     for (int32_t i = 0; i < r->n; i++) {
         const sequence *s = &r->seqs[i];
@@ -385,5 +433,9 @@ void request_output_free(request_output *o)
         free(so->top_logprobs);
     }
     free(o->outputs);
+    free(o->prompt_logprobs);
+    free(o->prompt_ranks);
+    free(o->prompt_top_ids);
+    free(o->prompt_top_logprobs);
     free(o);
 }

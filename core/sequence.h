@@ -80,6 +80,12 @@ struct request {
     int32_t n_prompt;
     int32_t max_output;         /* max_tokens truncated to the context */
     int32_t n_top;              /* logprobs k, or 0 */
+    /* prompt logprobs (sp.prompt_logprobs >= 0): [n_prompt] (+ [n_prompt][n_ptop]),
+     * entry p filled when the prompt's position p-1 was computed */
+    float *plp;
+    int32_t *p_rank, *p_top_ids;
+    float *p_top_lp;
+    int32_t n_ptop;
     grammar *gram;              /* structured outputs constraint, or NULL; borrowed from */
     grammar_cache *gcache;      /* the engine's shared compile (gentry, released by the */
     void *gentry;               /* engine when the request is destroyed) */
@@ -136,8 +142,9 @@ int32_t request_seq_target(const request *r, const sequence *s, bool shared_prom
  * logprobs), feeding the text stream. Returns 0 or an error. */
 int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error *err);
 /* Applies the stop rules to a freshly sampled id (vLLM order: length cap,
- * eos, stop ids; stop strings override): appends it unless it is a stopping
- * eos/stop id, and marks the sequence finished when a rule fires. eos ids
+ * eos, stop ids; stop strings override): appends it (a stopping eos/stop
+ * id too, as vLLM v1 does: its text only with include_stop_str_in_output),
+ * and marks the sequence finished when a rule fires. eos ids
  * borrowed. Returns 0 or an error. */
 int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const int32_t *eos_ids,
                     int32_t n_eos, pg_error *err);

@@ -434,8 +434,18 @@ int llama_config_merge_generation(llama_config *cfg, const char *json, size_t le
         (rc = add_eos(&c, &d, label, err)) ||
         (rc = opt_float(&d, 0, "temperature", 0.0, 0, 1e6, &c.temperature, &c.has_temperature, label, err)) ||
         (rc = opt_float(&d, 0, "top_p", 0.0, 1, 1.0, &c.top_p, &c.has_top_p, label, err)) ||
-        (rc = opt_bool(&d, 0, "do_sample", &c.do_sample, &c.has_do_sample, label, err)))
+        (rc = opt_bool(&d, 0, "do_sample", &c.do_sample, &c.has_do_sample, label, err)) ||
+        (rc = opt_float(&d, 0, "repetition_penalty", 0.0, 1, 1e6, &c.repetition_penalty,
+                        &c.has_repetition_penalty, label, err)) ||
+        (rc = opt_float(&d, 0, "min_p", 0.0, 0, 1.0, &c.min_p, &c.has_min_p, label, err)))
         goto out;
+    int32_t max_new = -1;
+    if ((rc = opt_int(&d, 0, "max_new_tokens", 1, INT32_MAX, &max_new, label, err)))
+        goto out;
+    if (max_new >= 1) {
+        c.max_new_tokens = max_new;
+        c.has_max_new_tokens = true;
+    }
     if (c.bos_token_id < 0)
         c.bos_token_id = bos;
     int32_t top_k = -1;

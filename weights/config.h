@@ -48,7 +48,12 @@ typedef struct llama_config {
     bool has_temperature, has_top_p, has_top_k, has_do_sample;
     float temperature, top_p;
     int32_t top_k;
-    bool do_sample;
+    bool do_sample;               /* read, but not applied (vLLM ignores it) */
+    /* the rest of vLLM's get_diff_sampling_param keys */
+    bool has_repetition_penalty, has_min_p, has_max_new_tokens;
+    float repetition_penalty;     /* > 0 */
+    float min_p;                  /* [0, 1] */
+    int32_t max_new_tokens;       /* >= 1: vLLM's default max_tokens, and a cap */
 } llama_config;
 
 /* Parses config.json text (pure; fuzz target). `label` names the file in
@@ -69,7 +74,8 @@ int32_t llama_config_max_context(const llama_config *c);
 
 /* Merges generation_config.json text on top of cfg: its eos ids are added
  * to the list (deduplicated), its bos_token_id is used only when cfg has
- * none, its temperature/top_p/top_k/do_sample set the has_* defaults. All
+ * none, its temperature/top_p/top_k/do_sample/repetition_penalty/min_p/
+ * max_new_tokens set the has_* defaults. All
  * or nothing: cfg changes only on success. */
 int llama_config_merge_generation(llama_config *cfg, const char *json, size_t len,
                                   const char *label, pg_error *err);

@@ -199,6 +199,132 @@ static void test_duplicate_ids(void **state)
     cli_id_set_destroy(s);
 }
 
+static int parse_lax(cli_request *r, const char *line, cli_format fmt, pg_error *err)
+{
+    sampling_params d = defaults();
+    return cli_request_parse_ex(r, line, strlen(line), fmt, 5, 6, &d, 42, false, err);
+}
+
+/* vLLM's leniency (pydantic lax mode, extra fields ignored) unless strict:
+ * each coercion or ignored field counts in n_lax; cli_request_parse stays
+ * strict. */
+static void test_lax_and_strict(void **state)
+{
+    (void)state;
+    cli_request r;
+    pg_error err;
+    const char *line =
+        "{\"prompt\": \"hi\", \"max_tokens\": 3.0, \"temperature\": \"0.5\", \"top_k\": \"4\","
+        " \"ignore_eos\": \"True\", \"skip_special_tokens\": 0.0, \"colour\": \"red\"}";
+    assert_int_equal(parse_lax(&r, line, CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_int_equal(r.sp.max_tokens, 3);
+    assert_true(r.sp.temperature == 0.5f);
+    assert_int_equal(r.sp.top_k, 4);
+    assert_true(r.sp.ignore_eos);
+    assert_false(r.sp.skip_special_tokens);
+    assert_int_equal(r.n_lax, 6);
+    cli_request_free(&r);
+    /* a clean line counts nothing */
+    assert_int_equal(parse_lax(&r, "{\"prompt\": \"hi\", \"max_tokens\": 3}", CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_int_equal(r.n_lax, 0);
+    cli_request_free(&r);
+    /* strict: each is today's error */
+    static const char *const strict_bad[][2] = {
+        {"{\"prompt\": \"hi\", \"max_tokens\": 3.0}", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"temperature\": \"0.5\"}", "temperature"},
+        {"{\"prompt\": \"hi\", \"ignore_eos\": \"true\"}", "ignore_eos"},
+        {"{\"prompt\": \"hi\", \"colour\": \"red\"}", "unknown field 'colour'"},
+    };
+    for (size_t k = 0; k < sizeof strict_bad / sizeof strict_bad[0]; k++) {
+        assert_int_equal(parse(&r, strict_bad[k][0], CLI_FORMAT_JSONL, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, strict_bad[k][1]));
+        cli_request_free(&r);
+    }
+    /* what pydantic refuses in lax mode too */
+    static const char *const lax_bad[][2] = {
+        {"{\"prompt\": \"hi\", \"max_tokens\": 3.5}", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": \"three\"}", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"temperature\": \"0.5x\"}", "temperature"},
+        {"{\"prompt\": \"hi\", \"ignore_eos\": \"maybe\"}", "ignore_eos"},
+        {"{\"prompt\": \"hi\", \"ignore_eos\": 2}", "ignore_eos"},
+        {"{\"prompt\": \"hi\", \"top_k\": 1e30}", "top_k"},
+    };
+    for (size_t k = 0; k < sizeof lax_bad / sizeof lax_bad[0]; k++) {
+        assert_int_equal(parse_lax(&r, lax_bad[k][0], CLI_FORMAT_JSONL, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, lax_bad[k][1]));
+        cli_request_free(&r);
+    }
+    /* fields vLLM applies and pagedgen does not: an error unless neutral,
+     * strict or not (never silently ignored) */
+    static const char *const unsupported[] = {
+        "{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 10}}",
+        "{\"prompt\": \"hi\", \"best_of\": 2}", "{\"prompt\": \"hi\", \"use_beam_search\": true}",
+        "{\"prompt\": \"hi\", \"bad_words\": [\"x\"]}", "{\"prompt\": \"hi\", \"allowed_token_ids\": [1]}",
+        "{\"prompt\": \"hi\", \"spaces_between_special_tokens\": false}",
+    };
+    for (size_t k = 0; k < sizeof unsupported / sizeof unsupported[0]; k++) {
+        assert_int_equal(parse_lax(&r, unsupported[k], CLI_FORMAT_JSONL, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, "is not supported by pagedgen"));
+        cli_request_free(&r);
+        assert_int_equal(parse(&r, unsupported[k], CLI_FORMAT_JSONL, &err), PG_EINVAL);
+        assert_non_null(strstr(err.msg, "is not supported by pagedgen"));
+        cli_request_free(&r);
+    }
+    assert_int_equal(parse(&r,
+        "{\"prompt\": \"hi\", \"logit_bias\": {}, \"best_of\": 1,"
+        " \"use_beam_search\": false, \"bad_words\": [], \"spaces_between_special_tokens\": true}",
+        CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_int_equal(r.n_lax, 0);
+    cli_request_free(&r);
+    /* prompt_logprobs; echo with max_tokens 0 (prompt_logprobs = logprobs, one token
+     * generated and dropped); max_tokens 0 without echo is vLLM's error */
+    assert_int_equal(parse(&r, "{\"prompt\": \"hi\", \"prompt_logprobs\": 3}", CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_int_equal(r.sp.prompt_logprobs, 3);
+    cli_request_free(&r);
+    assert_int_equal(parse(&r, "{\"prompt\": \"hi\", \"prompt_logprobs\": 21}", CLI_FORMAT_JSONL, &err), PG_EINVAL);
+    cli_request_free(&r);
+    assert_int_equal(parse(&r,
+        "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\","
+        " \"body\": {\"prompt\": [1, 2, 3], \"echo\": true, \"max_tokens\": 0, \"logprobs\": 1}}",
+        CLI_FORMAT_OPENAI, &err), PG_OK);
+    assert_true(r.echo && r.echo_only);
+    assert_int_equal(r.sp.max_tokens, 1);
+    assert_int_equal(r.sp.prompt_logprobs, 1);
+    cli_request_free(&r);
+    assert_int_equal(parse(&r,
+        "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\","
+        " \"body\": {\"prompt\": [1, 2, 3], \"max_tokens\": 0}}",
+        CLI_FORMAT_OPENAI, &err), PG_EINVAL);
+    assert_string_equal(err.msg, "max_tokens must be at least 1, got 0.");
+    cli_request_free(&r);
+    /* greedy n > 1: vLLM's _verify_greedy_sampling message; sampled n > 1 is fine */
+    assert_int_equal(parse_lax(&r, "{\"prompt\": \"hi\", \"n\": 2, \"temperature\": 0}", CLI_FORMAT_JSONL, &err),
+                     PG_EINVAL);
+    assert_string_equal(err.msg, "n must be 1 when using greedy sampling, got 2.");
+    cli_request_free(&r);
+    assert_int_equal(parse_lax(&r, "{\"prompt\": \"hi\", \"n\": 2, \"temperature\": 0.5}", CLI_FORMAT_JSONL, &err),
+                     PG_OK);
+    cli_request_free(&r);
+    /* openai: unknown envelope and body keys ignored, model kept */
+    assert_int_equal(parse_lax(&r,
+        "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"extra\": 1,"
+        " \"body\": {\"model\": \"m1\", \"prompt\": \"hi\", \"max_tokens\": null, \"x_custom\": \"x\"}}",
+        CLI_FORMAT_OPENAI, &err), PG_OK);
+    assert_string_equal(r.model, "m1");
+    assert_true(r.max_tokens_null);
+    assert_false(r.max_tokens_set);
+    assert_int_equal(r.n_lax, 2);
+    cli_request_free(&r);
+    assert_int_equal(parse_lax(&r,
+        "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\","
+        " \"body\": {\"model\": \"m2\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+        " \"max_completion_tokens\": null}}",
+        CLI_FORMAT_OPENAI, &err), PG_OK);
+    assert_string_equal(r.model, "m2");
+    assert_true(r.max_tokens_null);
+    cli_request_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -208,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_openai),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_duplicate_ids),
+        cmocka_unit_test(test_lax_and_strict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

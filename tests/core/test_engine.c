@@ -364,7 +364,7 @@ static void test_max_tokens_truncated_to_context(void **state)
 }
 
 /* Greedy runs with one id made the stop token / eos: it ends the output
- * and is not included; min_tokens holds it off. */
+ * and is its last token, as in vLLM v1; min_tokens holds it off. */
 static void test_stop_ids_eos_min_tokens(void **state)
 {
     (void)state;
@@ -387,8 +387,9 @@ static void test_stop_ids_eos_min_tokens(void **state)
     request_output *o = run_one(&r, p, 5, &sp);
     assert_int_equal(o->outputs[0].finish, FINISH_STOP);
     assert_int_equal(o->outputs[0].stop_token_id, stop);
-    assert_int_equal(o->outputs[0].n_tokens, first);
-    assert_memory_equal(o->outputs[0].token_ids, fr->token_ids, (size_t)first * sizeof(int32_t));
+    assert_int_equal(o->outputs[0].n_tokens, first + 1);
+    assert_memory_equal(o->outputs[0].token_ids, fr->token_ids, (size_t)(first + 1) * sizeof(int32_t));
+    assert_int_equal(o->outputs[0].token_ids[first], stop);
     request_output_free(o);
     /* min_tokens past the first occurrence: the id is masked until then */
     sp.min_tokens = first + 1;

@@ -122,6 +122,61 @@ static void test_text_and_stop_strings(void **state)
     request_output_free(free_run);
 }
 
+/* A stop token id (vLLM v1): it is the last of token_ids; its text is in
+ * the output only with include_stop_str_in_output. */
+static void test_stop_token_text(void **state)
+{
+    (void)state;
+    pg_error err;
+    const char *prompt_text = "Once upon a time, there was a little girl";
+    int32_t *ids;
+    size_t n_ids;
+    assert_int_equal(tok_encode(g_tok, prompt_text, strlen(prompt_text), true, &ids, &n_ids, &err),
+                     PG_OK);
+    sampling_params sp = sampling_params_default();
+    sp.temperature = 0.0f;
+    sp.max_tokens = 40;
+    sp.ignore_eos = true;
+    request_output *free_run = run(ids, (int32_t)n_ids, &sp);
+    const seq_output *fr = &free_run->outputs[0];
+    int32_t stop = fr->token_ids[10];
+    int32_t first = 0;
+    while (fr->token_ids[first] != stop) first++;
+    sp.stop_token_ids = &stop;
+    sp.n_stop_token_ids = 1;
+    /* the text of the tokens before the stop id, and with it */
+    char *before, *with;
+    size_t before_len, with_len, pre_len;
+    char *pre;
+    int32_t *all = malloc((n_ids + 40) * sizeof *all);
+    memcpy(all, ids, n_ids * sizeof *ids);
+    memcpy(all + n_ids, fr->token_ids, 40 * sizeof *all);
+    assert_int_equal(tok_decode(g_tok, ids, n_ids, true, &pre, &pre_len, &err), PG_OK);
+    assert_int_equal(tok_decode(g_tok, all, n_ids + (size_t)first, true, &before, &before_len, &err), PG_OK);
+    assert_int_equal(tok_decode(g_tok, all, n_ids + (size_t)first + 1, true, &with, &with_len, &err), PG_OK);
+    assert_true(with_len > before_len);
+    for (int inc = 0; inc < 2; inc++) {
+        sp.include_stop_str_in_output = inc;
+        request_output *o = run(ids, (int32_t)n_ids, &sp);
+        const seq_output *so = &o->outputs[0];
+        assert_int_equal(so->finish, FINISH_STOP);
+        assert_int_equal(so->stop_token_id, stop);
+        assert_int_equal(so->n_tokens, first + 1);
+        assert_int_equal(so->token_ids[first], stop);
+        const char *want = inc ? with : before;
+        size_t want_len = (inc ? with_len : before_len) - pre_len;
+        assert_int_equal(so->text_len, want_len);
+        assert_memory_equal(so->text, want + pre_len, want_len);
+        request_output_free(o);
+    }
+    free(all);
+    free(pre);
+    free(before);
+    free(with);
+    free(ids);
+    request_output_free(free_run);
+}
+
 int main(void)
 {
     pg_error err;
@@ -131,6 +186,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_and_stop_strings),
+        cmocka_unit_test(test_stop_token_text),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tok_free(g_tok);

@@ -179,7 +179,7 @@ def case_chat_batch():
     # the model's eos list (config + generation_config.json, the place where
     # instruct models list their end-of-turn token, e.g. Llama 3's <|eot_id|>)
     # ends chat generations: a copy of stories260K whose generation_config
-    # adds "\n" (id 13) stops there with finish_reason stop, stop_reason null
+    # adds "\n" (id 13) stops there with finish_reason stop, stop_reason 13
     # (without it the same prompt writes id 13 as its 12th token)
     with tempfile.TemporaryDirectory() as tmp:
         mdir = os.path.join(tmp, "model")
@@ -193,9 +193,23 @@ def case_chat_batch():
         rc, out, err = run(["-m", mdir, "-q", "--chat-template", CHATML, "--max-tokens", "64"],
                            stdin_bytes=greedy.encode())
         o = json.loads(lines_of(out)[0])["outputs"][0]
-        # (the engine leaves a stopping eos out of token_ids and text)
-        check(rc == 0 and o["finish_reason"] == "stop" and o["stop_reason"] is None and 13 not in o["token_ids"]
+        # (the stopping eos is the last of token_ids, as in vLLM v1, and its
+        # text is left out; a generation_config eos other than the
+        # tokenizer's is one of vLLM's stop_token_ids, so stop_reason names it)
+        check(rc == 0 and o["finish_reason"] == "stop" and o["stop_reason"] == 13
+              and o["token_ids"][-1] == 13 and 13 not in o["token_ids"][:-1] and not o["text"].endswith("\n")
               and len(o["token_ids"]) < 64, f"end-of-turn from generation_config: {o}")
+        # the same id as the tokenizer's own eos_token: stop_reason null
+        os.unlink(os.path.join(mdir, "tokenizer_config.json"))
+        tc = json.load(open(os.path.join(MODEL, "tokenizer_config.json")))
+        tc["eos_token"] = "<0x0A>"
+        with open(os.path.join(mdir, "tokenizer_config.json"), "w") as f:
+            json.dump(tc, f)
+        rc, out, err = run(["-m", mdir, "-q", "--chat-template", CHATML, "--max-tokens", "64"],
+                           stdin_bytes=greedy.encode())
+        o2 = json.loads(lines_of(out)[0])["outputs"][0]
+        check(rc == 0 and o2["token_ids"] == o["token_ids"] and o2["stop_reason"] is None,
+              f"the tokenizer's eos: {o2} {err.decode()[-300:]}")
     # --include-prompt: the rendered prompt
     rc, out, err = gen(["--chat-template", CHATML, "--max-tokens", "2", "--include-prompt"],
                        stdin_bytes=one.encode())

@@ -25,10 +25,11 @@ SAMPLES = os.path.join(SRC, "samples")
 # Each sample: input, expected output, extra flags, expected exit code.
 # (samples/README.md lists the same commands.)
 SAMPLE_RUNS = [
-    ("prompts.txt", "prompts.txt.out.jsonl", ["--max-tokens", "48"], 0),
+    ("prompts.txt", "prompts.txt.out.jsonl", ["--max-tokens", "48", "--temperature", "0"], 0),
     ("prompts.jsonl", "prompts.jsonl.out.jsonl", [], 0),
     ("batch_openai.jsonl", "batch_openai.out.jsonl", [], 0),
-    ("bad_lines.jsonl", "bad_lines.out.jsonl", [], 1),
+    ("bad_lines.jsonl", "bad_lines.out.jsonl", ["--strict"], 1),
+    ("batch_openai_vllm.jsonl", "batch_openai_vllm.out.jsonl", [], 1),
     ("chat_batch.jsonl", "chat_batch.out.jsonl", ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")], 0),
     ("chat_messages.jsonl", "chat_messages.out.jsonl", ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")],
      0),
@@ -151,13 +152,16 @@ def case_goldens():
     check(len(recs) == len(gold), f"{len(recs)} records for {len(gold)} prompts")
     for g, r in zip(gold, recs):
         o = r["outputs"][0]
-        check(o["token_ids"] == g["completion_token_ids"], f"prompt {g['prompt']!r}: token ids differ")
+        # the goldens leave out the stopping BOS (their README); pagedgen keeps
+        # it as the last token and counts it, as vLLM v1 does
+        want = g["completion_token_ids"] + ([g["stop_token_id"]] if g["finish_reason"] == "stop" else [])
+        check(o["token_ids"] == want, f"prompt {g['prompt']!r}: token ids differ")
         check(o["text"] == g["completion_text"], f"prompt {g['prompt']!r}: text differs")
         check(o["finish_reason"] == g["finish_reason"], f"prompt {g['prompt']!r}: finish_reason")
         check(r["prompt_token_ids"] == g["prompt_token_ids"], "prompt_token_ids echoed wrong")
-        check(r["usage"]["completion_tokens"] == len(g["completion_token_ids"]), "usage")
+        check(r["usage"]["completion_tokens"] == len(want), "usage")
     # the same prompts as text reach the same ids (the tokenizer path)
-    req = "".join(json.dumps({"id": i, "prompt": g["prompt"], "max_tokens": 8}) + "\n"
+    req = "".join(json.dumps({"id": i, "prompt": g["prompt"], "max_tokens": 8, "temperature": 0}) + "\n"
                   for i, g in enumerate(gold) if g["prompt"])
     rc, out, err = gen(["--include-prompt"], stdin_bytes=req.encode())
     check(rc == 0, f"text prompts: exit {rc}: {err.decode()[-2000:]}")
@@ -171,7 +175,7 @@ def case_goldens():
 def case_bad_lines():
     """A malformed-line file gives one error record per bad line, keeps going,
     exits 1; openai error records have the OpenAI shape."""
-    rc, out, err = gen(["-i", os.path.join(SAMPLES, "bad_lines.jsonl")])
+    rc, out, err = gen(["--strict", "-i", os.path.join(SAMPLES, "bad_lines.jsonl")])
     check(rc == 1, f"exit {rc}, expected 1")
     recs = [json.loads(l) for l in lines_of(out)]
     src = [l for l in open(os.path.join(SAMPLES, "bad_lines.jsonl"), encoding="utf-8") if l.strip()]
@@ -202,6 +206,233 @@ def case_bad_lines():
           and "model has no chat template: pass --chat-template FILE" in recs[1]["error"]["message"],
           "openai chat error")
 
+
+
+def case_openai_vllm():
+    """vLLM's behaviour on OpenAI batch lines: the error object {"message",
+    "type", "param", "code"} with response.status_code 400/404, the served
+    model name check, prompt + max_tokens beyond the context, max_tokens
+    null, lenient fields (and --strict, --truncate-max-tokens,
+    --served-model-name), every CompletionResponse key."""
+    path = os.path.join(SAMPLES, "batch_openai_vllm.jsonl")
+    rc, out, err = gen(["-i", path])
+    check(rc == 1, f"exit {rc}, expected 1")
+    recs = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}
+    for cid in ("lenient", "no-model", "rest-of-context"):
+        r = recs[cid]
+        check(r["error"] is None and r["response"]["status_code"] == 200, f"{cid}: {r}")
+        body = r["response"]["body"]
+        check(list(body) == ["id", "object", "created", "model", "choices", "service_tier",
+                             "system_fingerprint", "usage", "kv_transfer_params"], f"body keys {list(body)}")
+        check(list(body["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
+                                           "prompt_logprobs"], f"choice keys {list(body['choices'][0])}")
+        check(list(body["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens",
+                                      "prompt_tokens_details"], f"usage keys {list(body['usage'])}")
+    check(recs["lenient"]["response"]["body"]["usage"]["completion_tokens"] == 8, "8.0 read as 8")
+    u = recs["rest-of-context"]["response"]["body"]["usage"]
+    ch = recs["rest-of-context"]["response"]["body"]["choices"][0]
+    check(u["completion_tokens"] > 256 or ch["finish_reason"] == "stop", f"max_tokens null: {u} {ch['finish_reason']}")
+    for cid, status, typ, text in (
+            ("unknown-model", 404, "NotFoundError", "The model `gpt-4o` does not exist."),
+            ("too-many-tokens", 400, "BadRequestError",
+             "'max_tokens' or 'max_completion_tokens' is too large: 600. This model's maximum context length "
+             "is 512 tokens and your request has 5 input tokens (600 > 512 - 5)."),
+            ("bad-value", 400, "BadRequestError", "top_p"),
+            ("fractional-int", 400, "BadRequestError", "max_tokens"),
+            ("unsupported-field", 400, "BadRequestError", "field 'logit_bias' is not supported by pagedgen")):
+        r = recs[cid]
+        e = r["error"]
+        check(r["response"]["status_code"] == status and r["response"]["body"] is None, f"{cid}: {r}")
+        check(list(e) == ["message", "type", "param", "code", "line"] and e["type"] == typ
+              and e["param"] is None and e["code"] == status and text in e["message"], f"{cid}: {e}")
+    # the summary counts the lenient line
+    rc, out, err = run(["-m", MODEL, "-i", path])
+    check(b"1 lines had unknown fields" in err, f"summary: {err.decode()[-600:]}")
+    # --strict: the lenient line is an error
+    rc, out, err = gen(["--strict", "-i", path])
+    r = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}["lenient"]
+    check(r["response"]["status_code"] == 400 and "max_tokens" in r["error"]["message"], f"--strict: {r}")
+    # --truncate-max-tokens: the old clamp (runs to the end of the context)
+    rc, out, err = gen(["--truncate-max-tokens", "-i", path])
+    r = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}["too-many-tokens"]
+    check(r["error"] is None and r["response"]["body"]["usage"]["total_tokens"] <= 512, f"--truncate: {r}")
+    # --served-model-name: that name is checked and written
+    rc, out, err = gen(["--served-model-name", "gpt-4o", "-i", path])
+    recs = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}
+    check(recs["unknown-model"]["error"] is None
+          and recs["unknown-model"]["response"]["body"]["model"] == "gpt-4o", "served name accepted")
+    check(recs["lenient"]["response"]["status_code"] == 404, "the folder name is no longer served")
+    check(recs["no-model"]["error"] is None, "no model: accepted (vLLM's _is_model_supported)")
+    # -m as given is accepted without --served-model-name
+    line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": MODEL, "prompt": "Hi", "max_tokens": 2}}) + "\n"
+    rc, out, err = gen([], stdin_bytes=line.encode())
+    check(rc == 0, f"-m path as model: {out[:300]}")
+
+
+def case_logprobs():
+    """vLLM's logprobs: the top list is the logprob dict, the sampled token
+    first (k or k + 1 entries, 1 with logprobs 0), the completions API's
+    top_logprobs holds the sampled token's text, text_offset counts
+    characters, the chat API's top_logprobs is the dict's first k."""
+    lines = [{"id": f"k{k}", "prompt": "The dog ran", "max_tokens": 12, "temperature": 2.0, "seed": 5 + k,
+              "logprobs": k} for k in (0, 1, 3)]
+    rc, out, err = gen([], stdin_bytes="".join(json.dumps(l) + "\n" for l in lines).encode())
+    check(rc == 0, f"exit {rc}")
+    outside = 0
+    for r in map(json.loads, lines_of(out)):
+        k = int(r["id"][1:])
+        o = r["outputs"][0]
+        check(len(o["logprobs"]) == len(o["token_ids"]), "one entry per token")
+        for tok, lp in zip(o["token_ids"], o["logprobs"]):
+            top = lp["top"]
+            ids = [t[0] for t in top]
+            check(ids[0] == tok and top[0][1] == lp["logprob"], f"sampled first: {lp}")
+            check(len(set(ids)) == len(ids), f"no repeat: {lp}")
+            check(len(top) in ((1,) if k == 0 else (k, k + 1)), f"k={k}: {len(top)} entries")
+            if k > 0 and len(top) == k + 1:
+                outside += 1
+                check(all(t[1] >= lp["logprob"] for t in top[1:]), f"the top k are the most likely: {lp}")
+    check(outside > 0, "temperature 2 should sample outside the top k at least once")
+    # completions API
+    body = {"model": "stories260K", "prompt": "héllo wörld 日本", "max_tokens": 12, "temperature": 2.0,
+            "seed": 3, "logprobs": 1}
+    line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": body}) + "\n"
+    rc, out, err = gen([], stdin_bytes=line.encode())
+    lp = json.loads(lines_of(out)[0])["response"]["body"]["choices"][0]["logprobs"]
+    for i, tok in enumerate(lp["tokens"]):
+        check(tok in lp["top_logprobs"][i] and len(lp["top_logprobs"][i]) in (1, 2), f"top_logprobs {i}: {lp}")
+        check(list(lp["top_logprobs"][i])[0] == tok, "the sampled token's key first")
+        if i:
+            check(lp["text_offset"][i] == lp["text_offset"][i - 1] + len(lp["tokens"][i - 1]),
+                  f"text_offset in characters: {lp['text_offset']} {lp['tokens']}")
+    # chat API: top_logprobs = the first k entries of the dict
+    body = {"model": "stories260K", "messages": [{"role": "user", "content": "The dog ran"}], "max_tokens": 10,
+            "temperature": 2.0, "seed": 9, "logprobs": True, "top_logprobs": 2}
+    line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n"
+    rc, out, err = gen(["--chat-template", os.path.join(SAMPLES, "chatml.jinja")], stdin_bytes=line.encode())
+    check(rc == 0, f"chat: exit {rc} {err.decode()[-300:]}")
+    content = json.loads(lines_of(out)[0])["response"]["body"]["choices"][0]["logprobs"]["content"]
+    for c in content:
+        check(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"]
+              and c["top_logprobs"][0]["logprob"] == c["logprob"], f"chat top_logprobs: {c}")
+
+
+
+def case_generation_config():
+    """generation_config.json as vLLM's --generation-config auto reads it:
+    repetition_penalty, temperature, top_k, top_p, min_p and max_new_tokens
+    (a default and a cap) apply, do_sample does not (vllm/config/model.py
+    get_diff_sampling_param)."""
+    def model_with(gen):
+        tmp = tempfile.mkdtemp()
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            os.symlink(os.path.join(MODEL, f), os.path.join(tmp, f))
+        with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+            json.dump(dict({"bos_token_id": 1, "eos_token_id": [2, 1]}, **gen), f)
+        return tmp
+
+    def outputs(mdir, lines, flags=()):
+        data = "".join(json.dumps(l) + "\n" for l in lines).encode()
+        rc, out, err = run(["-m", mdir, "-q"] + list(flags), stdin_bytes=data)
+        check(rc == 0, f"exit {rc}: {err.decode()[-400:]}")
+        return [json.loads(l)["outputs"][0] for l in lines_of(out)]
+
+    base = {"prompt": "Tom and his dog", "seed": 3, "ignore_eos": True}
+    # do_sample false is ignored: no temperature = 1, the same as asking for 1
+    m = model_with({"do_sample": False})
+    a = outputs(m, [dict(base, max_tokens=24)])[0]
+    b = outputs(m, [dict(base, max_tokens=24, temperature=1.0)])[0]
+    g = outputs(m, [dict(base, max_tokens=24, temperature=0)])[0]
+    check(a["token_ids"] == b["token_ids"] and a["token_ids"] != g["token_ids"], "do_sample false ignored")
+    # every key applies as the request's own value would, and changes the output
+    plain = model_with({})
+    free = outputs(plain, [dict(base, max_tokens=24)])[0]
+    for k, v in (("temperature", 1.5), ("top_p", 0.5), ("top_k", 3), ("min_p", 0.3),
+                 ("repetition_penalty", 1.5)):
+        got = outputs(model_with({k: v}), [dict(base, max_tokens=24)])[0]
+        want = outputs(plain, [dict(base, max_tokens=24, **{k: v})])[0]
+        check(got["token_ids"] == want["token_ids"], f"{k} from generation_config")
+        check(got["token_ids"] != free["token_ids"], f"{k} had no effect")
+        # the request's own value wins
+        own = outputs(model_with({k: v}), [dict(base, max_tokens=24, **{k: {"top_k": -1, "min_p": 0.0}.get(k, 1.0)})])[0]
+        check(own["token_ids"] == free["token_ids"], f"{k}: the request's value wins")
+    # max_new_tokens: the default and a cap
+    m = model_with({"max_new_tokens": 5, "temperature": 0})
+    o = outputs(m, [{"prompt": "Once upon a time", "ignore_eos": True},
+                    {"prompt": "Once upon a time", "ignore_eos": True, "max_tokens": 20}])
+    check([len(x["token_ids"]) for x in o] == [5, 5], f"max_new_tokens: {[len(x['token_ids']) for x in o]}")
+
+
+def case_loglikelihood():
+    """lm-evaluation-harness loglikelihood (its local-completions model):
+    /v1/completions with the context + continuation ids, echo true,
+    max_tokens 1 (or 0), logprobs 1; score = sum of token_logprobs over the
+    continuation ([ctxlen:-1] with max_tokens 1), is_greedy = each of them
+    is its position's best. Checked against separate forwards of each prefix
+    (a plain request: the logprobs of its first generated token)."""
+    tok = lambda text: tokenize_ids(text)
+    items = [("Once upon a time, there was a little", [" girl", " dog", " tree", " car"]),
+             ("Tom and his dog went to the", [" park", " moon", " store", " school"]),
+             ("She was very", [" happy", " sad", " big", " blue"])]
+    reqs, meta = [], []
+    for qi, (ctx, conts) in enumerate(items):
+        ctx_ids = tok(ctx)
+        for ci, cont in enumerate(conts):
+            whole = tok(ctx + cont)
+            check(whole[:len(ctx_ids)] == ctx_ids, "the context tokenizes the same inside the whole")
+            for mt in (1, 0):
+                reqs.append({"custom_id": f"q{qi}-c{ci}-m{mt}", "method": "POST", "url": "/v1/completions",
+                             "body": {"model": "stories260K", "prompt": whole, "echo": True, "max_tokens": mt,
+                                      "logprobs": 1, "temperature": 0}})
+            meta.append((qi, ci, whole, len(ctx_ids)))
+    rc, out, err = gen([], stdin_bytes="".join(json.dumps(r) + "\n" for r in reqs).encode())
+    check(rc == 0, f"exit {rc}: {err.decode()[-400:]}")
+    recs = {r["custom_id"]: r for r in map(json.loads, lines_of(out))}
+    scores = {}
+    for qi, ci, whole, ctxlen in meta:
+        lp1 = recs[f"q{qi}-c{ci}-m1"]["response"]["body"]["choices"][0]["logprobs"]
+        lp0 = recs[f"q{qi}-c{ci}-m0"]["response"]["body"]["choices"][0]["logprobs"]
+        check(lp1["token_logprobs"][0] is None and lp1["top_logprobs"][0] is None, "first prompt token: null")
+        check(len(lp1["tokens"]) == len(whole) + 1 and len(lp0["tokens"]) == len(whole), "echo lengths")
+        check(lp0["token_logprobs"] == lp1["token_logprobs"][:-1], "max_tokens 0 = the prompt part of max_tokens 1")
+        cont_lp = lp1["token_logprobs"][ctxlen:-1]
+        tops = lp1["top_logprobs"][ctxlen:-1]
+        is_greedy = all(t == max(top.values()) for t, top in zip(cont_lp, tops))
+        scores[(qi, ci)] = (sum(cont_lp), is_greedy, cont_lp)
+    # separate forwards: each continuation token's logprob from a plain
+    # request on its prefix (its first generated token's top 20)
+    sep = []
+    for qi, ci, whole, ctxlen in meta:
+        for j in range(ctxlen, len(whole)):
+            sep.append({"id": f"{qi}-{ci}-{j}", "prompt_token_ids": whole[:j], "max_tokens": 1,
+                        "temperature": 0, "logprobs": 20})
+    rc, out, err = gen(["--no-prefix-caching"], stdin_bytes="".join(json.dumps(r) + "\n" for r in sep).encode())
+    check(rc == 0, f"separate: exit {rc}")
+    byid = {r["id"]: r["outputs"][0] for r in map(json.loads, lines_of(out))}
+    compared = 0
+    for qi, ci, whole, ctxlen in meta:
+        greedy = True
+        for j in range(ctxlen, len(whole)):
+            o = byid[f"{qi}-{ci}-{j}"]
+            top = {t[0]: t[1] for t in o["logprobs"][0]["top"]}
+            greedy = greedy and o["token_ids"][0] == whole[j]
+            if whole[j] in top:
+                got = scores[(qi, ci)][2][j - ctxlen]
+                check(abs(got - top[whole[j]]) <= 1e-5, f"q{qi} c{ci} token {j}: {got} vs {top[whole[j]]}")
+                compared += 1
+        check(greedy == scores[(qi, ci)][1], f"q{qi} c{ci}: is_greedy {scores[(qi, ci)][1]} vs {greedy}")
+    check(compared >= len(meta), f"only {compared} continuation tokens compared")
+    for qi, (ctx, conts) in enumerate(items):
+        best = max(range(len(conts)), key=lambda ci: scores[(qi, ci)][0])
+        print(f"  {ctx!r}: " + ", ".join(f"{c!r} {scores[(qi, ci)][0]:.3f}{' greedy' if scores[(qi, ci)][1] else ''}"
+                                          for ci, c in enumerate(conts)) + f" -> {conts[best]!r}")
+
+
+def tokenize_ids(text):
+    rc, out, err = run(["tokenize", "--tokenizer", MODEL], stdin_bytes=(json.dumps({"text": text}) + "\n").encode())
+    check(rc == 0, f"tokenize: {err.decode()}")
+    return json.loads(lines_of(out)[0])["ids"]
 
 def case_exit_codes():
     rc, _, err = run(["--bogus"])

@@ -4,8 +4,9 @@
  *  - logits after each logits-golden prompt (model_forward on a prefill
  *    step_batch) within 1e-4 of max |logit|, and bit-identical when the same
  *    prompt is fed one token per step;
- *  - greedy completions through the engine equal completion_token_ids, the
- *    finish reason and completion_text exactly; the prompt ids equal
+ *  - greedy completions through the engine equal completion_token_ids (plus
+ *    the stopping id, which the engine keeps as vLLM does), the finish
+ *    reason and completion_text exactly; the prompt ids equal
  *    tok_encode(prompt, add_special);
  *  - batch invariance: the same completions in every configuration (all in
  *    one batch, one at a time, a pool so small that preemption happens all
@@ -17,6 +18,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -304,9 +306,15 @@ static void test_greedy_goldens(void **state)
         for (int i = 0; i < n; i++) {
             pg_golden *g = &f->set.g[i];
             result *r = &res[i];
-            bool ids_ok = r->n == g->n_completion &&
+            /* the goldens leave out the stopping BOS (their README: run.c
+             * breaks before emitting it); the engine keeps it as the last
+             * token, as vLLM v1 does, so a "stop" golden is compared with
+             * one more id, which must be its stop_token_id */
+            int32_t want_n = g->n_completion + (g->stop ? 1 : 0);
+            bool ids_ok = r->n == want_n &&
                           memcmp(r->ids, g->completion_ids,
-                                 (size_t)r->n * sizeof(int32_t)) == 0;
+                                 (size_t)g->n_completion * sizeof(int32_t)) == 0 &&
+                          (!g->stop || r->ids[g->n_completion] == g->stop_token_id);
             bool text_ok = r->text_len == g->completion_text_len &&
                            memcmp(r->text, g->completion_text, r->text_len) == 0;
             /* stop: the eos id that stopped it; length: no stop id (-1) */
@@ -414,12 +422,119 @@ static void test_parallel_sampling(void **state)
     results_free(first, NS);
 }
 
+/* ---- prompt logprobs --------------------------------------------------------- */
+
+/* prompt_logprobs through the engine equal a separate forward of each
+ * prefix (log-softmax of the logits after token p, at token p + 1), with
+ * rank and top k, in configurations that would otherwise skip or split
+ * the prompt: a prefix-cache hit (the same prompt twice), a chunk budget,
+ * and a pool small enough to preempt. */
+static void test_prompt_logprobs(void **state)
+{
+    fixture *f = *state;
+    /* a golden with a prompt of more than one block of 16 (a prefix-cache hit
+     * is possible) */
+    const pg_golden *g = &f->set.g[0];
+    for (int i = 0; i < f->set.n_g; i++)
+        if (f->set.g[i].n_prompt > 16 && f->set.g[i].n_prompt < 64) g = &f->set.g[i];
+    assert_true(g->n_prompt > 16);
+    const int32_t V = f->set.cfg.vocab_size, n = g->n_prompt;
+    /* the reference: one forward per prefix */
+    model_params mp0 = {.num_kv_blocks = 64, .block_size = 16, .max_num_batched_tokens = 512, .max_num_seqs = 4};
+    rig r0;
+    rig_open(&r0, f, 1, &mp0);
+    float *row = malloc((size_t)V * sizeof(float));
+    double *ref = calloc((size_t)n, sizeof(double));
+    int32_t *ref_top = calloc((size_t)n, sizeof(int32_t));
+    assert_true(row && ref && ref_top);
+    for (int32_t p = 0; p + 1 < n; p++) {
+        pg_golden_run_prompt(r0.m, g->prompt_ids, p + 1, p + 1, 16, row);
+        double mx = -INFINITY, sum = 0;
+        int32_t am = 0;
+        for (int32_t v = 0; v < V; v++) {
+            if ((double)row[v] > mx) mx = (double)row[v];
+            if (row[v] > row[am]) am = v;
+        }
+        for (int32_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+        ref[p + 1] = (double)row[g->prompt_ids[p + 1]] - (mx + log(sum));
+        ref_top[p + 1] = am;
+    }
+    rig_close(&r0);
+    const run_cfg cfgs[] = {
+        {"prefix caching, bs 16", 1, {16, 64, 4, 2048, true}, false},
+        {"budget 3, bs 4", 2, {4, 64, 4, 3, true}, false},
+        {"tiny pool, bs 4", 1, {4, 20, 4, 2048, true}, false},
+    };
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        model_params mp = pg_golden_model_params(&cfgs[c].pool);
+        rig r;
+        rig_open(&r, f, cfgs[c].threads, &mp);
+        engine_params ep = pg_golden_engine_params(&f->set, &cfgs[c].pool);
+        engine_backend be = model_backend(r.m);
+        engine *e = NULL;
+        pg_error err;
+        assert_int_equal(engine_create(&e, &ep, &be, f->tok, &err), 0);
+        sampling_params sp = sampling_params_default();
+        sp.temperature = 0.0f;
+        sp.max_tokens = 24;
+        sp.ignore_eos = true;
+        sp.prompt_logprobs = 2;
+        sampling_params plain = sp;
+        plain.prompt_logprobs = -1;
+        uint64_t id;
+        /* a plain request first fills the prefix cache; then two with prompt logprobs */
+        assert_int_equal(engine_add_request(e, g->prompt_ids, n, &plain, (void *)0, &id, &err), 0);
+        assert_int_equal(engine_add_request(e, g->prompt_ids, n, &sp, (void *)1, &id, &err), 0);
+        assert_int_equal(engine_add_request(e, g->prompt_ids, n, &sp, (void *)2, &id, &err), 0);
+        int got = 0;
+        while (engine_has_unfinished(e)) {
+            if (engine_step(e, &err)) fail_msg("%s", err.msg);
+            request_output *o;
+            while (engine_pop_finished(e, &o)) {
+                if (o->user == (void *)0) {
+                    assert_null(o->prompt_logprobs);
+                } else {
+                    assert_non_null(o->prompt_logprobs);
+                    assert_true(isnan(o->prompt_logprobs[0]));
+                    assert_int_equal(o->n_prompt_top, 2);
+                    for (int32_t p = 1; p < n; p++) {
+                        double d = fabs((double)o->prompt_logprobs[p] - ref[p]);
+                        if (d > 1e-5)
+                            fail_msg("[%s] prompt token %d: logprob %.7g, separate forward %.7g", cfgs[c].name,
+                                     (int)p, (double)o->prompt_logprobs[p], ref[p]);
+                        assert_int_equal(o->prompt_top_ids[p * 2], ref_top[p]);
+                        assert_true(o->prompt_ranks[p] >= 1);
+                        assert_true((o->prompt_ranks[p] == 1) == (g->prompt_ids[p] == ref_top[p]) ||
+                                    o->prompt_top_logprobs[p * 2] == o->prompt_logprobs[p]);
+                    }
+                    got++;
+                }
+                request_output_free(o);
+            }
+        }
+        engine_stats st;
+        engine_get_stats(e, &st);
+        printf("    prompt logprobs [%s]: %d prompt tokens, steps %llu, preemptions %llu, prefix hits %llu\n",
+               cfgs[c].name, (int)n, (unsigned long long)st.steps, (unsigned long long)st.preemptions,
+               (unsigned long long)st.prefix_cache_hits);
+        if (c == 2)
+            assert_true(st.preemptions > 0);
+        assert_int_equal(got, 2);
+        engine_destroy(e);
+        rig_close(&r);
+    }
+    free(row);
+    free(ref);
+    free(ref_top);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_goldens),
         cmocka_unit_test(test_greedy_goldens),
         cmocka_unit_test(test_parallel_sampling),
+        cmocka_unit_test(test_prompt_logprobs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

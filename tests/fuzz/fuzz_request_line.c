@@ -27,11 +27,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     def.n_stop = 1;
     const cli_format fmts[] = {CLI_FORMAT_TEXT, CLI_FORMAT_JSONL, CLI_FORMAT_OPENAI,
                                cli_detect_format(line, size)};
-    for (size_t k = 0; k < sizeof fmts / sizeof fmts[0]; k++) {
+    /* each format strict (--strict) and lax (vLLM's leniency, the default) */
+    for (size_t kk = 0; kk < 2 * (sizeof fmts / sizeof fmts[0]); kk++) {
+        size_t k = kk / 2;
+        bool strict = kk % 2 == 0;
         cli_request r;
         pg_error err;
         err.msg[0] = '\0';
-        int rc = cli_request_parse(&r, line, size, fmts[k], 3, 4, &def, 9, &err);
+        int rc = cli_request_parse_ex(&r, line, size, fmts[k], 3, 4, &def, 9, strict, &err);
+        if (rc == PG_OK && strict && r.n_lax != 0)
+            abort();
         if (rc == PG_OK) {
             if ((r.prompt != NULL) + (r.prompt_ids != NULL) + (r.chat_json != NULL) != 1)
                 abort();
@@ -69,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         cli_output_ctx ctx = {.fmt = fmts[k]};
         json_buf b = {0};
-        cli_output_error(&b, &ctx, r.id_json, r.line, err.msg);
+        cli_output_error(&b, &ctx, r.id_json, r.line, 400, err.msg);
         if (!b.oom && (b.len == 0 || b.data[b.len - 1] != '\n' || memchr(b.data, '\n', b.len) != b.data + b.len - 1))
             abort(); /* one record = one line */
         json_buf_free(&b);

@@ -231,7 +231,7 @@ static void test_merge_generation(void **state)
     assert_memory_equal(&c, &before, sizeof c);
 
     gen = "{\"bos_token_id\":1,\"eos_token_id\":[2,3,2],\"temperature\":0.6,\"top_p\":0.9,"
-          "\"top_k\":50,\"do_sample\":true}";
+          "\"top_k\":50,\"do_sample\":true,\"repetition_penalty\":1.1,\"min_p\":0.05,\"max_new_tokens\":77}";
     if (llama_config_merge_generation(&c, gen, strlen(gen), "generation_config.json", &e) != PG_OK)
         fail_msg("%s", e.msg);
     assert_int_equal(c.n_eos_token_ids, 2);
@@ -242,11 +242,15 @@ static void test_merge_generation(void **state)
     assert_true(c.has_top_p && c.top_p == 0.9f);
     assert_true(c.has_top_k && c.top_k == 50);
     assert_true(c.has_do_sample && c.do_sample);
+    assert_true(c.has_repetition_penalty && c.repetition_penalty == 1.1f);
+    assert_true(c.has_min_p && c.min_p == 0.05f);
+    assert_true(c.has_max_new_tokens && c.max_new_tokens == 77);
 
     before = c;
     static const char *const bad[] = {
         "{\"top_p\":1.5}", "{\"top_p\":0}", "{\"temperature\":-1}", "{\"top_k\":-2}",
         "{\"do_sample\":\"true\"}", "[]", "{\"eos_token_id\":{}}", "nope",
+        "{\"repetition_penalty\":0}", "{\"min_p\":1.5}", "{\"max_new_tokens\":0}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (llama_config_merge_generation(&c, bad[i], strlen(bad[i]), "generation_config.json", &e) == PG_OK)
