@@ -85,7 +85,7 @@ size_t model_weight_bytes(const llama_config *cfg, const executor *ex)
     size_t wt = V * H * (cfg->tie_word_embeddings ? 1u : 2u) +
                 (size_t)cfg->num_hidden_layers * per_layer_wt;
     size_t f32 = (size_t)cfg->num_hidden_layers * 2u * H + H + (size_t)cfg->head_dim / 2u;
-    return wt * ex->wt_bytes + f32 * 4u;
+    return exec_wt_bytes(ex, wt) + f32 * 4u;
 }
 
 /* ---- load ----------------------------------------------------------------- */
