@@ -327,6 +327,10 @@ static void test_cpu_memory_check(void **state)
             if (types[k] == CPU_WT_BF16) /* 15 GiB of weights: 40% of 23 GiB would not fit beside them */
                 assert_string_equal(plan.source, "90% of MemAvailable less the weights");
         }
+        /* a fixed --kv-cache-memory holds twice the blocks with a 16-bit cache */
+        parse(&o, 5, "-m", "d", "--kv-cache-memory", "1GiB");
+        assert_int_equal(cli_kv_plan_make(&plan, &o, ex, &cfg, 4096, &err), PG_OK);
+        assert_int_equal(plan.num_blocks, types[k] == CPU_WT_F32 ? 256 : 512); /* kv auto: f32 / bf16 */
         ex->op = real;
         ex->op->destroy(ex);
     }
