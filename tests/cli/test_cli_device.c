@@ -296,7 +296,8 @@ static void test_cpu_memory_check(void **state)
     const int32_t types[3] = {CPU_WT_F32, CPU_WT_BF16, CPU_WT_I8};
     for (int k = 0; k < 3; k++) {
         executor *ex = NULL;
-        cpu_executor_params p = {.threads = 1, .wt_dtype = types[k]};
+        cpu_executor_params p = {.threads = 1, .wt_dtype = types[k],
+                                 .kv_dtype = types[k] == CPU_WT_F32 ? CPU_KV_F32 : CPU_KV_BF16};
         assert_int_equal(cpu_executor_create(&ex, &p, &err), PG_OK);
         const executor_ops *real = ex->op;
         memset(&g_fake, 0, sizeof g_fake);
@@ -330,7 +331,7 @@ static void test_cpu_memory_check(void **state)
         /* a fixed --kv-cache-memory holds twice the blocks with a 16-bit cache */
         parse(&o, 5, "-m", "d", "--kv-cache-memory", "1GiB");
         assert_int_equal(cli_kv_plan_make(&plan, &o, ex, &cfg, 4096, &err), PG_OK);
-        assert_int_equal(plan.num_blocks, types[k] == CPU_WT_F32 ? 256 : 512); /* kv auto: f32 / bf16 */
+        assert_int_equal(plan.num_blocks, types[k] == CPU_WT_F32 ? 256 : 512); /* f32 / bf16 cache */
         ex->op = real;
         ex->op->destroy(ex);
     }
