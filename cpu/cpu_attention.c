@@ -161,6 +161,9 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
 /* Work chunks per pool thread (finer than threads: a late thread holds up
  * only a small share while the others take the rest). */
 #define CHUNKS_PER_THREAD 4
+/* Below this many query heads in an item the K dots are reduced one tree
+ * per head (cm_hsum) instead of 16 at a time (cm_hsum16): same bits. */
+#define ATTN_HSUM16_MIN_HEADS 6
 /* At most this many chunks in all (the chunk table lives on the stack). */
 #define MAX_CHUNKS 256
 
@@ -244,6 +247,17 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
         for (int32_t r = 0; r < rows; r++) {
             const int64_t kr = kb + r * kvw;
             float *er = e + (int64_t)(c0 + r) * nhp;
+            if (nhi < ATTN_HSUM16_MIN_HEADS) {
+                /* few heads (a decode item of one kv head): one tree per
+                 * head; cm_hsum16 gives each lane cm_hsum's bits, so this
+                 * is the same value without 16 - nhi reductions of zeros */
+                for (int32_t hi = 0; hi < nhi; hi++)
+                    er[hi] = cm_hsum(attn_dot_lanes(qp + (int64_t)hi * hdp, j->k_cache,
+                                                    kr + (int64_t)(hi / G) * hd, nv, rem, kvt)) * j->scale;
+                for (int32_t hi = nhi; hi < CM_LANES; hi++)
+                    er[hi] = 0.0f;
+                continue;
+            }
             for (int32_t hg = 0; hg < nhi; hg += CM_LANES) {
                 cm_v16f acc[CM_LANES];
                 for (int32_t i = 0; i < CM_LANES; i++) {
