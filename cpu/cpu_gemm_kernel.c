@@ -32,7 +32,6 @@
  * instruction and the lanes vectorize).
  */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_gemm_kernel.h"
@@ -65,7 +64,6 @@
 typedef __m512 vf;
 static inline vf v_zero(void) { return _mm512_setzero_ps(); }
 static inline vf v_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline void v_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
 /* elements [0, n) of p, zeros after (n may be <= 0 or >= VL) */
 static inline vf v_load_tail(const float *p, int32_t n)
 {
@@ -129,7 +127,6 @@ static inline vf v_hsum16(const vf *a)
 typedef __m256 vf;
 static inline vf v_zero(void) { return _mm256_setzero_ps(); }
 static inline vf v_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline void v_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
 static inline vf v_load_tail(const float *p, int32_t n)
 {
     static const int32_t mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -168,7 +165,6 @@ static inline float v_hsum(const vf *a)
 typedef float vf;
 static inline vf v_zero(void) { return 0.0f; }
 static inline vf v_load(const float *p) { return *p; }
-static inline void v_store(float *p, vf v) { *p = v; }
 static inline vf v_load_tail(const float *p, int32_t n) { return n > 0 ? *p : 0.0f; }
 #if defined(FP_FAST_FMAF)
 /* fmaf is one instruction here (aarch64, or x86 built with -mfma) */
@@ -519,34 +515,6 @@ GEMM_DEF_ROW(2)
 static const gemm_tile_fn gemm_tiles[WK_COUNT][MR + 1][NR + 1] = {
     GEMM_TABLE(WK_F32), GEMM_TABLE(WK_BF16), GEMM_TABLE(WK_I8), GEMM_TABLE(WK_I8_ANY)};
 
-/* Rows [n, n + nr) of w (type wk) widened into buf [nr][K] f32, VL lanes
- * at a time with the tile's own loads (so the very values a tile would
- * read); buf has VL floats of slack after the last row. */
-static void widen_rows(float *buf, const void *w, int64_t e0, int32_t K, int32_t nr, const int wk)
-{
-    const int32_t kfull = K / VL * VL;
-    for (int32_t j = 0; j < nr; j++) {
-        const int64_t er = e0 + (int64_t)j * K;
-        const unsigned char *row = w_row(w, er, wk);
-        float *dst = buf + (int64_t)j * K;
-        int32_t k = 0;
-        /* int8 in whole blocks: VL-lane loads stay inside a block (K % 32 == 0) */
-        for (; k < kfull; k += VL)
-            v_store(dst + k, w_load(w, row, er, k, wk));
-        if (k < K)
-            v_store(dst + k, w_load_tail(w, row, er, k, K - k, wk)); /* spills into the next row or the slack */
-    }
-}
-
-static void widen_rows_wk(float *buf, const void *w, int64_t e0, int32_t K, int32_t nr, int wk)
-{
-    switch (wk) {
-    case WK_BF16: widen_rows(buf, w, e0, K, nr, WK_BF16); break;
-    case WK_I8: widen_rows(buf, w, e0, K, nr, WK_I8); break;
-    default: widen_rows(buf, w, e0, K, nr, WK_I8_ANY); break;
-    }
-}
-
 void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M, int32_t K, int32_t n0,
                   int32_t n1)
 {
@@ -561,31 +529,15 @@ void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const void *w, int32_t 
     mc = mc / MR * MR;
     if (mc < MR)
         mc = MR;
-    /* bf16 / int8 with more than one row tile: the tile's NR rows of w are
-     * widened once into f32 (wbuf) and the f32 tile runs over them, so the
-     * conversion is paid once per NR rows of w, not once per row tile;
-     * the values, and so the bits, are the same (without memory for wbuf
-     * the tiles convert in registers as at M <= MR). */
-    float *wbuf = wk != WK_F32 && M > MR ? malloc(((size_t)NR * (size_t)K + VL) * sizeof *wbuf) : NULL;
     for (int32_t mb = 0; mb < M; mb += mc) {
         int32_t me = mb + mc < M ? mb + mc : M;
         for (int32_t n = n0; n < n1; n += NR) {
             int32_t nr = n1 - n < NR ? n1 - n : NR;
             const int64_t e0 = (int64_t)n * K;
-            const void *wt_src = w;
-            int64_t e_src = e0;
-            int wk_src = wk;
-            if (wbuf) {
-                widen_rows_wk(wbuf, w, e0, K, nr, wk);
-                wt_src = wbuf;
-                e_src = 0;
-                wk_src = WK_F32;
-            }
             for (int32_t m = mb; m < me; m += MR) {
                 int32_t mr = me - m < MR ? me - m : MR;
-                gemm_tiles[wk_src][mr][nr](y + (int64_t)m * ldy + n, ldy, x + (int64_t)m * K, wt_src, e_src, K);
+                gemm_tiles[wk][mr][nr](y + (int64_t)m * ldy + n, ldy, x + (int64_t)m * K, w, e0, K);
             }
         }
     }
-    free(wbuf);
 }
