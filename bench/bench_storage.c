@@ -48,8 +48,14 @@ static double step_bytes(const bench_model *bm, double ctx)
 int bench_section_storage(bench_ctx *c)
 {
     const int32_t P = c->quick ? 16 : 128, G = c->quick ? 16 : 128;
-    const int32_t batches[MAX_B] = {1, c->quick ? 8 : 64};
-    const int n_b = 2, rounds = c->quick ? 1 : 2;
+    int32_t batches[MAX_B] = {1, c->quick ? 8 : 64};
+    int n_b = 2;
+    const int rounds = c->quick ? 1 : 2;
+    if (c->n_batches > 0) { /* --batches: the first two sizes given */
+        n_b = c->n_batches < 2 ? c->n_batches : 2;
+        for (int i = 0; i < n_b; i++)
+            batches[i] = c->batches[i];
+    }
     char dir[BENCH_MAX_PATH + 16];
     if (c->single_model)
         snprintf(dir, sizeof dir, "%s", c->model_dir);
@@ -113,8 +119,8 @@ int bench_section_storage(bench_ctx *c)
 
     const double bw = c->mach.read_gbs * 1e9;
     char hd_dec[32], hd_gen[32];
-    snprintf(hd_dec, sizeof hd_dec, "b%d decode/s", (int)batches[1]);
-    snprintf(hd_gen, sizeof hd_gen, "b%d gen t/s", (int)batches[1]);
+    snprintf(hd_dec, sizeof hd_dec, "b%d decode/s", (int)batches[n_b - 1]);
+    snprintf(hd_gen, sizeof hd_gen, "b%d gen t/s", (int)batches[n_b - 1]);
     printf("  %-7s %-5s %9s %8s | %11s %7s %9s %8s %6s | %11s %7s %11s\n", "weights", "kv", "wt_MiB", "load_s",
            "b1 decode/s", "x f32", "MB/token", "roof t/s", "%roof", hd_dec, "x f32", hd_gen);
     if (bw <= 0.0)
@@ -132,7 +138,8 @@ int bench_section_storage(bench_ctx *c)
         printf("  %-7s %-5s %9.1f %8.2f | %11.1f %6.2fx %9.1f %8.1f %5.0f%% | %11.1f %6.2fx %11.1f\n",
                cpu_wt_name(storage_cfgs[k].wt), cpu_kv_name(storage_cfgs[k].kv), weights[k] / 1048576.0,
                load_s[k], decode[k][0], decode[k][0] / decode[0][0], bytes_b1[k] * 1e-6, roof,
-               100.0 * decode[k][0] / roof, decode[k][1], decode[k][1] / decode[0][1], gen[k][1]);
+               100.0 * decode[k][0] / roof, decode[k][n_b - 1], decode[k][n_b - 1] / decode[0][n_b - 1],
+               gen[k][n_b - 1]);
         bench_json_obj(j, NULL);
         bench_json_str(j, "weights", cpu_wt_name(storage_cfgs[k].wt));
         bench_json_str(j, "kv", cpu_kv_name(storage_cfgs[k].kv));
