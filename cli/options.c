@@ -121,7 +121,7 @@ static const char *const generate_help[] = {
 "      --check-invariants     check the block pool after every step (slow; debugging)\n"
 "                             [default: off]\n"
 "\n"
-"CUDA (vLLM names; see cli/README.md):\n"
+"Precision and CUDA (vLLM names; see cli/README.md):\n"
 "      --gpu-memory-utilization X  share of the device's total memory pagedgen may\n"
 "                             use, (0, 1]: the KV cache gets X x total minus what is\n"
 "                             in use after loading the weights (measured) minus the\n"
