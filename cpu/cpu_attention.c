@@ -12,7 +12,7 @@
  *   e[h][j]  = exp(s[h][j] - max_j s[h][j]); z_h = sum_j e[h][j]
  *   out[t][h*hd + d] = (sum_j e[h][j] * v_j[d]) * (1 / z_h)   (j order)
  * With a bf16 or f16 cache (ce->kv) k_j and v_j are the cached values
- * widened to f32 exactly (cpu_math.h cm_bf16_to_f32 / cm_f16_to_f32; the
+ * widened to f32 exactly (cpu_math.h cm_load_bf16 / cm_load_f16; the
  * twin: cpu_kv_load), and everything else is as with an f32 cache.
  * Every (t, h) is computed wholly by one chunk of work from its own inputs,
  * in an order fixed by (hd, p) alone, so a token's output does not depend on
@@ -172,9 +172,7 @@ static inline __attribute__((always_inline)) cm_v16f kv_load(const void *c, int6
 {
     if (kvt == CPU_KV_F32)
         return cm_load((const float *)c + e);
-    cm_v16h h;
-    memcpy(&h, (const uint16_t *)c + e, sizeof h);
-    return kvt == CPU_KV_BF16 ? cm_bf16_to_f32(h) : cm_f16_to_f32(h);
+    return kvt == CPU_KV_BF16 ? cm_load_bf16((const uint16_t *)c + e) : cm_load_f16((const uint16_t *)c + e);
 }
 
 /* elements [e, e + n) of c, zeros after; 0 <= n <= 16 (reads only n) */
@@ -182,9 +180,9 @@ static inline __attribute__((always_inline)) cm_v16f kv_load_part(const void *c,
 {
     if (kvt == CPU_KV_F32)
         return cm_load_part((const float *)c + e, n);
-    cm_v16h h = {0};
-    memcpy(&h, (const uint16_t *)c + e, (size_t)n * sizeof(uint16_t));
-    return kvt == CPU_KV_BF16 ? cm_bf16_to_f32(h) : cm_f16_to_f32(h);
+    uint16_t h[CM_LANES] = {0};
+    memcpy(h, (const uint16_t *)c + e, (size_t)n * sizeof(uint16_t));
+    return kvt == CPU_KV_BF16 ? cm_load_bf16(h) : cm_load_f16(h);
 }
 
 /* dot(qp, k) in 16 lanes (before the tree); qp is zero-padded to
@@ -210,6 +208,18 @@ static inline __attribute__((always_inline)) void attn_axpy(float *o, float e, c
         cm_store(o + CM_LANES * i, cm_load(o + CM_LANES * i) + e * kv_load(c, ve + CM_LANES * i, kvt));
     if (rem)
         cm_store(o + CM_LANES * nv, cm_load(o + CM_LANES * nv) + e * kv_load_part(c, ve + CM_LANES * nv, rem, kvt));
+}
+
+/* cm_hsum's tree (cpu_math.h) over 16 stored lanes: (l, l+8), (l, l+4),
+ * then (0+2) + (1+3) */
+static inline float attn_tree(const float *l)
+{
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++)
+        s8[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; i++)
+        s4[i] = s8[i] + s8[i + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
 /* One item: token t, kv heads [g0, g1), query heads h0 .. h0+nhi-1 (local
@@ -249,11 +259,15 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
             float *er = e + (int64_t)(c0 + r) * nhp;
             if (nhi < ATTN_HSUM16_MIN_HEADS) {
                 /* few heads (a decode item of one kv head): one tree per
-                 * head; cm_hsum16 gives each lane cm_hsum's bits, so this
-                 * is the same value without 16 - nhi reductions of zeros */
-                for (int32_t hi = 0; hi < nhi; hi++)
-                    er[hi] = cm_hsum(attn_dot_lanes(qp + (int64_t)hi * hdp, j->k_cache,
-                                                    kr + (int64_t)(hi / G) * hd, nv, rem, kvt)) * j->scale;
+                 * head; cm_hsum16 gives each lane cm_hsum's bits (the tree of
+                 * attn_tree), so this is the same value without 16 - nhi
+                 * reductions of zeros */
+                for (int32_t hi = 0; hi < nhi; hi++) {
+                    float l[CM_LANES];
+                    cm_store(l, attn_dot_lanes(qp + (int64_t)hi * hdp, j->k_cache, kr + (int64_t)(hi / G) * hd,
+                                               nv, rem, kvt));
+                    er[hi] = attn_tree(l) * j->scale;
+                }
                 for (int32_t hi = nhi; hi < CM_LANES; hi++)
                     er[hi] = 0.0f;
                 continue;

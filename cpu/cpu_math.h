@@ -144,20 +144,24 @@ static inline float cm_hmax(cm_v16f a)
     return m;
 }
 
-/* bf16 -> f32 in every lane: the bits shifted up by 16 (exact) */
-static inline cm_v16f cm_bf16_to_f32(cm_v16h h)
+/* 16 bf16 at p (any alignment) -> f32: the bits shifted up by 16 (exact) */
+static inline cm_v16f cm_load_bf16(const uint16_t *p)
 {
+    cm_v16h h;
+    memcpy(&h, p, sizeof h);
     return (cm_v16f)(__builtin_convertvector(h, cm_v16u) << 16);
 }
 
-/* IEEE binary16 -> binary32 in every lane, exact, with integer operations
+/* 16 IEEE binary16 at p -> binary32, exact, with integer operations
  * and one multiply by a power of two (no F16C needed, the same bits on every
  * ISA): the exponent and mantissa fields, moved to f32's positions, read as
  * an f32 2^112 times too small (an f16 subnormal lands on an f32 subnormal,
  * whose scaling is exact as well: the default MXCSR has no DAZ); inf and NaN
  * (exponent 31) get f32's all-ones exponent, payload kept; then the sign. */
-static inline cm_v16f cm_f16_to_f32(cm_v16h h)
+static inline cm_v16f cm_load_f16(const uint16_t *p)
 {
+    cm_v16h h;
+    memcpy(&h, p, sizeof h);
     const cm_v16u u = __builtin_convertvector(h, cm_v16u);
     const cm_v16u em = (u & 0x7fffu) << 13;
     const cm_v16f fin = (cm_v16f)em * 0x1p112f;

@@ -404,30 +404,30 @@ static void test_fast_vs_ref(void **state)
         fast_vs_ref_kv((cpu_kv)kv);
 }
 
-/* cm_bf16_to_f32 / cm_f16_to_f32 against weights/dtype.c's scalar
+/* cm_load_bf16 / cm_load_f16 against weights/dtype.c's scalar
  * conversions on every one of the 65536 bit patterns (NaNs: still NaN,
  * sign and payload kept). */
 static void test_widen_16bit(void **state)
 {
     (void)state;
     for (uint32_t base = 0; base < 65536; base += 16) {
-        cm_v16h h;
+        uint16_t h[16];
         for (int i = 0; i < 16; i++)
             h[i] = (uint16_t)(base + (uint32_t)i);
-        const cm_v16f b = cm_bf16_to_f32(h), f = cm_f16_to_f32(h);
+        const cm_v16f b = cm_load_bf16(h), f = cm_load_f16(h);
         for (int i = 0; i < 16; i++) {
             const float wb = pg_bf16_to_f32(h[i]), wf = pg_f16_to_f32(h[i]);
             const float gb = b[i], gf = f[i];
             if (memcmp(&gb, &wb, sizeof gb) != 0)
-                fail_msg("cm_bf16_to_f32(0x%04x) = %a, expected %a", (unsigned)h[i], (double)gb, (double)wb);
+                fail_msg("cm_load_bf16(0x%04x) = %a, expected %a", (unsigned)h[i], (double)gb, (double)wb);
             if (memcmp(&gf, &wf, sizeof gf) != 0 && !(isnan(gf) && isnan(wf)))
-                fail_msg("cm_f16_to_f32(0x%04x) = %a, expected %a", (unsigned)h[i], (double)gf, (double)wf);
+                fail_msg("cm_load_f16(0x%04x) = %a, expected %a", (unsigned)h[i], (double)gf, (double)wf);
             if (isnan(wf)) { /* same bits for NaN too: payload and sign */
                 uint32_t a, c;
                 memcpy(&a, &gf, sizeof a);
                 memcpy(&c, &wf, sizeof c);
                 if ((a & 0x80000000u) != (c & 0x80000000u) || (a & 0x003fffffu) != (c & 0x003fffffu))
-                    fail_msg("cm_f16_to_f32(0x%04x): NaN bits %08x, expected %08x", (unsigned)h[i], a, c);
+                    fail_msg("cm_load_f16(0x%04x): NaN bits %08x, expected %08x", (unsigned)h[i], a, c);
             }
         }
     }
