@@ -263,16 +263,20 @@ static inline __attribute__((always_inline)) vf w_load(const void *w, const unsi
 }
 
 /* Batch-1 decode streams w from memory once, one tile of NR rows after the
- * other: NR short streams of K elements each, too short for the hardware
- * prefetcher to get ahead of. Tiles of one row of x therefore prefetch
- * each row GEMM_PF_BYTES ahead of the element they read (past a row's end
- * that is the next row, and for the tile's last row the next tile's first:
- * w is one contiguous [N][K] array); 4 KiB ahead, into L1 (T0), was the
- * best of {0, 1, 2, 4} KiB x {NTA, T0} for 4096 x 768 at M = 1 on this
- * (loaded, noisy) 2-core EPYC: ~1.3-1.6x over no prefetch for f32 / bf16 /
- * int8. A hint only: no value changes. */
+ * other: NR short streams of K elements each. How many cache lines are in
+ * flight then limits the bandwidth, and a bf16 or int8 tile issues more
+ * instructions per line than an f32 one (it also converts), so without
+ * help it keeps fewer lines in flight and gains little from its smaller
+ * size. Tiles of one row of x therefore prefetch each row GEMM_PF_BYTES
+ * ahead of the element they read into L2 (w is one contiguous [N][K]
+ * array: the NR streams of a tile together cover, one line each, the tile
+ * about 16 KiB further on). Measured on this 2-core Zen 4 (4096 x 768 at
+ * M = 1, 2 threads, 12 matrices in rotation, interleaved A/B under load):
+ * no prefetch f32 / bf16 / int8 ~880 / 730 / 560 us; 4 KiB into L1 ~900 /
+ * 660 / 430; 8 KiB into L2 ~690 / 420 / 380; 16 KiB into L2 ~600 / 370 /
+ * 380 (L2 has more miss buffers than L1). A hint only: no value changes. */
 #ifndef GEMM_PF_BYTES
-#define GEMM_PF_BYTES 4096
+#define GEMM_PF_BYTES 16384
 #endif
 static inline __attribute__((always_inline)) void w_prefetch(const unsigned char *row, int32_t k, const int wk)
 {
@@ -281,7 +285,7 @@ static inline __attribute__((always_inline)) void w_prefetch(const unsigned char
     const size_t off = wk == WK_F32 ? (size_t)k * 4u
                      : wk == WK_BF16 ? (size_t)k * 2u
                                      : (size_t)k / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
-    __builtin_prefetch(row + off + GEMM_PF_BYTES, 0, 3);
+    __builtin_prefetch(row + off + GEMM_PF_BYTES, 0, 1); /* into L2 (prefetcht2) */
 }
 
 /* weights [k, k + n) of a row, zeros after (n may be <= 0 or >= VL) */
@@ -336,7 +340,7 @@ gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int3
                     a[i][j] = _mm256_load_ps(acc_mem[h][i][j]);
             for (int32_t k = kc; k < ke; k += GEMM_LANES) {
                 if (mr == 1 && h == 0 &&
-                    (wk == WK_F32 || (wk == WK_BF16 && k % 32 == 0) || (wk == WK_I8 && k % 64 == 0)))
+                    (wk == WK_F32 || (wk == WK_BF16 && k % 32 == 0) || (wk == WK_I8 && k % 32 == 0)))
 #pragma GCC unroll 8
                     for (int j = 0; j < nr; j++)
                         w_prefetch(row[j], k, wk);
@@ -403,8 +407,9 @@ gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int3
                 acc[i][j][h] = v_zero();
     int32_t k = 0;
     for (; k + GEMM_LANES <= K; k += GEMM_LANES) {
-        /* one line per 64 bytes read: every step for f32, every other for bf16 */
-        if (mr == 1 && (wk == WK_F32 || (wk == WK_BF16 && k % 32 == 0) || (wk == WK_I8 && k % 64 == 0)))
+        /* a line per 64 bytes read (f32 every step, bf16 every other), int8
+         * every 36 bytes (one block) so that no line of its 72-byte pairs is skipped */
+        if (mr == 1 && (wk == WK_F32 || (wk == WK_BF16 && k % 32 == 0) || (wk == WK_I8 && k % 32 == 0)))
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 w_prefetch(row[j], k, wk);
