@@ -281,6 +281,11 @@ int cli_cpu_check_memory(const cli_kv_plan *plan, executor *ex, const llama_conf
     if (weights + kv <= (double)free_b)
         return PG_OK;
     const char *wt = ex->wt_block_elems ? "int8" : (ex->wt_bytes == 2 ? "bf16" : "f32");
+    if (!plan)
+        return pg_error_set(err, PG_ENOMEM,
+                            "cpu: the weights need %.1f GiB as %s (before any kv cache), %.1f GiB available "
+                            "(MemAvailable); store them smaller (--dtype bfloat16, --quantization int8)",
+                            weights / gib, wt, (double)free_b / gib);
     return pg_error_set(err, PG_ENOMEM,
                         "cpu: the model needs %.1f GiB (weights as %s %.1f GiB + kv cache %.1f GiB), "
                         "%.1f GiB available (MemAvailable); store the weights smaller (--dtype bfloat16, "
