@@ -22,6 +22,14 @@ void bench_model_free(bench_model *bm)
 int bench_model_load(bench_model *bm, const char *dir, int32_t threads, const model_params *mp,
                      pg_error *err)
 {
+    cpu_executor_params cp = {.threads = threads};
+    return bench_model_load_with(bm, dir, &cp, mp, err);
+}
+
+int bench_model_load_with(bench_model *bm, const char *dir, const cpu_executor_params *cp,
+                          const model_params *mp, pg_error *err)
+{
+    const int32_t threads = cp->threads;
     memset(bm, 0, sizeof(*bm));
     snprintf(bm->dir, sizeof(bm->dir), "%s", dir);
     const char *slash = strrchr(dir, '/');
@@ -39,7 +47,7 @@ int bench_model_load(bench_model *bm, const char *dir, int32_t threads, const mo
     rc = st_open(&st, dir, err);
     if (rc != 0)
         return rc;
-    rc = cpu_executor_create(&bm->ex, &(cpu_executor_params){.threads = threads}, err);
+    rc = cpu_executor_create(&bm->ex, cp, err);
     if (rc == 0)
         rc = model_create(&bm->m, bm->ex, &bm->cfg, st, mp, err);
     st_close(st);

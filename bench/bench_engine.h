@@ -17,6 +17,7 @@
 
 #include "bench_workload.h"
 #include "config.h"
+#include "cpu_executor.h"
 #include "engine.h"
 #include "executor.h"
 #include "model.h"
@@ -42,6 +43,9 @@ typedef struct bench_model {
  * threads and a KV pool of mp->num_kv_blocks blocks. */
 int bench_model_load(bench_model *bm, const char *dir, int32_t threads, const model_params *mp,
                      pg_error *err);
+/* The same on a CPU executor made from cp (threads, weight and KV storage). */
+int bench_model_load_with(bench_model *bm, const char *dir, const cpu_executor_params *cp,
+                          const model_params *mp, pg_error *err);
 void bench_model_free(bench_model *bm); /* accepts a zeroed struct */
 
 /* Context limit of the model (max_position_embeddings). */

@@ -43,5 +43,6 @@ int bench_section_throughput(bench_ctx *c);
 int bench_section_paged(bench_ctx *c);
 int bench_section_scaling(bench_ctx *c);
 int bench_section_prefix(bench_ctx *c);   /* + parallel sampling */
+int bench_section_storage(bench_ctx *c);  /* bench_storage.c: f32/bf16/int8 weights x f32/bf16 kv */
 
 #endif /* PG_BENCH_SECTIONS_H */

@@ -12,6 +12,9 @@
  *   scaling     throughput vs max_num_seqs and vs KV budget (SVG plots).
  *   prefix      shared system prefix with prefix caching on/off, and n = 4
  *               parallel sampling vs 4 independent requests (blocks saved).
+ *   storage     Issue 13: 110m with f32 / bf16 / int8 weights x f32 / bf16
+ *               KV cache at batch 1 and 64, ratios to f32/f32 in the same
+ *               run, the batch-1 bytes-per-token roofline (bench_storage.c).
  *
  * The engine is driven directly (prompts as token ids, EOS ignored, greedy
  * unless said otherwise, fixed seeds, a warm-up run per model). Figures go
@@ -64,7 +67,7 @@ static int mkdir_p(const char *path)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix]\n"
+    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage]\n"
                "                      [--model-dir DIR] [--threads N] [--out DIR] [--shared DIR]\n"
                "                      [--git-commit SHA] [--batches 1,8,...] [--skip-ceilings]\n"
                "  --model-dir  folder with the synthetic models 15m, 110m, gqa-110m (default\n"
@@ -170,14 +173,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "pagedgen_bench: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    static const char *const sections[] = {"machine", "throughput", "paged", "scaling", "prefix"};
+    static const char *const sections[] = {"machine", "throughput", "paged", "scaling", "prefix", "storage"};
     if (c.only) {
         bool known = false;
         for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
             known = known || strcmp(c.only, sections[i]) == 0;
         if (!known) {
             fprintf(stderr, "pagedgen_bench: --only: expected machine, throughput, paged, "
-                            "scaling or prefix, got '%s'\n", c.only);
+                            "scaling, prefix or storage, got '%s'\n", c.only);
             return 2;
         }
     }
@@ -224,13 +227,14 @@ int main(int argc, char **argv)
     double t0 = bench_now_s();
     int rc = 0;
     if (!c.skip_ceilings &&
-        (bench_section_on(&c, "machine") || bench_section_on(&c, "throughput")))
+        (bench_section_on(&c, "machine") || bench_section_on(&c, "throughput") ||
+         bench_section_on(&c, "storage")))
         bench_section_machine(&c); /* the throughput figures are compared against these */
     static int (*const section_fn[])(bench_ctx *) = {NULL, bench_section_throughput,
                                                      bench_section_paged, bench_section_scaling,
-                                                     bench_section_prefix};
-    double section_s[5] = {0};
-    for (size_t i = 1; i < 5 && rc == 0; i++) {
+                                                     bench_section_prefix, bench_section_storage};
+    double section_s[6] = {0};
+    for (size_t i = 1; i < 6 && rc == 0; i++) {
         if (!bench_section_on(&c, sections[i]))
             continue;
         double ts = bench_now_s();
@@ -239,7 +243,7 @@ int main(int argc, char **argv)
         printf("  (%s: %.1f s)\n", sections[i], section_s[i]);
     }
     bench_json_obj(c.j, "section_seconds");
-    for (size_t i = 1; i < 5; i++)
+    for (size_t i = 1; i < 6; i++)
         if (section_s[i] > 0.0)
             bench_json_num(c.j, sections[i], section_s[i]);
     bench_json_end(c.j);

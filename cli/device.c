@@ -5,10 +5,43 @@
 #include <unistd.h>
 
 #include "cpu_executor.h"
+#include "cpu_wt.h"
 #ifdef PG_HAVE_CUDA
 #include "cuda_executor.h"
 #include "cuda_plan.h"
 #endif
+
+/* The checkpoint's weight dtype: that of model.embed_tokens.weight, F32
+ * when the checkpoint cannot be read here (loading it reports why). */
+static st_dtype checkpoint_dtype(const char *model_dir)
+{
+    st_file *f = NULL;
+    pg_error ignored;
+    st_dtype d = ST_F32;
+    if (model_dir && st_open(&f, model_dir, &ignored) == PG_OK) {
+        const st_tensor *t = st_find(f, "model.embed_tokens.weight");
+        if (t)
+            d = t->dtype;
+        st_close(f);
+    }
+    return d;
+}
+
+void cli_cpu_storage(const cli_options *o, st_dtype checkpoint, int32_t *wt, int32_t *kv)
+{
+    if (o->quantization == CLI_QUANT_INT8)
+        *wt = CPU_WT_I8;
+    else if (o->dtype == CLI_DTYPE_BF16 || (o->dtype == CLI_DTYPE_AUTO && checkpoint == ST_BF16))
+        *wt = CPU_WT_BF16;
+    else
+        *wt = CPU_WT_F32; /* f32 and f16 checkpoints: f16 -> bf16 is not exact */
+    switch (o->kv_cache_dtype) {
+    case CLI_KV_DTYPE_F32: *kv = CPU_KV_F32; break;
+    case CLI_KV_DTYPE_BF16: *kv = CPU_KV_BF16; break;
+    case CLI_KV_DTYPE_FP16: *kv = CPU_KV_F16; break;
+    default: *kv = *wt == CPU_WT_F32 ? CPU_KV_F32 : CPU_KV_BF16; break;
+    }
+}
 
 int cli_device_open(const cli_options *o, executor **out, pg_error *err)
 {
@@ -48,6 +81,7 @@ int cli_device_open(const cli_options *o, executor **out, pg_error *err)
         return rc;
     }
     cpu_executor_params p = {.threads = o->threads};
+    cli_cpu_storage(o, checkpoint_dtype(o->model_dir), &p.wt_dtype, &p.kv_dtype);
     return cpu_executor_create(out, &p, err);
 }
 
@@ -103,6 +137,12 @@ int cli_kv_plan_make(cli_kv_plan *plan, const cli_options *o, executor *ex,
         cap = (int64_t)o->max_num_seqs * per_seq;
         plan->budget_bytes = (uint64_t)((double)free_b * CLI_CPU_KV_FRACTION);
         plan->source = "40% of MemAvailable";
+        /* a large model: the pool gets what the weights leave of 90% */
+        const double weights = (double)model_weight_bytes(cfg, ex), room = 0.9 * (double)free_b - weights;
+        if ((double)plan->budget_bytes > room) {
+            plan->budget_bytes = room > 0.0 ? (uint64_t)room : 0;
+            plan->source = "90% of MemAvailable less the weights";
+        }
     } else {
         return pg_error_set(err, PG_EINVAL,
                             "kv cache on %s: the default size is measured while loading the model "
@@ -230,6 +270,29 @@ static int plan_cuda_measured(cli_kv_plan *plan, const cli_options *o, executor 
 }
 #endif
 
+int cli_cpu_check_memory(const cli_kv_plan *plan, executor *ex, const llama_config *cfg, pg_error *err)
+{
+    size_t free_b = 0, total_b = 0;
+    if (ex->op->mem_info(ex, &free_b, &total_b) != PG_OK)
+        return PG_OK; /* nothing to compare with: loading reports a failed allocation */
+    const double gib = 1073741824.0;
+    const double weights = (double)model_weight_bytes(cfg, ex);
+    const double kv = plan ? (double)plan->num_blocks * (double)plan->bytes_per_block : 0.0;
+    if (weights + kv <= (double)free_b)
+        return PG_OK;
+    const char *wt = ex->wt_block_elems ? "int8" : (ex->wt_bytes == 2 ? "bf16" : "f32");
+    if (!plan)
+        return pg_error_set(err, PG_ENOMEM,
+                            "cpu: the weights need %.1f GiB as %s (before any kv cache), %.1f GiB available "
+                            "(MemAvailable); store them smaller (--dtype bfloat16, --quantization int8)",
+                            weights / gib, wt, (double)free_b / gib);
+    return pg_error_set(err, PG_ENOMEM,
+                        "cpu: the model needs %.1f GiB (weights as %s %.1f GiB + kv cache %.1f GiB), "
+                        "%.1f GiB available (MemAvailable); store the weights smaller (--dtype bfloat16, "
+                        "--quantization int8) or give a smaller --kv-cache-memory",
+                        (weights + kv) / gib, wt, weights / gib, kv / gib, (double)free_b / gib);
+}
+
 int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, executor *ex,
                      const llama_config *cfg, const st_file *weights, int32_t max_model_len,
                      pg_error *err)
@@ -242,6 +305,9 @@ int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, execu
         .max_num_seqs = o->max_num_seqs,
     };
     int rc;
+    /* cpu: weights that cannot fit are refused before the pool is planned */
+    if (strcmp(ex->name, "cpu") == 0 && (rc = cli_cpu_check_memory(NULL, ex, cfg, err)) != PG_OK)
+        return rc;
     bool measure = strcmp(ex->name, "cpu") != 0 && o->num_kv_blocks == 0 && o->kv_cache_bytes == 0;
     if (measure) {
 #ifdef PG_HAVE_CUDA
@@ -256,6 +322,8 @@ int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, execu
         rc = cli_kv_plan_make(plan, o, ex, cfg, max_model_len, err);
     }
     if (rc != PG_OK)
+        return rc;
+    if (strcmp(ex->name, "cpu") == 0 && (rc = cli_cpu_check_memory(plan, ex, cfg, err)) != PG_OK)
         return rc;
     mp.num_kv_blocks = plan->num_blocks;
     return model_create(out, ex, cfg, weights, &mp, err);

@@ -4,7 +4,8 @@
  * KV pool sizing (README "Engine flags and the KV cache"), in this order:
  *   --num-kv-blocks N        exactly N blocks;
  *   --kv-cache-memory SIZE   floor(SIZE / bytes per block);
- *   default, cpu             40% of MemAvailable;
+ *   default, cpu             40% of MemAvailable, or what the weights leave
+ *                            of 90% of it when that is less;
  *   default, cuda            measured, vLLM's rule (cuda_plan_kv_blocks):
  *                            util x total - (total - free after loading the
  *                            model with a one-block probe pool) - the
@@ -41,6 +42,13 @@
  * failures. Destroy with ex->op->destroy(ex). */
 int cli_device_open(const cli_options *o, executor **out, pg_error *err);
 
+/* The cpu executor's storage types (cpu_wt, cpu_kv) for the options and
+ * the checkpoint's dtype: --quantization int8 -> int8; --dtype bfloat16, or
+ * auto on a BF16 checkpoint -> bf16 (lossless); else f32 (an F16 checkpoint
+ * too: f16 -> bf16 would round). The cache: as --kv-cache-dtype, auto = f32
+ * for f32 weights, bf16 otherwise. */
+void cli_cpu_storage(const cli_options *o, st_dtype checkpoint, int32_t *wt, int32_t *kv);
+
 typedef struct cli_kv_plan {
     int32_t num_blocks;
     size_t bytes_per_block;
@@ -63,6 +71,11 @@ int32_t cli_kv_blocks_for(uint64_t budget_bytes, size_t bytes_per_block, int64_t
  * hint) when the pool cannot hold one max_model_len sequence. */
 int cli_kv_plan_make(cli_kv_plan *plan, const cli_options *o, executor *ex,
                      const llama_config *cfg, int32_t max_model_len, pg_error *err);
+
+/* PG_ENOMEM, before anything is loaded, when the weights as ex stores them
+ * plus the planned pool (plan NULL: the weights alone) exceed what ex->op->mem_info reports free ("cpu:
+ * the model needs X GiB (...), Y GiB available ..."). */
+int cli_cpu_check_memory(const cli_kv_plan *plan, executor *ex, const llama_config *cfg, pg_error *err);
 
 /* Plans the pool and creates the model with it: *out (destroy with
  * model_destroy) and *plan. weights are borrowed for the call. On cuda

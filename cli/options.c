@@ -19,6 +19,7 @@ enum {
     OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM,
     OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
+    OPT_QUANT,
 };
 
 static const struct option generate_opts[] = {
@@ -42,6 +43,7 @@ static const struct option generate_opts[] = {
     {"gpu-memory-utilization", required_argument, NULL, OPT_GPU_UTIL},
     {"kv-cache-dtype", required_argument, NULL, OPT_KV_DTYPE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"quantization", required_argument, NULL, OPT_QUANT},
     {"cuda-device", required_argument, NULL, OPT_CUDA_DEVICE},
     {"fast-gemm", no_argument, NULL, OPT_FAST_GEMM},
     {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
@@ -148,19 +150,22 @@ static const char *const generate_help[] = {
 "      --check-invariants     check the block pool after every step (slow; debugging)\n"
 "                             [default: off]\n"
 "\n"
-"CUDA (vLLM names; see cli/README.md):\n"
+"Precision and CUDA (vLLM names; see cli/README.md):\n"
 "      --gpu-memory-utilization X  share of the device's total memory pagedgen may\n"
 "                             use, (0, 1]: the KV cache gets X x total minus what is\n"
 "                             in use after loading the weights (measured) minus the\n"
 "                             buffers still to grow [default: 0.9; cuda only]\n"
-"      --kv-cache-dtype T     auto|bf16|fp16|f32 [default: auto = the compute dtype:\n"
-"                             bf16 on cuda, f32 with --dtype float32 and on the cpu;\n"
-"                             the cpu takes only auto or f32, f32 on cuda needs\n"
-"                             --dtype float32]\n"
-"      --dtype T              compute precision of weights and activations on cuda:\n"
-"                             auto|bfloat16|float32 [default: auto = bfloat16; the\n"
-"                             cpu always computes in float32 and takes only auto or\n"
-"                             float32]\n"
+"      --kv-cache-dtype T     auto|bf16|fp16|f32 [default: auto = on cuda the compute\n"
+"                             dtype (bf16; f32 with --dtype float32, which f32 on\n"
+"                             cuda needs); on the cpu f32 for f32 weights, bf16 for\n"
+"                             bf16 and int8 weights]\n"
+"      --dtype T              auto|bfloat16|float32: on cuda the compute precision\n"
+"                             [default: auto = bfloat16]; on the cpu how the weights\n"
+"                             are stored, always computed with in float32 [default:\n"
+"                             auto = bfloat16 for a bf16 checkpoint (lossless), else\n"
+"                             float32 (an f16 checkpoint stays exact)]\n"
+"      --quantization int8    cpu: int8 weights, one f32 scale per 32 (quantized\n"
+"                             while loading) [default: none]\n"
 "      --cuda-device N        CUDA device ordinal [default: 0]\n"
 "      --fast-gemm            one cuBLAS call per matmul: faster prefill, but a row's\n"
 "                             last bits may depend on the batch, so outputs are no\n"
@@ -532,22 +537,22 @@ int cli_options_check_dtypes(const cli_options *o, const char *device, pg_error 
     bool cpu = strcmp(device, "cpu") == 0, cuda = strcmp(device, "cuda") == 0;
     cli_kv_dtype kv = o->kv_cache_dtype;
     /* errors on every device first, then the ones of a known device */
-    if (o->dtype == CLI_DTYPE_F32 && (kv == CLI_KV_DTYPE_BF16 || kv == CLI_KV_DTYPE_FP16))
+    if (o->quantization == CLI_QUANT_INT8 && o->dtype != CLI_DTYPE_AUTO)
         return pg_error_set(err, PG_EINVAL,
-                            "--kv-cache-dtype %s: with --dtype float32 the kv cache is f32 "
+                            "--quantization int8: the weights are stored as int8 "
+                            "(expected --dtype auto, got %s)", cli_dtype_name(o->dtype));
+    if (cuda && o->quantization == CLI_QUANT_INT8)
+        return pg_error_set(err, PG_EINVAL, "--quantization int8: only the cpu executor quantizes "
+                                            "(expected --device cpu)");
+    if (cuda && o->dtype == CLI_DTYPE_F32 && (kv == CLI_KV_DTYPE_BF16 || kv == CLI_KV_DTYPE_FP16))
+        return pg_error_set(err, PG_EINVAL,
+                            "--kv-cache-dtype %s: on cuda with --dtype float32 the kv cache is f32 "
                             "(expected auto or f32)", cli_kv_dtype_name(kv));
-    if (kv == CLI_KV_DTYPE_F32 && (o->dtype == CLI_DTYPE_BF16 || (cuda && o->dtype == CLI_DTYPE_AUTO)))
+    if (cuda && kv == CLI_KV_DTYPE_F32 && o->dtype != CLI_DTYPE_F32)
         return pg_error_set(err, PG_EINVAL,
                             "--kv-cache-dtype f32: on cuda an f32 kv cache needs --dtype float32 "
                             "(--dtype %s computes in bfloat16)", cli_dtype_name(o->dtype));
-    if (cpu && (kv == CLI_KV_DTYPE_BF16 || kv == CLI_KV_DTYPE_FP16))
-        return pg_error_set(err, PG_EINVAL,
-                            "--kv-cache-dtype %s: the cpu executor keeps the kv cache in f32 "
-                            "(expected auto or f32)", cli_kv_dtype_name(kv));
-    if (cpu && o->dtype == CLI_DTYPE_BF16)
-        return pg_error_set(err, PG_EINVAL,
-                            "--dtype bfloat16: the cpu executor computes in float32 "
-                            "(expected auto or float32)");
+    (void)cpu; /* the cpu takes every combination: f32/bf16/int8 weights x f32/bf16/fp16 cache */
     return PG_OK;
 }
 
@@ -606,7 +611,8 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
          * places; take those spellings too */
         if (strcmp(arg, "auto") == 0) o->kv_cache_dtype = CLI_KV_DTYPE_AUTO;
         else if (strcmp(arg, "bf16") == 0 || strcmp(arg, "bfloat16") == 0) o->kv_cache_dtype = CLI_KV_DTYPE_BF16;
-        else if (strcmp(arg, "fp16") == 0 || strcmp(arg, "float16") == 0) o->kv_cache_dtype = CLI_KV_DTYPE_FP16;
+        else if (strcmp(arg, "fp16") == 0 || strcmp(arg, "float16") == 0 || strcmp(arg, "f16") == 0)
+            o->kv_cache_dtype = CLI_KV_DTYPE_FP16;
         else if (strcmp(arg, "f32") == 0 || strcmp(arg, "fp32") == 0 || strcmp(arg, "float32") == 0)
             o->kv_cache_dtype = CLI_KV_DTYPE_F32;
         else
@@ -619,6 +625,12 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         else if (strcmp(arg, "float32") == 0 || strcmp(arg, "f32") == 0) o->dtype = CLI_DTYPE_F32;
         else
             return pg_error_set(err, PG_EINVAL, "--dtype: expected auto, bfloat16 or float32, got '%s'", arg);
+        break;
+    case OPT_QUANT:
+        if (strcmp(arg, "int8") == 0) o->quantization = CLI_QUANT_INT8;
+        else if (strcmp(arg, "none") == 0) o->quantization = CLI_QUANT_NONE;
+        else
+            return pg_error_set(err, PG_EINVAL, "--quantization: expected int8 or none, got '%s'", arg);
         break;
     case OPT_CUDA_DEVICE: rc = parse_i32(arg, 0, 1023, "--cuda-device", &o->cuda_device, err); break;
     case OPT_FAST_GEMM: o->fast_gemm = true; break;

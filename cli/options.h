@@ -25,8 +25,9 @@ typedef enum cli_command {
 } cli_command;
 
 /* --kv-cache-dtype: the element type of the KV cache. AUTO follows the
- * compute dtype (bf16 with --dtype bfloat16 on cuda, f32 with --dtype
- * float32 and on the cpu). */
+ * compute dtype on cuda (bf16 with --dtype bfloat16, f32 with --dtype
+ * float32) and the weight storage on the cpu (f32 for f32 weights, bf16 for
+ * bf16 and int8 weights). */
 typedef enum cli_kv_dtype {
     CLI_KV_DTYPE_AUTO = 0,
     CLI_KV_DTYPE_BF16,
@@ -34,13 +35,22 @@ typedef enum cli_kv_dtype {
     CLI_KV_DTYPE_F32,
 } cli_kv_dtype;
 
-/* --dtype: the compute precision of activations and weights. AUTO is
- * bfloat16 on cuda; the cpu always computes in float32. */
+/* --dtype: on cuda the compute precision of activations and weights (AUTO
+ * = bfloat16); on the cpu the storage of the weights, which it always
+ * computes with in float32 (AUTO = bfloat16 for a bf16 checkpoint, float32
+ * for f32 and f16 ones: f16 -> bf16 would round away 3 mantissa bits). */
 typedef enum cli_dtype {
     CLI_DTYPE_AUTO = 0,
     CLI_DTYPE_BF16,
     CLI_DTYPE_F32,
 } cli_dtype;
+
+/* --quantization: int8 weights (cpu only): symmetric, one f32 scale per
+ * block of 32 weights, quantized while loading. */
+typedef enum cli_quant {
+    CLI_QUANT_NONE = 0,
+    CLI_QUANT_INT8,
+} cli_quant;
 
 typedef enum cli_format {
     CLI_FORMAT_AUTO = 0, /* decided from the first non-blank line */
@@ -87,6 +97,7 @@ typedef struct cli_options {
     double gpu_memory_utilization; /* (0, 1]; 0.9 */
     cli_kv_dtype kv_cache_dtype;   /* auto */
     cli_dtype dtype;               /* auto */
+    cli_quant quantization;        /* none (cpu: int8) */
     int32_t cuda_device;           /* 0 */
     bool fast_gemm;                /* false: batch-invariant GEMMs */
 

@@ -546,7 +546,9 @@ static int load_model(run_state *s)
         double mib = (double)plan.num_blocks * (double)plan.bytes_per_block / 1048576.0;
         char dev[96];
         if (strcmp(s->ex->name, "cpu") == 0)
-            snprintf(dev, sizeof dev, "%s", s->ex->name);
+            snprintf(dev, sizeof dev, "%s (weights %s, kv cache %s)", s->ex->name,
+                     s->ex->wt_block_elems ? "int8" : (s->ex->wt_bytes == 2 ? "bf16" : "f32"),
+                     s->ex->kv_bytes == 4 ? "f32" : (o->kv_cache_dtype == CLI_KV_DTYPE_FP16 ? "fp16" : "bf16"));
         else
             snprintf(dev, sizeof dev, "%s:%d (%s, kv cache %s)", s->ex->name, (int)o->cuda_device,
                      s->ex->act_bytes == 4 ? "float32" : "bfloat16",

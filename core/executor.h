@@ -8,8 +8,10 @@
  * (plain host memory on the CPU), except arguments documented as host. Three
  * element types are the executor's choice and are announced in the struct:
  *   act   — activations            (cpu: f32; cuda: bf16, f32 with precision 1)
- *   wt    — weight matrices and the embedding table (the same as act)
- *   kv    — the KV cache           (cpu: f32; cuda: bf16 or f16, f32 with precision 1)
+ *   wt    — weight matrices and the embedding table (cuda: the same as
+ *           act; cpu: f32, bf16, or int8 in blocks of 32 with an f32
+ *           scale each, 36 bytes: wt_block_elems / wt_block_bytes)
+ *   kv    — the KV cache           (cpu: f32, bf16 or f16; cuda: bf16 or f16, f32 with precision 1)
  * Norm weights and RoPE inverse frequencies are always f32 (kind EXEC_F32).
  * Reductions (dot products, norms, softmax) accumulate in f32 everywhere.
  *
@@ -144,7 +146,19 @@ struct executor {
     size_t act_bytes;         /* bytes per element of EXEC_ACT */
     size_t wt_bytes;          /* ... EXEC_WT */
     size_t kv_bytes;          /* ... EXEC_KV */
+    /* Weights stored in blocks: wt_block_elems elements take wt_block_bytes
+     * (the CPU's int8: 32 and 36); 0 = plain elements of wt_bytes. Sizes of
+     * weight buffers go through exec_wt_bytes. */
+    size_t wt_block_elems, wt_block_bytes;
 };
+
+/* Bytes n weight elements take on ex. */
+static inline size_t exec_wt_bytes(const executor *ex, size_t n)
+{
+    if (ex->wt_block_elems)
+        return (n + ex->wt_block_elems - 1) / ex->wt_block_elems * ex->wt_block_bytes;
+    return n * ex->wt_bytes;
+}
 
 /* Bytes per element of a buffer kind on ex. */
 static inline size_t exec_kind_bytes(const executor *ex, exec_buf_kind kind)

@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "rope_table.h"
 
@@ -85,7 +87,7 @@ size_t model_weight_bytes(const llama_config *cfg, const executor *ex)
     size_t wt = V * H * (cfg->tie_word_embeddings ? 1u : 2u) +
                 (size_t)cfg->num_hidden_layers * per_layer_wt;
     size_t f32 = (size_t)cfg->num_hidden_layers * 2u * H + H + (size_t)cfg->head_dim / 2u;
-    return wt * ex->wt_bytes + f32 * 4u;
+    return exec_wt_bytes(ex, wt) + f32 * 4u;
 }
 
 /* ---- load ----------------------------------------------------------------- */
@@ -130,8 +132,35 @@ static void *model_alloc(model *m, exec_buf_kind kind, size_t n, const char *wha
     return p;
 }
 
+/* Loading without a second copy of the weights (issue 13): a tensor is
+ * uploaded in chunks of MODEL_UPLOAD_CHUNK elements (a multiple of every
+ * block size an executor stores weights in), and the pages of the
+ * checkpoint's read-only mapping that a chunk came from are dropped from
+ * this process right after (MADV_DONTNEED on a clean file mapping: they
+ * stay in the page cache, and reading them again faults them back in). So
+ * the resident set while loading is the executor's copy plus one chunk, not
+ * the executor's copy plus the whole mapped file. */
+#define MODEL_UPLOAD_CHUNK ((size_t)1 << 22)
+
+static void release_source(const void *p, size_t bytes)
+{
+#if defined(MADV_DONTNEED)
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (page == 0 || page == (uintptr_t)-1)
+        return;
+    /* only whole pages inside the range: the neighbours' bytes stay mapped in */
+    const uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + bytes) / page * page;
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* Checks tensor `name` is [d0] or [d0][d1] of a float dtype and uploads it
- * to dst (a buffer of kind) at element offset dst_off. */
+ * to dst (a buffer of kind) at element offset dst_off (in chunks, see
+ * above). */
 static int load_tensor(model *m, const st_file *w, const char *name, int ndim, int64_t d0,
                        int64_t d1, void *dst, exec_buf_kind kind, size_t dst_off, pg_error *err)
 {
@@ -141,10 +170,16 @@ static int load_tensor(model *m, const st_file *w, const char *name, int ndim, i
     if (rc)
         return pg_error_wrap(err, rc, "model");
     size_t n = (size_t)d0 * (ndim == 2 ? (size_t)d1 : 1u);
-    rc = m->ex->op->upload(m->ex, dst, kind, dst_off, t->data, t->dtype, n);
-    if (rc)
-        return pg_error_set(err, rc, "model: uploading tensor '%s' (%zu elements): %s", name, n,
-                            m->ex->op->last_error(m->ex));
+    const size_t es = st_dtype_size(t->dtype);
+    for (size_t i = 0; i < n; i += MODEL_UPLOAD_CHUNK) {
+        const size_t c = n - i < MODEL_UPLOAD_CHUNK ? n - i : MODEL_UPLOAD_CHUNK;
+        const char *src = (const char *)t->data + i * es;
+        rc = m->ex->op->upload(m->ex, dst, kind, dst_off + i, src, t->dtype, c);
+        if (rc)
+            return pg_error_set(err, rc, "model: uploading tensor '%s' (%zu elements): %s", name, n,
+                                m->ex->op->last_error(m->ex));
+        release_source(src, c * es);
+    }
     return PG_OK;
 }
 

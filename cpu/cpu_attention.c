@@ -11,6 +11,9 @@
  *   s[h][j]  = dot(q_h, k_j) * scale
  *   e[h][j]  = exp(s[h][j] - max_j s[h][j]); z_h = sum_j e[h][j]
  *   out[t][h*hd + d] = (sum_j e[h][j] * v_j[d]) * (1 / z_h)   (j order)
+ * With a bf16 or f16 cache (ce->kv) k_j and v_j are the cached values
+ * widened to f32 exactly (cpu_math.h cm_load_bf16 / cm_load_f16; the
+ * twin: cpu_kv_load), and everything else is as with an f32 cache.
  * Every (t, h) is computed wholly by one chunk of work from its own inputs,
  * in an order fixed by (hd, p) alone, so a token's output does not depend on
  * the batch, the other sequences, its own query length or the thread count.
@@ -60,7 +63,8 @@
 typedef struct attn_job {
     cpu_exec *ce;
     float *out;
-    const float *qkv, *k_cache, *v_cache;
+    const float *qkv;
+    const void *k_cache, *v_cache; /* of type ce->kv */
     int32_t nh, nkv, hd;
     float scale;
     const step_batch *b;
@@ -89,7 +93,8 @@ static float attn_ref_dot(const float *a, const float *b, int32_t n)
 }
 
 /* (t, g) pairs dealt round-robin (pair i -> worker i mod n); scratch of
- * worker w: scores [G][max_seq_len], then 1/z [G]. */
+ * worker w: scores [G][max_seq_len], then 1/z [G], then one K or V row
+ * widened to f32 [hd]. */
 static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
 {
     const attn_job *j = ctx;
@@ -100,6 +105,9 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
     const int32_t ctx_cap = b->max_seq_len;
     float *scores = j->ce->scratch[worker].buf;
     float *inv_z = scores + (int64_t)G * ctx_cap;
+    float *kvrow = inv_z + G;
+    const cpu_kv kvt = j->ce->kv;
+    const size_t eb = cpu_kv_bytes(kvt);
     const int64_t n_pairs = (int64_t)b->num_tokens * nkv;
     for (int64_t i = worker; i < n_pairs; i += n_workers) {
         const int32_t t = (int32_t)(i / nkv), g = (int32_t)(i % nkv);
@@ -110,7 +118,8 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
 
         for (int32_t c = 0; c < n_ctx; c++) {
             int64_t slot = (int64_t)table[c / bs] * bs + c % bs;
-            const float *k = j->k_cache + slot * kvw + (int64_t)g * hd;
+            const float *k = kvrow;
+            cpu_kv_load(kvt, kvrow, (const char *)j->k_cache + (size_t)(slot * kvw + (int64_t)g * hd) * eb, hd);
             for (int32_t h = 0; h < G; h++)
                 scores[(int64_t)h * ctx_cap + c] = attn_ref_dot(q + (int64_t)h * hd, k, hd) * j->scale;
         }
@@ -129,7 +138,8 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
         }
         for (int32_t c = 0; c < n_ctx; c++) {
             int64_t slot = (int64_t)table[c / bs] * bs + c % bs;
-            const float *v = j->v_cache + slot * kvw + (int64_t)g * hd;
+            const float *v = kvrow;
+            cpu_kv_load(kvt, kvrow, (const char *)j->v_cache + (size_t)(slot * kvw + (int64_t)g * hd) * eb, hd);
             for (int32_t h = 0; h < G; h++) {
                 const float e = scores[(int64_t)h * ctx_cap + c];
                 float *oh = o + (int64_t)h * hd;
@@ -151,28 +161,65 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
 /* Work chunks per pool thread (finer than threads: a late thread holds up
  * only a small share while the others take the rest). */
 #define CHUNKS_PER_THREAD 4
+/* Below this many query heads in an item the K dots are reduced one tree
+ * per head (cm_hsum) instead of 16 at a time (cm_hsum16): same bits. */
+#define ATTN_HSUM16_MIN_HEADS 6
 /* At most this many chunks in all (the chunk table lives on the stack). */
 #define MAX_CHUNKS 256
 
+/* 16 cache elements from element e of c (type kvt), widened exactly */
+static inline __attribute__((always_inline)) cm_v16f kv_load(const void *c, int64_t e, const int kvt)
+{
+    if (kvt == CPU_KV_F32)
+        return cm_load((const float *)c + e);
+    return kvt == CPU_KV_BF16 ? cm_load_bf16((const uint16_t *)c + e) : cm_load_f16((const uint16_t *)c + e);
+}
+
+/* elements [e, e + n) of c, zeros after; 0 <= n <= 16 (reads only n) */
+static inline __attribute__((always_inline)) cm_v16f kv_load_part(const void *c, int64_t e, int32_t n, const int kvt)
+{
+    if (kvt == CPU_KV_F32)
+        return cm_load_part((const float *)c + e, n);
+    uint16_t h[CM_LANES] = {0};
+    memcpy(h, (const uint16_t *)c + e, (size_t)n * sizeof(uint16_t));
+    return kvt == CPU_KV_BF16 ? cm_load_bf16(h) : cm_load_f16(h);
+}
+
 /* dot(qp, k) in 16 lanes (before the tree); qp is zero-padded to
- * 16 * (nv + !!rem) floats, k has nv * 16 + rem. */
-static inline cm_v16f attn_dot_lanes(const float *qp, const float *k, int32_t nv, int32_t rem)
+ * 16 * (nv + !!rem) floats, k = elements [ke, ke + nv * 16 + rem) of the
+ * cache c. */
+static inline __attribute__((always_inline)) cm_v16f attn_dot_lanes(const float *qp, const void *c, int64_t ke,
+                                                                    int32_t nv, int32_t rem, const int kvt)
 {
     cm_v16f acc = cm_zero();
     for (int32_t v = 0; v < nv; v++)
-        acc = acc + cm_load(qp + CM_LANES * v) * cm_load(k + CM_LANES * v);
+        acc = acc + cm_load(qp + CM_LANES * v) * kv_load(c, ke + CM_LANES * v, kvt);
     if (rem)
-        acc = acc + cm_load(qp + CM_LANES * nv) * cm_load_part(k + CM_LANES * nv, rem);
+        acc = acc + cm_load(qp + CM_LANES * nv) * kv_load_part(c, ke + CM_LANES * nv, rem, kvt);
     return acc;
 }
 
-/* o[0..hd) += e * v[0..hd) lane by lane (o padded to 16 * (nv + !!rem)) */
-static inline void attn_axpy(float *o, float e, const float *v, int32_t nv, int32_t rem)
+/* o[0..hd) += e * v[0..hd) lane by lane (o padded to 16 * (nv + !!rem));
+ * v = elements [ve, ve + hd) of the cache c */
+static inline __attribute__((always_inline)) void attn_axpy(float *o, float e, const void *c, int64_t ve, int32_t nv,
+                                                            int32_t rem, const int kvt)
 {
     for (int32_t i = 0; i < nv; i++)
-        cm_store(o + CM_LANES * i, cm_load(o + CM_LANES * i) + e * cm_load(v + CM_LANES * i));
+        cm_store(o + CM_LANES * i, cm_load(o + CM_LANES * i) + e * kv_load(c, ve + CM_LANES * i, kvt));
     if (rem)
-        cm_store(o + CM_LANES * nv, cm_load(o + CM_LANES * nv) + e * cm_load_part(v + CM_LANES * nv, rem));
+        cm_store(o + CM_LANES * nv, cm_load(o + CM_LANES * nv) + e * kv_load_part(c, ve + CM_LANES * nv, rem, kvt));
+}
+
+/* cm_hsum's tree (cpu_math.h) over 16 stored lanes: (l, l+8), (l, l+4),
+ * then (0+2) + (1+3) */
+static inline float attn_tree(const float *l)
+{
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++)
+        s8[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; i++)
+        s4[i] = s8[i] + s8[i + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
 /* One item: token t, kv heads [g0, g1), query heads h0 .. h0+nhi-1 (local
@@ -182,7 +229,8 @@ static inline void attn_axpy(float *o, float e, const float *v, int32_t nv, int3
  *   o     [nh][hdp]           output accumulators
  *   inv_z [nhp]
  * (nhp = nh rounded up to 16; only the item's heads are used). */
-static void attn_item(const attn_job *j, float *buf, int32_t t, int32_t g0, int32_t g1)
+static inline __attribute__((always_inline)) void attn_item(const attn_job *j, float *buf, int32_t t, int32_t g0,
+                                                            int32_t g1, const int kvt)
 {
     const step_batch *b = j->b;
     const int32_t hd = j->hd, hdp = j->hdp, nkv = j->nkv, G = j->nh / nkv, bs = b->block_size;
@@ -205,15 +253,31 @@ static void attn_item(const attn_job *j, float *buf, int32_t t, int32_t g0, int3
      * contiguous run); the dots of up to 16 query heads are reduced at once */
     for (int32_t c0 = 0, blk = 0; c0 < n_ctx; c0 += bs, blk++) {
         const int32_t rows = n_ctx - c0 < bs ? n_ctx - c0 : bs;
-        const float *kb = j->k_cache + (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
+        const int64_t kb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
         for (int32_t r = 0; r < rows; r++) {
-            const float *kr = kb + r * kvw;
+            const int64_t kr = kb + r * kvw;
             float *er = e + (int64_t)(c0 + r) * nhp;
+            if (nhi < ATTN_HSUM16_MIN_HEADS) {
+                /* few heads (a decode item of one kv head): one tree per
+                 * head; cm_hsum16 gives each lane cm_hsum's bits (the tree of
+                 * attn_tree), so this is the same value without 16 - nhi
+                 * reductions of zeros */
+                for (int32_t hi = 0; hi < nhi; hi++) {
+                    float l[CM_LANES];
+                    cm_store(l, attn_dot_lanes(qp + (int64_t)hi * hdp, j->k_cache, kr + (int64_t)(hi / G) * hd,
+                                               nv, rem, kvt));
+                    er[hi] = attn_tree(l) * j->scale;
+                }
+                for (int32_t hi = nhi; hi < CM_LANES; hi++)
+                    er[hi] = 0.0f;
+                continue;
+            }
             for (int32_t hg = 0; hg < nhi; hg += CM_LANES) {
                 cm_v16f acc[CM_LANES];
                 for (int32_t i = 0; i < CM_LANES; i++) {
                     const int32_t hi = hg + i;
-                    acc[i] = hi < nhi ? attn_dot_lanes(qp + (int64_t)hi * hdp, kr + (int64_t)(hi / G) * hd, nv, rem)
+                    acc[i] = hi < nhi ? attn_dot_lanes(qp + (int64_t)hi * hdp, j->k_cache,
+                                                       kr + (int64_t)(hi / G) * hd, nv, rem, kvt)
                                       : cm_zero();
                 }
                 cm_store(er + hg, cm_hsum16(acc) * j->scale);
@@ -238,12 +302,12 @@ static void attn_item(const attn_job *j, float *buf, int32_t t, int32_t g0, int3
     /* V: the same walk, every query head's output accumulates over j */
     for (int32_t c0 = 0, blk = 0; c0 < n_ctx; c0 += bs, blk++) {
         const int32_t rows = n_ctx - c0 < bs ? n_ctx - c0 : bs;
-        const float *vb = j->v_cache + (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
+        const int64_t vb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
         for (int32_t r = 0; r < rows; r++) {
-            const float *vr = vb + r * kvw;
+            const int64_t vr = vb + r * kvw;
             const float *er = e + (int64_t)(c0 + r) * nhp;
             for (int32_t hi = 0; hi < nhi; hi++)
-                attn_axpy(o + (int64_t)hi * hdp, er[hi], vr + (int64_t)(hi / G) * hd, nv, rem);
+                attn_axpy(o + (int64_t)hi * hdp, er[hi], j->v_cache, vr + (int64_t)(hi / G) * hd, nv, rem, kvt);
         }
     }
 
@@ -259,6 +323,20 @@ static void attn_item(const attn_job *j, float *buf, int32_t t, int32_t g0, int3
             memcpy(dst + CM_LANES * nv, &last, (size_t)rem * sizeof(float));
         }
     }
+}
+
+/* attn_item for each cache type (the loads are inlined per type) */
+static void attn_item_f32(const attn_job *j, float *buf, int32_t t, int32_t g0, int32_t g1)
+{
+    attn_item(j, buf, t, g0, g1, CPU_KV_F32);
+}
+static void attn_item_bf16(const attn_job *j, float *buf, int32_t t, int32_t g0, int32_t g1)
+{
+    attn_item(j, buf, t, g0, g1, CPU_KV_BF16);
+}
+static void attn_item_f16(const attn_job *j, float *buf, int32_t t, int32_t g0, int32_t g1)
+{
+    attn_item(j, buf, t, g0, g1, CPU_KV_F16);
 }
 
 /* kv heads [*g0, *g1) of item part `part` of hsplit */
@@ -277,10 +355,12 @@ static void attn_chunk(void *ctx, int32_t chunk, int32_t n_chunks)
     const int32_t nt = j->ce->n_threads;
     /* chunk c: region c / nt of worker c % nt's scratch (no two chunks share one) */
     float *buf = j->ce->scratch[chunk % nt].buf + (size_t)(chunk / nt) * j->chunk_floats;
+    void (*item)(const attn_job *, float *, int32_t, int32_t, int32_t) =
+        j->ce->kv == CPU_KV_BF16 ? attn_item_bf16 : (j->ce->kv == CPU_KV_F16 ? attn_item_f16 : attn_item_f32);
     for (int32_t i = j->chunk_first[chunk]; i < j->chunk_first[chunk + 1]; i++) {
         int32_t g0, g1;
         attn_heads(j->nkv, i % j->hsplit, j->hsplit, &g0, &g1);
-        attn_item(j, buf, i / j->hsplit, g0, g1);
+        item(j, buf, i / j->hsplit, g0, g1);
     }
 }
 
@@ -326,15 +406,15 @@ static int attn_prepare(cpu_exec *ce, const step_batch *b)
     return PG_OK;
 }
 
-int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
-                         const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const void *k_cache,
+                         const void *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
                          const step_batch *b)
 {
     int rc = attn_prepare(ce, b);
     if (rc)
         return rc;
-    /* scores [G][max_seq_len], then 1/z [G] */
-    rc = cpu_exec_scratch(ce, (size_t)(nh / nkv) * ((size_t)b->max_seq_len + 1));
+    /* scores [G][max_seq_len], then 1/z [G], then a K/V row [hd] */
+    rc = cpu_exec_scratch(ce, (size_t)(nh / nkv) * ((size_t)b->max_seq_len + 1) + (size_t)hd);
     if (rc)
         return rc;
     attn_job job = {.ce = ce, .out = out, .qkv = qkv, .k_cache = k_cache, .v_cache = v_cache,
@@ -344,8 +424,8 @@ int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const float
     return PG_OK;
 }
 
-int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
-                     const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_cache,
+                     const void *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
                      const step_batch *b)
 {
     int rc = attn_prepare(ce, b);

@@ -103,11 +103,12 @@ static void *cpu_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
         cpu_exec_fail(ce, PG_EINVAL, "alloc: unknown buffer kind %d", (int)kind);
         return NULL;
     }
-    if (n_elems > (SIZE_MAX - 64) / eb) {
+    if (n_elems > (SIZE_MAX - 64) / 8) {
         cpu_exec_fail(ce, PG_ENOMEM, "alloc: %zu elements of %zu bytes overflow size_t", n_elems, eb);
         return NULL;
     }
-    size_t bytes = (n_elems * eb + 63) / 64 * 64;
+    /* int8 weights take whole blocks of 36 bytes per 32 elements */
+    size_t bytes = ((kind == EXEC_WT ? cpu_wt_bytes(ce->wt, n_elems) : n_elems * eb) + 63) / 64 * 64;
     if (bytes == 0)
         bytes = 64;
     /* Large buffers (weights, the KV cache) are 2 MiB aligned and asked to
@@ -151,6 +152,24 @@ static int cpu_upload(executor *ex, void *dst, exec_buf_kind kind, size_t dst_el
     if (src_dtype != ST_F32 && src_dtype != ST_F16 && src_dtype != ST_BF16)
         return cpu_exec_fail(ce, PG_EINVAL, "upload: expected F32, F16 or BF16 source, got %s",
                              st_dtype_name(src_dtype));
+    if (kind == EXEC_WT) {
+        if (cpu_wt_store(ce->wt, dst, dst_elem_off, src, src_dtype, n_elems) != 0)
+            return cpu_exec_fail(ce, PG_EINVAL,
+                                 "upload: int8 weights are quantized in blocks of %d elements: expected an "
+                                 "element offset that is a multiple of %d, got %zu",
+                                 CPU_I8_GROUP, CPU_I8_GROUP, dst_elem_off);
+        return PG_OK;
+    }
+    if (kind == EXEC_KV && ce->kv != CPU_KV_F32) {
+        const size_t es = st_dtype_size(src_dtype), eb = cpu_kv_bytes(ce->kv);
+        float buf[256];
+        for (size_t i = 0; i < n_elems; i += 256) {
+            const size_t m = n_elems - i < 256 ? n_elems - i : 256;
+            pg_convert_to_f32(buf, (const char *)src + i * es, src_dtype, m);
+            cpu_kv_store(ce->kv, (char *)dst + (dst_elem_off + i) * eb, buf, (int64_t)m);
+        }
+        return PG_OK;
+    }
     pg_convert_to_f32((float *)dst + dst_elem_off, src, src_dtype, n_elems);
     return PG_OK;
 }
@@ -167,9 +186,14 @@ static int cpu_download_f32(executor *ex, float *dst_host, const void *src, exec
             dst_host[i] = (float)s[i];
         return PG_OK;
     }
-    if (exec_kind_bytes(ex, kind) != 4)
+    if (exec_kind_bytes(ex, kind) == 0)
         return cpu_exec_fail(ce, PG_EINVAL, "download_f32: unknown buffer kind %d", (int)kind);
-    memmove(dst_host, src, n_elems * sizeof(float));
+    if (kind == EXEC_WT && ce->wt != CPU_WT_F32)
+        cpu_wt_get_row(dst_host, src, ce->wt, 0, (int64_t)n_elems);
+    else if (kind == EXEC_KV && ce->kv != CPU_KV_F32)
+        cpu_kv_load(ce->kv, dst_host, src, (int64_t)n_elems);
+    else
+        memmove(dst_host, src, n_elems * sizeof(float));
     return PG_OK;
 }
 
@@ -226,7 +250,7 @@ static int cpu_matmul(executor *ex, void *y, const void *x, const void *w, int32
     CPU_REQUIRE(y && x && w, "matmul: NULL argument");
     CPU_REQUIRE(M >= 0 && N >= 1 && K >= 1, "matmul: expected M >= 0, N, K >= 1, got %d, %d, %d",
                 (int)M, (int)N, (int)K);
-    cpu_gemm_with((cpu_gemm_variant)ce->gemm_variant, ce->pool, y, N, x, w, M, N, K);
+    cpu_gemm_wt((cpu_gemm_variant)ce->gemm_variant, ce->wt, ce->pool, y, N, x, w, M, N, K);
     return PG_OK;
 }
 
@@ -291,7 +315,7 @@ static int cpu_logits(executor *ex, float *logits_host, const void *x, const voi
     CPU_REQUIRE(logits_host && x && w, "logits: NULL argument");
     CPU_REQUIRE(L >= 0 && V >= 1 && H >= 1, "logits: expected L >= 0, V, H >= 1, got %d, %d, %d",
                 (int)L, (int)V, (int)H);
-    cpu_gemm_with((cpu_gemm_variant)ce->gemm_variant, ce->pool, logits_host, V, x, w, L, V, H);
+    cpu_gemm_wt((cpu_gemm_variant)ce->gemm_variant, ce->wt, ce->pool, logits_host, V, x, w, L, V, H);
     return PG_OK;
 }
 
@@ -344,16 +368,26 @@ int cpu_executor_create(executor **out, const cpu_executor_params *p, pg_error *
     if (!cpu_gemm_variant_available((cpu_gemm_variant)variant))
         return pg_error_set(err, PG_EUNSUPPORTED, "cpu executor: gemm variant %s: expected a CPU that runs it, this one does not",
                             cpu_gemm_variant_name((cpu_gemm_variant)variant));
+    const int32_t wt = p ? p->wt_dtype : CPU_WT_F32, kv = p ? p->kv_dtype : CPU_KV_F32;
+    if (wt < 0 || wt >= CPU_WT_COUNT || kv < 0 || kv >= CPU_KV_COUNT)
+        return pg_error_set(err, PG_EINVAL, "cpu executor: expected wt_dtype 0..%d and kv_dtype 0..%d, got %d, %d",
+                            (int)CPU_WT_COUNT - 1, (int)CPU_KV_COUNT - 1, (int)wt, (int)kv);
     cpu_exec *ce = calloc(1, sizeof *ce);
     if (!ce)
         return pg_error_set(err, PG_ENOMEM, "cpu executor: out of memory");
+    ce->wt = (cpu_wt)wt;
+    ce->kv = (cpu_kv)kv;
     ce->base.op = &cpu_ops_table;
     /* a forced GEMM variant shows in the name (same bits, other speed) */
     static const char *const names[CPU_GEMM_VARIANT_COUNT] = {"cpu", "cpu-generic", "cpu-avx2", "cpu-avx512"};
     ce->base.name = names[variant];
     ce->base.act_bytes = 4;
-    ce->base.wt_bytes = 4;
-    ce->base.kv_bytes = 4;
+    ce->base.wt_bytes = wt == CPU_WT_F32 ? 4 : (wt == CPU_WT_BF16 ? 2 : 1);
+    if (wt == CPU_WT_I8) {
+        ce->base.wt_block_elems = CPU_I8_GROUP;
+        ce->base.wt_block_bytes = CPU_I8_BLOCK_BYTES;
+    }
+    ce->base.kv_bytes = cpu_kv_bytes(ce->kv);
     ce->n_threads = threads;
     ce->gemm_variant = variant;
     ce->scratch = calloc((size_t)threads, sizeof *ce->scratch);

@@ -1,7 +1,9 @@
 /* cpu_executor: the reference executor (core/executor.h) on the host.
  *
- * Element types: act, wt and kv are all f32 (upload converts F16/BF16/F32
- * with pg_convert_to_f32). Matrix multiplies use cpu_gemm (the project's own
+ * Element types: act is f32. wt (weights and the embedding table) is f32,
+ * bf16 or int8 blocks, kv is f32, bf16 or f16 (cpu_wt.h; params below);
+ * upload converts F16/BF16/F32 sources to them (a bf16 source into bf16
+ * storage is copied as is; int8 is quantized at upload). Matrix multiplies use cpu_gemm (the project's own
  * fixed-reduction-order GEMM, not OpenBLAS, which rounds a row differently
  * depending on the batch shape); the other ops are plain C. Work is split
  * statically across a persistent pthread pool (cpu_pool); every output
@@ -43,6 +45,11 @@ typedef struct cpu_executor_params {
      * this CPU runs. Every variant gives the same bits; choosing one is for
      * tests and benchmarks. One this CPU cannot run: PG_EUNSUPPORTED. */
     int32_t gemm_variant;
+    /* Storage of weights (cpu_wt: 0 f32, 1 bf16, 2 int8) and of the KV cache
+     * (cpu_kv: 0 f32, 1 bf16, 2 f16); 0 = f32. Every op widens them to f32
+     * exactly (int8: dequantizes) and computes as with f32 storage. */
+    int32_t wt_dtype;
+    int32_t kv_dtype;
 } cpu_executor_params;
 
 /* Creates a CPU executor; destroy with (*out)->op->destroy(*out).

@@ -84,14 +84,16 @@ const char *cpu_gemm_isa(void)
 void cpu_gemm_cols(float *y, int64_t ldy, const float *x, const float *w,
                    int32_t M, int32_t K, int32_t n0, int32_t n1)
 {
-    gemm_kernel(CPU_GEMM_AUTO)(y, ldy, x, w, M, K, n0, n1);
+    gemm_kernel(CPU_GEMM_AUTO)(y, ldy, x, w, CPU_WT_F32, M, K, n0, n1);
 }
 
 typedef struct gemm_job {
     cpu_gemm_cols_fn kernel;
     float *y;
     int64_t ldy;
-    const float *x, *w;
+    const float *x;
+    const void *w;
+    int32_t wt;
     int32_t M, N, K;
 } gemm_job;
 
@@ -101,13 +103,13 @@ static void gemm_worker(void *ctx, int32_t worker, int32_t n_workers)
     int64_t lo, hi;
     cpu_pool_range(j->N, worker, n_workers, GEMM_SPLIT_ALIGN, &lo, &hi);
     if (lo < hi)
-        j->kernel(j->y, j->ldy, j->x, j->w, j->M, j->K, (int32_t)lo, (int32_t)hi);
+        j->kernel(j->y, j->ldy, j->x, j->w, j->wt, j->M, j->K, (int32_t)lo, (int32_t)hi);
 }
 
-void cpu_gemm_with(cpu_gemm_variant v, cpu_pool *pool, float *y, int64_t ldy, const float *x,
-                   const float *w, int32_t M, int32_t N, int32_t K)
+void cpu_gemm_wt(cpu_gemm_variant v, cpu_wt wt, cpu_pool *pool, float *y, int64_t ldy, const float *x,
+                 const void *w, int32_t M, int32_t N, int32_t K)
 {
-    gemm_job job = {gemm_kernel(v), y, ldy, x, w, M, N, K};
+    gemm_job job = {gemm_kernel(v), y, ldy, x, w, (int32_t)wt, M, N, K};
     /* Below ~64k multiply-adds a second thread costs more than it saves. */
     double work = (double)M * (double)N * (double)K;
     if (!pool || cpu_pool_size(pool) == 1 || work < 65536.0 || N < 2 * GEMM_SPLIT_ALIGN) {
@@ -124,6 +126,12 @@ void cpu_gemm_with(cpu_gemm_variant v, cpu_pool *pool, float *y, int64_t ldy, co
     chunks = chunks < threads ? threads : chunks;
     chunks = chunks > threads * GEMM_CHUNKS_PER_THREAD ? threads * GEMM_CHUNKS_PER_THREAD : chunks;
     cpu_pool_run_chunks(pool, (int32_t)(chunks < units ? chunks : units), gemm_worker, &job);
+}
+
+void cpu_gemm_with(cpu_gemm_variant v, cpu_pool *pool, float *y, int64_t ldy, const float *x,
+                   const float *w, int32_t M, int32_t N, int32_t K)
+{
+    cpu_gemm_wt(v, CPU_WT_F32, pool, y, ldy, x, w, M, N, K);
 }
 
 void cpu_gemm(cpu_pool *pool, float *y, int64_t ldy, const float *x, const float *w,

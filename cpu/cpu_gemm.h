@@ -3,7 +3,9 @@
  * thread count and the machine's instruction set.
  *
  *   y [M][N] f32, x [M][K] f32, w [N][K] f32 (PyTorch nn.Linear layout,
- *   row-major, w not repacked: the embedding table doubles as lm_head).
+ *   row-major, w not repacked: the embedding table doubles as lm_head);
+ *   or w [N][K] bf16 / int8 blocks (cpu_gemm_wt, cpu_wt.h), widened in
+ *   registers to the f32 values the canonical order then runs on.
  *
  * The canonical reduction order (the invariance contract). y[m][n] is the
  * dot product of row m of x with row n of w, accumulated in 16 f32 lanes:
@@ -37,6 +39,7 @@
 #include <stdint.h>
 
 #include "cpu_pool.h"
+#include "cpu_wt.h"
 
 /* The kernel variants; CPU_GEMM_AUTO = the fastest this CPU runs. */
 typedef enum cpu_gemm_variant {
@@ -70,6 +73,13 @@ void cpu_gemm(cpu_pool *pool, float *y, int64_t ldy, const float *x, const float
  * assert; CPU_GEMM_AUTO is always available). Same bits as cpu_gemm. */
 void cpu_gemm_with(cpu_gemm_variant v, cpu_pool *pool, float *y, int64_t ldy, const float *x,
                    const float *w, int32_t M, int32_t N, int32_t K);
+
+/* cpu_gemm_with for a weight matrix w [N][K] stored as wt (cpu_wt.h): the
+ * kernel widens bf16 (exact) or dequantizes int8 blocks in registers and
+ * runs the same canonical order on those values, so the result is
+ * bit-identical to the f32 product of the matrix cpu_wt_get() reads. */
+void cpu_gemm_wt(cpu_gemm_variant v, cpu_wt wt, cpu_pool *pool, float *y, int64_t ldy, const float *x,
+                 const void *w, int32_t M, int32_t N, int32_t K);
 
 /* Lanes of the canonical accumulation: 16, whatever the variant. */
 int32_t cpu_gemm_lanes(void);

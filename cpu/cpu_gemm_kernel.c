@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "cpu_gemm_kernel.h"
+#include "cpu_wt.h"
 
 #define GEMM_LANES 16
 
@@ -69,6 +70,17 @@ static inline vf v_load_tail(const float *p, int32_t n)
     return n >= VL ? v_load(p) : _mm512_maskz_loadu_ps((__mmask16)((1u << (n > 0 ? n : 0)) - 1u), p);
 }
 static inline vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+/* VL bf16 at p widened (a 16-bit shift: exact) */
+static inline vf v_load_bf16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+/* VL int8 at p times s (int -> f32 exact, then one f32 multiply) */
+static inline vf v_load_i8(const int8_t *p, float s)
+{
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))),
+                         _mm512_set1_ps(s));
+}
 /* the canonical tree over the 16 lanes of a[0] */
 static inline float v_hsum(const vf *a)
 {
@@ -125,6 +137,15 @@ static inline vf v_load_tail(const float *p, int32_t n)
     return _mm256_maskload_ps(p, _mm256_loadu_si256((const __m256i *)(mask + VL - n)));
 }
 static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf v_load_bf16(const uint16_t *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline vf v_load_i8(const int8_t *p, float s)
+{
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))),
+                         _mm256_set1_ps(s));
+}
 /* lanes 0..7 in a[0], 8..15 in a[1]: the canonical tree */
 static inline float v_hsum(const vf *a)
 {
@@ -175,6 +196,16 @@ static inline vf v_fma(vf a, vf b, vf c)
     return (float)s;
 }
 #endif
+static inline vf v_load_bf16(const uint16_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline vf v_load_i8(const int8_t *p, float s) { return (float)*p * s; }
 static inline float v_hsum(const vf *a)
 {
     float s8[8], s4[4];
@@ -191,6 +222,84 @@ static inline float v_hsum(const vf *a)
 
 _Static_assert(VL * VPS == GEMM_LANES, "a variant holds exactly the 16 canonical lanes");
 
+/* How a tile reads w (cpu_wt.h): f32, bf16 (widened in registers), int8 in
+ * whole blocks (K % 32 == 0: a VL-lane load never crosses a block, one
+ * scale per load), int8 element by element (any K). Every way yields, lane
+ * for lane, cpu_wt_get()'s value, so the canonical order runs on the same
+ * numbers whatever the type's layout. */
+enum { WK_F32 = 0, WK_BF16, WK_I8, WK_I8_ANY, WK_COUNT };
+
+/* Where row j of a tile starts: for f32 / bf16 its first element, for
+ * whole int8 blocks its first block (e_row is a multiple of 32 there). */
+static inline __attribute__((always_inline)) const unsigned char *w_row(const void *w, int64_t e_row, const int wk)
+{
+    if (wk == WK_F32)
+        return (const unsigned char *)((const float *)w + e_row);
+    if (wk == WK_BF16)
+        return (const unsigned char *)((const uint16_t *)w + e_row);
+    if (wk == WK_I8)
+        return (const unsigned char *)w + (uint64_t)e_row / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
+    return (const unsigned char *)w;
+}
+
+/* VL weights k .. k+VL-1 of a row (row = w_row(w, e_row)) */
+static inline __attribute__((always_inline)) vf w_load(const void *w, const unsigned char *row, int64_t e_row,
+                                                       int32_t k, const int wk)
+{
+    if (wk == WK_F32)
+        return v_load((const float *)row + k);
+    if (wk == WK_BF16)
+        return v_load_bf16((const uint16_t *)row + k);
+    if (wk == WK_I8) {
+        const unsigned char *blk = row + (uint32_t)k / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
+        float s;
+        memcpy(&s, blk, sizeof s);
+        return v_load_i8((const int8_t *)(blk + 4 + (uint32_t)k % CPU_I8_GROUP), s);
+    }
+    float t[VL];
+    for (int l = 0; l < VL; l++)
+        t[l] = cpu_wt_get(w, CPU_WT_I8, e_row + k + l);
+    return v_load(t);
+}
+
+/* Batch-1 decode streams w from memory once, one tile of NR rows after the
+ * other: NR short streams of K elements each. How many cache lines are in
+ * flight then limits the bandwidth, and a bf16 or int8 tile issues more
+ * instructions per line than an f32 one (it also converts), so without
+ * help it keeps fewer lines in flight and gains little from its smaller
+ * size. Tiles of one row of x therefore prefetch each row GEMM_PF_BYTES
+ * ahead of the element they read into L2 (w is one contiguous [N][K]
+ * array: the NR streams of a tile together cover, one line each, the tile
+ * about 16 KiB further on). Measured on this 2-core Zen 4 (4096 x 768 at
+ * M = 1, 2 threads, 12 matrices in rotation, interleaved A/B under load):
+ * no prefetch f32 / bf16 / int8 ~880 / 730 / 560 us; 4 KiB into L1 ~900 /
+ * 660 / 430; 8 KiB into L2 ~690 / 420 / 380; 16 KiB into L2 ~600 / 370 /
+ * 380 (L2 has more miss buffers than L1). A hint only: no value changes. */
+#ifndef GEMM_PF_BYTES
+#define GEMM_PF_BYTES 16384
+#endif
+static inline __attribute__((always_inline)) void w_prefetch(const unsigned char *row, int32_t k, const int wk)
+{
+    if (GEMM_PF_BYTES <= 0 || wk == WK_I8_ANY)
+        return;
+    const size_t off = wk == WK_F32 ? (size_t)k * 4u
+                     : wk == WK_BF16 ? (size_t)k * 2u
+                                     : (size_t)k / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
+    __builtin_prefetch(row + off + GEMM_PF_BYTES, 0, 1); /* into L2 (prefetcht2) */
+}
+
+/* weights [k, k + n) of a row, zeros after (n may be <= 0 or >= VL) */
+static inline __attribute__((always_inline)) vf w_load_tail(const void *w, const unsigned char *row, int64_t e_row,
+                                                            int32_t k, int32_t n, const int wk)
+{
+    if (wk == WK_F32)
+        return v_load_tail((const float *)row + k, n);
+    float t[VL];
+    for (int l = 0; l < VL; l++)
+        t[l] = l < n ? cpu_wt_get(w, wk == WK_BF16 ? CPU_WT_BF16 : CPU_WT_I8, e_row + k + l) : 0.0f;
+    return v_load(t);
+}
+
 #if GEMM_ID == GEMM_ID_avx2
 /* The AVX2 tile. Each output needs two ymm accumulators (lanes 0-7 and
  * 8-15), and 16 ymm registers hold only 12 accumulators beside the
@@ -202,9 +311,14 @@ _Static_assert(VL * VPS == GEMM_LANES, "a variant holds exactly the 16 canonical
  * accumulators wait in acc_mem. Every lane still takes its k in increasing
  * order, so this is the canonical order, only scheduled differently. */
 static inline __attribute__((always_inline)) void
-gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, const int mr, const int nr)
+gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int32_t K, const int mr, const int nr,
+          const int wk)
 {
     float acc_mem[VPS][MR][NR][VL] __attribute__((aligned(32)));
+    const unsigned char *row[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < nr; j++)
+        row[j] = w_row(w, e0 + (int64_t)j * K, wk);
 #pragma GCC unroll 2
     for (int h = 0; h < VPS; h++)
 #pragma GCC unroll 8
@@ -225,10 +339,15 @@ gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, cons
                 for (int j = 0; j < nr; j++)
                     a[i][j] = _mm256_load_ps(acc_mem[h][i][j]);
             for (int32_t k = kc; k < ke; k += GEMM_LANES) {
+                if (mr == 1 && h == 0 &&
+                    (wk == WK_F32 || (wk == WK_BF16 && k % 32 == 0) || (wk == WK_I8 && k % 32 == 0)))
+#pragma GCC unroll 8
+                    for (int j = 0; j < nr; j++)
+                        w_prefetch(row[j], k, wk);
                 vf wv[NR];
 #pragma GCC unroll 8
                 for (int j = 0; j < nr; j++)
-                    wv[j] = v_load(w + (int64_t)j * K + k + h * VL);
+                    wv[j] = w_load(w, row[j], e0 + (int64_t)j * K, k + h * VL, wk);
 #pragma GCC unroll 8
                 for (int i = 0; i < mr; i++) {
                     vf xv = v_load(x + (int64_t)i * K + k + h * VL);
@@ -242,7 +361,7 @@ gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, cons
                 vf wv[NR];
 #pragma GCC unroll 8
                 for (int j = 0; j < nr; j++)
-                    wv[j] = v_load_tail(w + (int64_t)j * K + kfull + h * VL, rem);
+                    wv[j] = w_load_tail(w, row[j], e0 + (int64_t)j * K, kfull + h * VL, rem, wk);
 #pragma GCC unroll 8
                 for (int i = 0; i < mr; i++) {
                     vf xv = v_load_tail(x + (int64_t)i * K + kfull + h * VL, rem);
@@ -271,9 +390,14 @@ gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, cons
  * and the loops over them are unrolled (also at -O2) so that acc and wv live
  * in registers. */
 static inline __attribute__((always_inline)) void
-gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, const int mr, const int nr)
+gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int32_t K, const int mr, const int nr,
+          const int wk)
 {
     vf acc[MR][NR][VPS];
+    const unsigned char *row[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < nr; j++)
+        row[j] = w_row(w, e0 + (int64_t)j * K, wk);
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 8
@@ -283,12 +407,18 @@ gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, cons
                 acc[i][j][h] = v_zero();
     int32_t k = 0;
     for (; k + GEMM_LANES <= K; k += GEMM_LANES) {
+        /* a line per 64 bytes read (f32 every step, bf16 every other), int8
+         * every 36 bytes (one block) so that no line of its 72-byte pairs is skipped */
+        if (mr == 1 && (wk == WK_F32 || (wk == WK_BF16 && k % 32 == 0) || (wk == WK_I8 && k % 32 == 0)))
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                w_prefetch(row[j], k, wk);
 #pragma GCC unroll 16
         for (int h = 0; h < VPS; h++) {
             vf wv[NR];
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
-                wv[j] = v_load(w + (int64_t)j * K + k + h * VL);
+                wv[j] = w_load(w, row[j], e0 + (int64_t)j * K, k + h * VL, wk);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) {
                 vf xv = v_load(x + (int64_t)i * K + k + h * VL);
@@ -305,7 +435,7 @@ gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, cons
             vf wv[NR];
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
-                wv[j] = v_load_tail(w + (int64_t)j * K + k + h * VL, rem - h * VL);
+                wv[j] = w_load_tail(w, row[j], e0 + (int64_t)j * K, k + h * VL, rem - h * VL, wk);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) {
                 vf xv = v_load_tail(x + (int64_t)i * K + k + h * VL, rem - h * VL);
@@ -346,47 +476,56 @@ gemm_tile(float *y, int64_t ldy, const float *x, const float *w, int32_t K, cons
 }
 #endif
 
-typedef void (*gemm_tile_fn)(float *y, int64_t ldy, const float *x, const float *w, int32_t K);
+typedef void (*gemm_tile_fn)(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int32_t K);
 
-#define GEMM_DEF(mr, nr)                                                                    \
-    static void gemm_tile_##mr##_##nr(float *y, int64_t ldy, const float *x, const float *w, \
-                                      int32_t K)                                            \
-    {                                                                                       \
-        gemm_tile(y, ldy, x, w, K, mr, nr);                                                 \
+#define GEMM_DEF1(wk, mr, nr)                                                                             \
+    static void gemm_tile_##wk##_##mr##_##nr(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, \
+                                             int32_t K)                                                   \
+    {                                                                                                     \
+        gemm_tile(y, ldy, x, w, e0, K, mr, nr, wk);                                                       \
     }
+#define GEMM_DEF(mr, nr) GEMM_DEF1(WK_F32, mr, nr) GEMM_DEF1(WK_BF16, mr, nr) GEMM_DEF1(WK_I8, mr, nr) \
+    GEMM_DEF1(WK_I8_ANY, mr, nr)
 
-/* gemm_tiles[mr][nr] for 1 <= mr <= MR, 1 <= nr <= NR */
+/* gemm_tiles[wk][mr][nr] for 1 <= mr <= MR, 1 <= nr <= NR */
 #if MR == 4 && NR == 6
 #define GEMM_DEF_ROW(mr) GEMM_DEF(mr, 1) GEMM_DEF(mr, 2) GEMM_DEF(mr, 3) GEMM_DEF(mr, 4) GEMM_DEF(mr, 5) GEMM_DEF(mr, 6)
-#define GEMM_ROW(mr)                                                                                           \
-    {NULL, gemm_tile_##mr##_1, gemm_tile_##mr##_2, gemm_tile_##mr##_3, gemm_tile_##mr##_4, gemm_tile_##mr##_5, \
-     gemm_tile_##mr##_6}
+#define GEMM_ROW(wk, mr)                                                                                  \
+    {NULL, gemm_tile_##wk##_##mr##_1, gemm_tile_##wk##_##mr##_2, gemm_tile_##wk##_##mr##_3,                 \
+     gemm_tile_##wk##_##mr##_4, gemm_tile_##wk##_##mr##_5, gemm_tile_##wk##_##mr##_6}
 GEMM_DEF_ROW(1)
 GEMM_DEF_ROW(2)
 GEMM_DEF_ROW(3)
 GEMM_DEF_ROW(4)
-static const gemm_tile_fn gemm_tiles[MR + 1][NR + 1] = {{NULL}, GEMM_ROW(1), GEMM_ROW(2), GEMM_ROW(3), GEMM_ROW(4)};
+#define GEMM_TABLE(wk) {{NULL}, GEMM_ROW(wk, 1), GEMM_ROW(wk, 2), GEMM_ROW(wk, 3), GEMM_ROW(wk, 4)}
 #elif MR == 4 && NR == 3
 #define GEMM_DEF_ROW(mr) GEMM_DEF(mr, 1) GEMM_DEF(mr, 2) GEMM_DEF(mr, 3)
-#define GEMM_ROW(mr) {NULL, gemm_tile_##mr##_1, gemm_tile_##mr##_2, gemm_tile_##mr##_3}
+#define GEMM_ROW(wk, mr) {NULL, gemm_tile_##wk##_##mr##_1, gemm_tile_##wk##_##mr##_2, gemm_tile_##wk##_##mr##_3}
 GEMM_DEF_ROW(1)
 GEMM_DEF_ROW(2)
 GEMM_DEF_ROW(3)
 GEMM_DEF_ROW(4)
-static const gemm_tile_fn gemm_tiles[MR + 1][NR + 1] = {{NULL}, GEMM_ROW(1), GEMM_ROW(2), GEMM_ROW(3), GEMM_ROW(4)};
+#define GEMM_TABLE(wk) {{NULL}, GEMM_ROW(wk, 1), GEMM_ROW(wk, 2), GEMM_ROW(wk, 3), GEMM_ROW(wk, 4)}
 #elif MR == 2 && NR == 4
 #define GEMM_DEF_ROW(mr) GEMM_DEF(mr, 1) GEMM_DEF(mr, 2) GEMM_DEF(mr, 3) GEMM_DEF(mr, 4)
-#define GEMM_ROW(mr) {NULL, gemm_tile_##mr##_1, gemm_tile_##mr##_2, gemm_tile_##mr##_3, gemm_tile_##mr##_4}
+#define GEMM_ROW(wk, mr)                                                                                  \
+    {NULL, gemm_tile_##wk##_##mr##_1, gemm_tile_##wk##_##mr##_2, gemm_tile_##wk##_##mr##_3,                 \
+     gemm_tile_##wk##_##mr##_4}
 GEMM_DEF_ROW(1)
 GEMM_DEF_ROW(2)
-static const gemm_tile_fn gemm_tiles[MR + 1][NR + 1] = {{NULL}, GEMM_ROW(1), GEMM_ROW(2)};
+#define GEMM_TABLE(wk) {{NULL}, GEMM_ROW(wk, 1), GEMM_ROW(wk, 2)}
 #else
 #error "add the tile table for this MR x NR"
 #endif
+static const gemm_tile_fn gemm_tiles[WK_COUNT][MR + 1][NR + 1] = {
+    GEMM_TABLE(WK_F32), GEMM_TABLE(WK_BF16), GEMM_TABLE(WK_I8), GEMM_TABLE(WK_I8_ANY)};
 
-void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K, int32_t n0,
+void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M, int32_t K, int32_t n0,
                   int32_t n1)
 {
+    const int wk = wt == CPU_WT_BF16 ? WK_BF16
+                 : wt == CPU_WT_I8   ? (K % CPU_I8_GROUP == 0 ? WK_I8 : WK_I8_ANY)
+                                     : WK_F32;
     /* A block of mc rows of x (about 512 KiB) stays in L2 while each tile
      * of NR rows of w (<= NR * K * 4 bytes) sits in L1 and the row tiles of
      * the block pass over it; w is streamed from memory once per block
@@ -399,10 +538,10 @@ void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const float *w, int32_t
         int32_t me = mb + mc < M ? mb + mc : M;
         for (int32_t n = n0; n < n1; n += NR) {
             int32_t nr = n1 - n < NR ? n1 - n : NR;
-            const float *wn = w + (int64_t)n * K;
+            const int64_t e0 = (int64_t)n * K;
             for (int32_t m = mb; m < me; m += MR) {
                 int32_t mr = me - m < MR ? me - m : MR;
-                gemm_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, x + (int64_t)m * K, wn, K);
+                gemm_tiles[wk][mr][nr](y + (int64_t)m * ldy + n, ldy, x + (int64_t)m * K, w, e0, K);
             }
         }
     }

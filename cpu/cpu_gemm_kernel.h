@@ -16,17 +16,18 @@
 
 #include <stdint.h>
 
-/* y [M][ldy], x [M][K], w [N][K] f32, columns [n0, n1) */
-typedef void (*cpu_gemm_cols_fn)(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K,
-                                 int32_t n0, int32_t n1);
+/* y [M][ldy] f32, x [M][K] f32, w [N][K] of storage type wt (cpu_wt.h
+ * cpu_wt: f32, bf16, int8 blocks), columns [n0, n1) */
+typedef void (*cpu_gemm_cols_fn)(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M,
+                                 int32_t K, int32_t n0, int32_t n1);
 
 #if defined(PG_GEMM_X86)
-void cpu_gemm_cols_avx512(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K, int32_t n0,
-                          int32_t n1);
-void cpu_gemm_cols_avx2(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K, int32_t n0,
-                        int32_t n1);
+void cpu_gemm_cols_avx512(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M, int32_t K,
+                        int32_t n0, int32_t n1);
+void cpu_gemm_cols_avx2(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M, int32_t K,
+                        int32_t n0, int32_t n1);
 #endif
-void cpu_gemm_cols_generic(float *y, int64_t ldy, const float *x, const float *w, int32_t M, int32_t K, int32_t n0,
-                           int32_t n1);
+void cpu_gemm_cols_generic(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M, int32_t K,
+                        int32_t n0, int32_t n1);
 
 #endif /* PG_CPU_GEMM_KERNEL_H */

@@ -47,6 +47,7 @@ typedef int32_t cm_v16i __attribute__((vector_size(64)));
 typedef uint32_t cm_v16u __attribute__((vector_size(64)));
 typedef float cm_v8f __attribute__((vector_size(32)));
 typedef float cm_v4f __attribute__((vector_size(16)));
+typedef uint16_t cm_v16h __attribute__((vector_size(32)));
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -141,6 +142,32 @@ static inline float cm_hmax(cm_v16f a)
     for (int i = 1; i < CM_LANES; i++)
         m = a[i] > m ? a[i] : m;
     return m;
+}
+
+/* 16 bf16 at p (any alignment) -> f32: the bits shifted up by 16 (exact) */
+static inline cm_v16f cm_load_bf16(const uint16_t *p)
+{
+    cm_v16h h;
+    memcpy(&h, p, sizeof h);
+    return (cm_v16f)(__builtin_convertvector(h, cm_v16u) << 16);
+}
+
+/* 16 IEEE binary16 at p -> binary32, exact, with integer operations
+ * and one multiply by a power of two (no F16C needed, the same bits on every
+ * ISA): the exponent and mantissa fields, moved to f32's positions, read as
+ * an f32 2^112 times too small (an f16 subnormal lands on an f32 subnormal,
+ * whose scaling is exact as well: the default MXCSR has no DAZ); inf and NaN
+ * (exponent 31) get f32's all-ones exponent, payload kept; then the sign. */
+static inline cm_v16f cm_load_f16(const uint16_t *p)
+{
+    cm_v16h h;
+    memcpy(&h, p, sizeof h);
+    const cm_v16u u = __builtin_convertvector(h, cm_v16u);
+    const cm_v16u em = (u & 0x7fffu) << 13;
+    const cm_v16f fin = (cm_v16f)em * 0x1p112f;
+    const cm_v16f nonfin = (cm_v16f)(em | 0x7f800000u);
+    const cm_v16f v = cm_select((cm_v16i)(em >= (0x7c00u << 13)), nonfin, fin);
+    return (cm_v16f)((cm_v16u)v | ((u & 0x8000u) << 16));
 }
 
 /* e^x in every lane (see the header comment for method and accuracy). */

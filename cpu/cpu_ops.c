@@ -19,14 +19,14 @@ static int32_t ops_workers(const cpu_exec *ce, double elems)
 
 /* ---- embed --------------------------------------------------------------- */
 
-int cpu_op_embed(cpu_exec *ce, float *x, const float *table, int32_t H, int32_t V, const step_batch *b)
+int cpu_op_embed(cpu_exec *ce, float *x, const void *table, int32_t H, int32_t V, const step_batch *b)
 {
     for (int32_t t = 0; t < b->num_tokens; t++) {
         int32_t id = b->token_ids[t];
         if (id < 0 || id >= V)
             return cpu_exec_fail(ce, PG_EINVAL, "embed: token %d: expected id in [0,%d), got %d",
                                  (int)t, (int)V, (int)id);
-        memcpy(x + (int64_t)t * H, table + (int64_t)id * H, (size_t)H * sizeof(float));
+        cpu_wt_get_row(x + (int64_t)t * H, table, ce->wt, (int64_t)id * H, H); /* converts */
     }
     return PG_OK;
 }
@@ -129,18 +129,20 @@ int cpu_op_rope(cpu_exec *ce, float *qkv, const float *inv_freq, int32_t nh, int
 
 /* ---- kv_write ------------------------------------------------------------ */
 
-int cpu_op_kv_write(cpu_exec *ce, float *k_cache, float *v_cache, const float *qkv, int32_t nh,
+int cpu_op_kv_write(cpu_exec *ce, void *k_cache, void *v_cache, const float *qkv, int32_t nh,
                     int32_t nkv, int32_t hd, const step_batch *b)
 {
     const int64_t row = (int64_t)(nh + 2 * nkv) * hd, kvw = (int64_t)nkv * hd;
+    const size_t eb = cpu_kv_bytes(ce->kv);
     for (int32_t t = 0; t < b->num_tokens; t++) {
         int64_t slot = b->slots[t];
         if (slot < 0)
             return cpu_exec_fail(ce, PG_EINVAL, "kv_write: token %d: expected slot >= 0, got %lld",
                                  (int)t, (long long)slot);
         const float *src = qkv + t * row + (int64_t)nh * hd;
-        memcpy(k_cache + slot * kvw, src, (size_t)kvw * sizeof(float));
-        memcpy(v_cache + slot * kvw, src + kvw, (size_t)kvw * sizeof(float));
+        /* f32: a copy; bf16 / f16: round to nearest even */
+        cpu_kv_store(ce->kv, (char *)k_cache + (size_t)(slot * kvw) * eb, src, kvw);
+        cpu_kv_store(ce->kv, (char *)v_cache + (size_t)(slot * kvw) * eb, src + kvw, kvw);
     }
     return PG_OK;
 }
@@ -189,7 +191,7 @@ int cpu_op_gather_rows(cpu_exec *ce, float *dst, const float *src, int32_t dim, 
 
 /* ---- copy_blocks --------------------------------------------------------- */
 
-int cpu_op_copy_blocks(cpu_exec *ce, float *kv, int32_t n_planes, size_t plane_elems, size_t block_elems,
+int cpu_op_copy_blocks(cpu_exec *ce, void *kv, int32_t n_planes, size_t plane_elems, size_t block_elems,
                        const int32_t *src_dst, int32_t n_pairs)
 {
     if (block_elems == 0 || plane_elems % block_elems != 0)
@@ -200,13 +202,14 @@ int cpu_op_copy_blocks(cpu_exec *ce, float *kv, int32_t n_planes, size_t plane_e
         if (src_dst[k] < 0 || src_dst[k] >= num_blocks)
             return cpu_exec_fail(ce, PG_EINVAL, "copy_blocks: pair %d: expected block id in [0,%lld), got %d",
                                  (int)(k / 2), (long long)num_blocks, (int)src_dst[k]);
+    const size_t eb = cpu_kv_bytes(ce->kv), block_bytes = block_elems * eb;
     for (int32_t p = 0; p < n_planes; p++) {
-        float *plane = kv + (size_t)p * plane_elems;
+        char *plane = (char *)kv + (size_t)p * plane_elems * eb;
         for (int32_t k = 0; k < n_pairs; k++) {
             if (src_dst[2 * k] == src_dst[2 * k + 1])
                 continue;
-            memcpy(plane + (size_t)src_dst[2 * k + 1] * block_elems,
-                   plane + (size_t)src_dst[2 * k] * block_elems, block_elems * sizeof(float));
+            memcpy(plane + (size_t)src_dst[2 * k + 1] * block_bytes,
+                   plane + (size_t)src_dst[2 * k] * block_bytes, block_bytes);
         }
     }
     return PG_OK;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "cpu_pool.h"
+#include "cpu_wt.h"
 #include "executor.h"
 
 /* Per-worker scratch, grown on the calling thread before a parallel op. */
@@ -21,6 +22,8 @@ typedef struct cpu_exec {
     cpu_pool *pool;
     int32_t n_threads;
     int32_t gemm_variant;   /* cpu_gemm_variant of matmul and logits */
+    cpu_wt wt;              /* storage of EXEC_WT buffers */
+    cpu_kv kv;              /* storage of EXEC_KV buffers */
     cpu_scratch *scratch;   /* [n_threads] */
     int32_t *tok_seq;       /* [tok_seq_cap] sequence of each token (attention) */
     size_t tok_seq_cap;
@@ -36,26 +39,27 @@ int cpu_exec_fail(cpu_exec *ce, int status, const char *fmt, ...)
 /* Ensures every worker's scratch holds >= n floats. */
 int cpu_exec_scratch(cpu_exec *ce, size_t n);
 
-/* Op bodies: arguments as in executor.h, validated by the caller except
+/* Op bodies: arguments as in executor.h (weight buffers of type ce->wt,
+ * caches of type ce->kv), validated by the caller except
  * where said. Return 0 or a negative pg_status (message in ce->err). */
-int cpu_op_embed(cpu_exec *ce, float *x, const float *table, int32_t H, int32_t V, const step_batch *b);
+int cpu_op_embed(cpu_exec *ce, float *x, const void *table, int32_t H, int32_t V, const step_batch *b);
 int cpu_op_rmsnorm(cpu_exec *ce, float *out, float *residual, const float *x, const float *w,
                    int32_t rows, int32_t dim, float eps);
 int cpu_op_rope(cpu_exec *ce, float *qkv, const float *inv_freq, int32_t nh, int32_t nkv, int32_t hd,
                 const step_batch *b);
-int cpu_op_kv_write(cpu_exec *ce, float *k_cache, float *v_cache, const float *qkv, int32_t nh,
+int cpu_op_kv_write(cpu_exec *ce, void *k_cache, void *v_cache, const float *qkv, int32_t nh,
                     int32_t nkv, int32_t hd, const step_batch *b);
 int cpu_op_silu_mul(cpu_exec *ce, float *out, const float *gate_up, int32_t T, int32_t I);
 int cpu_op_gather_rows(cpu_exec *ce, float *dst, const float *src, int32_t dim, const step_batch *b);
-int cpu_op_copy_blocks(cpu_exec *ce, float *kv, int32_t n_planes, size_t plane_elems, size_t block_elems,
+int cpu_op_copy_blocks(cpu_exec *ce, void *kv, int32_t n_planes, size_t plane_elems, size_t block_elems,
                        const int32_t *src_dst, int32_t n_pairs);
-int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
-                     const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_cache,
+                     const void *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
                      const step_batch *b);
 /* The simple twin of cpu_op_attention (cpu_attention.c): same contract,
  * plain loops and libm expf; for tests (tests/ops/test_attention_fast.c). */
-int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const float *k_cache,
-                         const float *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
+int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const void *k_cache,
+                         const void *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
                          const step_batch *b);
 
 /* Checks the step batch's own consistency (T, S, query_start, seq_lens vs

@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "cpu_executor.h"
+#include "cpu_wt.h"
 #include "device.h"
 #include "model.h"
 #include "options.h"
@@ -69,14 +70,29 @@ static void test_device_open(void **state)
     ex->op->destroy(ex);
 
     if (!have_cuda_device()) {
-        /* auto picks the cpu here, which has no bf16/fp16 cache: a usage error */
+        /* auto picks the cpu here, which stores every type asked for */
         parse(&o, 5, "-m", "d", "--kv-cache-dtype", "fp16");
-        assert_int_equal(cli_device_open(&o, &ex, &err), PG_EINVAL);
-        assert_null(ex);
-        assert_non_null(strstr(err.msg, "--device auto picked the cpu"));
-        assert_non_null(strstr(err.msg, "--kv-cache-dtype fp16"));
+        assert_int_equal(cli_device_open(&o, &ex, &err), PG_OK);
+        assert_int_equal(ex->kv_bytes, 2);
+        assert_int_equal(ex->wt_bytes, 4);
+        ex->op->destroy(ex);
         parse(&o, 5, "-m", "d", "--dtype", "bfloat16");
-        assert_int_equal(cli_device_open(&o, &ex, &err), PG_EINVAL);
+        assert_int_equal(cli_device_open(&o, &ex, &err), PG_OK);
+        assert_int_equal(ex->wt_bytes, 2);
+        assert_int_equal(ex->kv_bytes, 2); /* auto: bf16 for bf16 weights */
+        ex->op->destroy(ex);
+        parse(&o, 5, "-m", "d", "--quantization", "int8");
+        assert_int_equal(cli_device_open(&o, &ex, &err), PG_OK);
+        assert_int_equal(ex->wt_block_elems, 32);
+        assert_int_equal(ex->wt_block_bytes, 36);
+        assert_int_equal(exec_wt_bytes(ex, 64), 72);
+        ex->op->destroy(ex);
+        /* the model dir is read for auto: stories260K is f32, so f32 / f32 */
+        parse(&o, 3, "-m", pg_test_shared_path("models/stories260K"));
+        assert_int_equal(cli_device_open(&o, &ex, &err), PG_OK);
+        assert_int_equal(ex->wt_bytes, 4);
+        assert_int_equal(ex->kv_bytes, 4);
+        ex->op->destroy(ex);
         /* --device cuda without a device (or without CUDA): unsupported */
         parse(&o, 5, "-m", "d", "--device", "cuda");
         assert_int_equal(cli_device_open(&o, &ex, &err), PG_EUNSUPPORTED);
@@ -230,6 +246,97 @@ static void test_explicit_pool_loads_once(void **state)
     st_close(l.w);
 }
 
+/* --dtype / --quantization / --kv-cache-dtype -> the cpu storage types */
+static void test_cpu_storage(void **state)
+{
+    (void)state;
+    cli_options o;
+    int32_t wt, kv;
+    parse(&o, 3, "-m", "d");
+    cli_cpu_storage(&o, ST_F32, &wt, &kv);
+    assert_true(wt == CPU_WT_F32 && kv == CPU_KV_F32); /* f32 checkpoints: unchanged */
+    cli_cpu_storage(&o, ST_BF16, &wt, &kv);
+    assert_true(wt == CPU_WT_BF16 && kv == CPU_KV_BF16);
+    cli_cpu_storage(&o, ST_F16, &wt, &kv);
+    assert_true(wt == CPU_WT_F32 && kv == CPU_KV_F32); /* f16 -> bf16 would round */
+    parse(&o, 5, "-m", "d", "--dtype", "float32");
+    cli_cpu_storage(&o, ST_BF16, &wt, &kv);
+    assert_true(wt == CPU_WT_F32 && kv == CPU_KV_F32);
+    parse(&o, 5, "-m", "d", "--dtype", "bf16");
+    cli_cpu_storage(&o, ST_F32, &wt, &kv);
+    assert_true(wt == CPU_WT_BF16 && kv == CPU_KV_BF16);
+    parse(&o, 5, "-m", "d", "--quantization", "int8");
+    cli_cpu_storage(&o, ST_BF16, &wt, &kv);
+    assert_true(wt == CPU_WT_I8 && kv == CPU_KV_BF16);
+    parse(&o, 7, "-m", "d", "--quantization", "int8", "--kv-cache-dtype", "f32");
+    cli_cpu_storage(&o, ST_BF16, &wt, &kv);
+    assert_true(wt == CPU_WT_I8 && kv == CPU_KV_F32);
+    parse(&o, 5, "-m", "d", "--kv-cache-dtype", "fp16");
+    cli_cpu_storage(&o, ST_F32, &wt, &kv);
+    assert_true(wt == CPU_WT_F32 && kv == CPU_KV_F16);
+}
+
+/* The up-front memory check with a faked MemAvailable: a Llama-3-8B-shaped
+ * model fits 23 GiB as bf16 or int8 and is refused as f32 with both
+ * numbers; the default pool shrinks to what the weights leave. */
+static void test_cpu_memory_check(void **state)
+{
+    (void)state;
+    llama_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hidden_size = 4096;
+    cfg.intermediate_size = 14336;
+    cfg.num_hidden_layers = 32;
+    cfg.num_attention_heads = 32;
+    cfg.num_key_value_heads = 8;
+    cfg.head_dim = 128;
+    cfg.vocab_size = 128256;
+    cli_options o;
+    pg_error err;
+    const int32_t types[3] = {CPU_WT_F32, CPU_WT_BF16, CPU_WT_I8};
+    for (int k = 0; k < 3; k++) {
+        executor *ex = NULL;
+        cpu_executor_params p = {.threads = 1, .wt_dtype = types[k],
+                                 .kv_dtype = types[k] == CPU_WT_F32 ? CPU_KV_F32 : CPU_KV_BF16};
+        assert_int_equal(cpu_executor_create(&ex, &p, &err), PG_OK);
+        const executor_ops *real = ex->op;
+        memset(&g_fake, 0, sizeof g_fake);
+        g_fake.cpu = real;
+        g_fake.ops = *real;
+        g_fake.ops.mem_info = fake_mem_info;
+        g_fake.total = (size_t)24 << 30;
+        g_fake.used = (size_t)1 << 30; /* 23 GiB available */
+        ex->op = &g_fake.ops;
+        parse(&o, 7, "-m", "d", "--max-num-seqs", "4", "--max-model-len", "4096");
+        cli_kv_plan plan;
+        int rc = cli_kv_plan_make(&plan, &o, ex, &cfg, 4096, &err);
+        if (types[k] == CPU_WT_F32) {
+            /* 29.9 GiB of weights leave no pool at all */
+            assert_int_equal(rc, PG_EINVAL);
+            /* the weights alone are refused first (cli_model_create) */
+            assert_int_equal(cli_cpu_check_memory(NULL, ex, &cfg, &err), PG_ENOMEM);
+            assert_non_null(strstr(err.msg, "the weights need 29.9 GiB as f32 (before any kv cache), 23.0 GiB available"));
+            plan.num_blocks = 256;
+            plan.bytes_per_block = model_kv_bytes_per_block(&cfg, ex, 16);
+            assert_int_equal(cli_cpu_check_memory(&plan, ex, &cfg, &err), PG_ENOMEM);
+            assert_non_null(strstr(err.msg, "weights as f32 29.9 GiB"));
+            assert_non_null(strstr(err.msg, "23.0 GiB available"));
+        } else {
+            if (rc != PG_OK)
+                fail_msg("%s: %s", types[k] == CPU_WT_BF16 ? "bf16" : "int8", err.msg);
+            assert_int_equal(cli_cpu_check_memory(&plan, ex, &cfg, &err), PG_OK);
+            if (types[k] == CPU_WT_BF16) /* 15 GiB of weights: 40% of 23 GiB would not fit beside them */
+                assert_string_equal(plan.source, "90% of MemAvailable less the weights");
+        }
+        /* a fixed --kv-cache-memory holds twice the blocks with a 16-bit cache */
+        parse(&o, 5, "-m", "d", "--kv-cache-memory", "1GiB");
+        assert_int_equal(cli_kv_plan_make(&plan, &o, ex, &cfg, 4096, &err), PG_OK);
+        assert_int_equal(plan.num_blocks, types[k] == CPU_WT_F32 ? 256 : 512); /* f32 / bf16 cache */
+        ex->op = real;
+        ex->op->destroy(ex);
+    }
+}
+
 #ifdef PG_HAVE_CUDA
 static void test_reserve_bytes(void **state)
 {
@@ -330,6 +437,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_open),
         cmocka_unit_test(test_explicit_pool_loads_once),
+        cmocka_unit_test(test_cpu_storage),
+        cmocka_unit_test(test_cpu_memory_check),
 #ifdef PG_HAVE_CUDA
         cmocka_unit_test(test_reserve_bytes),
         cmocka_unit_test(test_measured_plan),

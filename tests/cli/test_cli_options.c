@@ -165,8 +165,15 @@ static void test_cuda_flags(void **state)
         {7, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "f32"}, CLI_KV_DTYPE_F32, CLI_DTYPE_AUTO},
         {7, {"-m", "d", "--device", "cpu", "--dtype", "float32"}, CLI_KV_DTYPE_AUTO, CLI_DTYPE_F32},
         {7, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "auto"}, CLI_KV_DTYPE_AUTO, CLI_DTYPE_AUTO},
-        /* auto may still pick the cpu, where an f32 cache is the only one */
+        /* auto may still pick the cpu, which takes every cache type */
         {5, {"-m", "d", "--kv-cache-dtype", "f32"}, CLI_KV_DTYPE_F32, CLI_DTYPE_AUTO},
+        {7, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "bf16"}, CLI_KV_DTYPE_BF16, CLI_DTYPE_AUTO},
+        {7, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "f16"}, CLI_KV_DTYPE_FP16, CLI_DTYPE_AUTO},
+        {7, {"-m", "d", "--device", "cpu", "--dtype", "bf16"}, CLI_KV_DTYPE_AUTO, CLI_DTYPE_BF16},
+        {9, {"-m", "d", "--device", "cpu", "--dtype", "f32", "--kv-cache-dtype", "bf16"}, CLI_KV_DTYPE_BF16,
+         CLI_DTYPE_F32},
+        {9, {"-m", "d", "--device", "cpu", "--dtype", "bf16", "--kv-cache-dtype", "f32"}, CLI_KV_DTYPE_F32,
+         CLI_DTYPE_BF16},
         {5, {"-m", "d", "--kv-cache-dtype", "bf16"}, CLI_KV_DTYPE_BF16, CLI_DTYPE_AUTO},
         {5, {"-m", "d", "--kv-cache-dtype", "bfloat16"}, CLI_KV_DTYPE_BF16, CLI_DTYPE_AUTO},
         {5, {"-m", "d", "--kv-cache-dtype", "float16"}, CLI_KV_DTYPE_FP16, CLI_DTYPE_AUTO},
@@ -195,12 +202,21 @@ static void test_cuda_flags(void **state)
     assert_non_null(strstr(err.msg, "--dtype float32"));
     assert_int_equal(parse(&o, &err, 5, "-m", "d", "--kv-cache-dtype", "fp16"), PG_OK);
     assert_int_equal(cli_options_check_dtypes(&o, "cuda", &err), PG_OK);
-    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_EINVAL);
-    assert_non_null(strstr(err.msg, "--kv-cache-dtype fp16: the cpu executor"));
+    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_OK);
     assert_int_equal(parse(&o, &err, 5, "-m", "d", "--dtype", "bfloat16"), PG_OK);
     assert_int_equal(cli_options_check_dtypes(&o, "cuda", &err), PG_OK);
-    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_EINVAL);
-    assert_non_null(strstr(err.msg, "--dtype bfloat16"));
+    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_OK);
+    /* f32 weights with a 16-bit cache: the cpu stores it, cuda cannot */
+    assert_int_equal(parse(&o, &err, 7, "-m", "d", "--dtype", "float32", "--kv-cache-dtype", "bf16"), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cuda", &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "on cuda with --dtype float32"));
+    /* int8 weights: cpu only */
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--quantization", "int8"), PG_OK);
+    assert_int_equal(o.quantization, CLI_QUANT_INT8);
+    assert_int_equal(cli_options_check_dtypes(&o, "cpu", &err), PG_OK);
+    assert_int_equal(cli_options_check_dtypes(&o, "cuda", &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "--quantization int8"));
 }
 
 static void test_usage_errors(void **state)
@@ -208,7 +224,7 @@ static void test_usage_errors(void **state)
     (void)state;
     cli_options o;
     pg_error err;
-    struct { int argc; const char *a[6]; const char *msg; } bad[] = {
+    struct { int argc; const char *a[8]; const char *msg; } bad[] = {
         {0, {NULL}, "-m MODEL_DIR is required"},
         {3, {"-m", "d", "--bogus"}, "unknown option"},
         {4, {"-m", "d", "--block-size", "12"}, "power of two"},
@@ -235,12 +251,13 @@ static void test_usage_errors(void **state)
         {4, {"-m", "d", "--dtype", "half"}, "--dtype: expected auto, bfloat16 or float32"},
         {4, {"-m", "d", "--cuda-device", "-1"}, "--cuda-device"},
         {4, {"-m", "d", "--cuda-device", "x"}, "--cuda-device"},
-        {6, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "bf16"}, "the cpu executor keeps the kv cache in f32"},
-        {6, {"-m", "d", "--device", "cpu", "--kv-cache-dtype", "fp16"}, "--kv-cache-dtype fp16"},
-        {6, {"-m", "d", "--device", "cpu", "--dtype", "bfloat16"}, "the cpu executor computes in float32"},
-        {6, {"-m", "d", "--dtype", "float32", "--kv-cache-dtype", "fp16"}, "with --dtype float32 the kv cache is f32"},
+        {4, {"-m", "d", "--quantization", "fp8"}, "--quantization: expected int8 or none"},
+        {6, {"-m", "d", "--quantization", "int8", "--dtype", "bf16"}, "expected --dtype auto"},
+        {6, {"-m", "d", "--device", "cuda", "--quantization", "int8"}, "only the cpu executor quantizes"},
+        {8, {"-m", "d", "--device", "cuda", "--dtype", "float32", "--kv-cache-dtype", "fp16"},
+         "on cuda with --dtype float32 the kv cache is f32"},
         {6, {"-m", "d", "--device", "cuda", "--kv-cache-dtype", "f32"}, "needs --dtype float32"},
-        {6, {"-m", "d", "--dtype", "bfloat16", "--kv-cache-dtype", "f32"}, "needs --dtype float32"},
+        {8, {"-m", "d", "--device", "cuda", "--dtype", "bfloat16", "--kv-cache-dtype", "f32"}, "needs --dtype float32"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         char *argv[10] = {(char *)"pagedgen"};

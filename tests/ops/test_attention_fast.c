@@ -247,14 +247,19 @@ static float *fbuf(size_t n)
     return p;
 }
 
-static executor *make_cpu(int32_t threads)
+static executor *make_cpu_kv(int32_t threads, cpu_kv kv)
 {
     executor *ex = NULL;
     pg_error err = {{0}};
-    cpu_executor_params p = {.threads = threads};
+    cpu_executor_params p = {.threads = threads, .kv_dtype = (int32_t)kv};
     if (cpu_executor_create(&ex, &p, &err))
         fail_msg("cpu executor with %d threads: %s", (int)threads, err.msg);
     return ex;
+}
+
+static executor *make_cpu(int32_t threads)
+{
+    return make_cpu_kv(threads, CPU_KV_F32);
 }
 
 /* out (host) of the fast path on ex, through the executor table */
@@ -284,23 +289,31 @@ static void run_ref(executor *ex, float *out, const float *qkv, const float *kc,
 {
     const size_t no = (size_t)b->num_tokens * ac->nh * ac->hd;
     float *dout = ops_dev_alloc(ex, EXEC_ACT, no);
+    /* the caches in the executor's type (the twin reads them as stored) */
+    void *dk = ops_dev_alloc(ex, EXEC_KV, nc), *dv = ops_dev_alloc(ex, EXEC_KV, nc);
+    ops_dev_put(ex, dk, EXEC_KV, kc, nc);
+    ops_dev_put(ex, dv, EXEC_KV, vc, nc);
     ops_dev_poison(ex, dout, EXEC_ACT, no);
-    (void)nc;
-    if (cpu_op_attention_ref((cpu_exec *)ex, dout, qkv, kc, vc, ac->nh, ac->nkv, ac->hd,
+    if (cpu_op_attention_ref((cpu_exec *)ex, dout, qkv, dk, dv, ac->nh, ac->nkv, ac->hd,
                              1.0f / sqrtf((float)ac->hd), b))
         fail_msg("%s: reference attention failed: %s", what, ex->op->last_error(ex));
     ops_dev_get(ex, out, dout, EXEC_ACT, no, what);
     ex->op->free(ex, dout);
+    ex->op->free(ex, dk);
+    ex->op->free(ex, dv);
 }
 
-static void test_fast_vs_ref(void **state)
+/* Every case with each KV cache type (f32, bf16, f16): the inputs are
+ * rounded to the type first (ops_dev_put_rt), so the canonical order below
+ * runs on the very values the 16-bit cache holds and the fast path must
+ * match it bit for bit, as with f32. */
+static void fast_vs_ref_kv(cpu_kv kv)
 {
-    (void)state;
     const int32_t thread_counts[] = {1, 2, 3, 7};
     executor *exs[4];
     for (int i = 0; i < 4; i++)
-        exs[i] = make_cpu(thread_counts[i]);
-    pg_test_rng rng = {4242};
+        exs[i] = make_cpu_kv(thread_counts[i], kv);
+    pg_test_rng rng = {4242u + (uint64_t)kv};
     double worst_rel = 0.0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const attn_case *ac = &cases[c];
@@ -313,9 +326,15 @@ static void test_fast_vs_ref(void **state)
         pg_test_fill_uniform(&rng, qkv, nq, -ac->amp, ac->amp);
         pg_test_fill_uniform(&rng, kc, nc, -ac->amp, ac->amp);
         pg_test_fill_uniform(&rng, vc, nc, -1.0f, 1.0f);
+        {
+            void *tmp = ops_dev_alloc(exs[0], EXEC_KV, nc);
+            ops_dev_put_rt(exs[0], tmp, EXEC_KV, kc, nc);
+            ops_dev_put_rt(exs[0], tmp, EXEC_KV, vc, nc);
+            exs[0]->op->free(exs[0], tmp);
+        }
         float *fast = fbuf(no), *ref = fbuf(no), *canon = fbuf(no), *other = fbuf(no);
         char what[200];
-        snprintf(what, sizeof what, "case %zu: nh=%d nkv=%d hd=%d bs=%d S=%d T=%d", c, (int)ac->nh, (int)ac->nkv,
+        snprintf(what, sizeof what, "kv %s case %zu: nh=%d nkv=%d hd=%d bs=%d S=%d T=%d", cpu_kv_name(kv), c, (int)ac->nh, (int)ac->nkv,
                  (int)ac->hd, (int)ac->bs, (int)ac->S, (int)T);
 
         run_fast(exs[0], fast, qkv, kc, vc, nc, ac, &ob.b, what);
@@ -372,9 +391,46 @@ static void test_fast_vs_ref(void **state)
         free(other);
         ops_batch_free(&ob);
     }
-    print_message("fast vs reference: max |difference| / max |reference| %.3g\n", worst_rel);
+    print_message("kv %s: fast vs reference: max |difference| / max |reference| %.3g\n", cpu_kv_name(kv),
+                  worst_rel);
     for (int i = 0; i < 4; i++)
         exs[i]->op->destroy(exs[i]);
+}
+
+static void test_fast_vs_ref(void **state)
+{
+    (void)state;
+    for (int kv = 0; kv < CPU_KV_COUNT; kv++)
+        fast_vs_ref_kv((cpu_kv)kv);
+}
+
+/* cm_load_bf16 / cm_load_f16 against weights/dtype.c's scalar
+ * conversions on every one of the 65536 bit patterns (NaNs: still NaN,
+ * sign and payload kept). */
+static void test_widen_16bit(void **state)
+{
+    (void)state;
+    for (uint32_t base = 0; base < 65536; base += 16) {
+        uint16_t h[16];
+        for (int i = 0; i < 16; i++)
+            h[i] = (uint16_t)(base + (uint32_t)i);
+        const cm_v16f b = cm_load_bf16(h), f = cm_load_f16(h);
+        for (int i = 0; i < 16; i++) {
+            const float wb = pg_bf16_to_f32(h[i]), wf = pg_f16_to_f32(h[i]);
+            const float gb = b[i], gf = f[i];
+            if (memcmp(&gb, &wb, sizeof gb) != 0)
+                fail_msg("cm_load_bf16(0x%04x) = %a, expected %a", (unsigned)h[i], (double)gb, (double)wb);
+            if (memcmp(&gf, &wf, sizeof gf) != 0 && !(isnan(gf) && isnan(wf)))
+                fail_msg("cm_load_f16(0x%04x) = %a, expected %a", (unsigned)h[i], (double)gf, (double)wf);
+            if (isnan(wf)) { /* same bits for NaN too: payload and sign */
+                uint32_t a, c;
+                memcpy(&a, &gf, sizeof a);
+                memcpy(&c, &wf, sizeof c);
+                if ((a & 0x80000000u) != (c & 0x80000000u) || (a & 0x003fffffu) != (c & 0x003fffffu))
+                    fail_msg("cm_load_f16(0x%04x): NaN bits %08x, expected %08x", (unsigned)h[i], a, c);
+            }
+        }
+    }
 }
 
 /* A decode token's output does not change when its own sequence is
@@ -426,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_exp_accuracy),
         cmocka_unit_test(test_hsum16),
         cmocka_unit_test(test_fast_vs_ref),
+        cmocka_unit_test(test_widen_16bit),
         cmocka_unit_test(test_prefill_equals_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -116,6 +116,59 @@ static void test_gemm_bit_identical(void **state)
         cpu_pool_destroy(pools[p]);
 }
 
+/* bf16 and int8 weights (cpu_gemm_wt): row r of y is the same bits in
+ * batches of every M, with every pool, and equal to the f32 GEMM on the
+ * values the storage holds (bf16: rounded once; int8: dequantized per
+ * block of 32); cpu_wt_store quantizes the same wherever a row starts. */
+static void test_gemm_storage_types(void **state)
+{
+    (void)state;
+    pg_test_rng rng = {71};
+    const int32_t shapes[][2] = {{2304, 768}, {100, 2048}, {7, 17}, {64, 172}, {301, 96}};
+    cpu_pool *pools[2] = {NULL, NULL};
+    for (int p = 0; p < 2; p++)
+        assert_int_equal(cpu_pool_create(&pools[p], p + 2, NULL), 0);
+    for (int t = CPU_WT_BF16; t < CPU_WT_COUNT; t++)
+        for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+            const int32_t N = shapes[c][0], K = shapes[c][1];
+            const size_t n = (size_t)N * K;
+            float *w = rand_buf(&rng, n), *row = rand_buf(&rng, (size_t)K), *wq = malloc(n * sizeof *wq);
+            void *ws = malloc(cpu_wt_bytes((cpu_wt)t, n));
+            float *y1 = malloc((size_t)N * sizeof *y1), *yf = malloc((size_t)N * sizeof *yf);
+            assert_true(wq && ws && y1 && yf);
+            assert_int_equal(cpu_wt_store((cpu_wt)t, ws, 0, w, ST_F32, n), 0);
+            cpu_wt_get_row(wq, ws, (cpu_wt)t, 0, (int64_t)n);
+            if (t == CPU_WT_I8) /* an upload that does not start on a block is refused */
+                assert_int_equal(cpu_wt_store((cpu_wt)t, ws, 16, w, ST_F32, 32), 1);
+            cpu_gemm_wt(CPU_GEMM_AUTO, (cpu_wt)t, NULL, y1, N, row, ws, 1, N, K);
+            cpu_gemm(NULL, yf, N, row, wq, 1, N, K);
+            if (memcmp(y1, yf, (size_t)N * sizeof *y1) != 0)
+                fail_msg("%s N=%d K=%d: differs from f32 on the stored values", cpu_wt_name((cpu_wt)t), (int)N,
+                         (int)K);
+            const int32_t Ms[] = {2, 4, 13, 64};
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                const int32_t M = Ms[mi], r = M / 2;
+                float *x = rand_buf(&rng, (size_t)M * K), *y = malloc((size_t)M * N * sizeof *y);
+                assert_non_null(y);
+                memcpy(x + (size_t)r * K, row, (size_t)K * sizeof *row);
+                cpu_gemm_wt(CPU_GEMM_AUTO, (cpu_wt)t, pools[mi % 2], y, N, x, ws, M, N, K);
+                if (memcmp(y + (size_t)r * N, y1, (size_t)N * sizeof *y1) != 0)
+                    fail_msg("%s N=%d K=%d: row %d of M=%d differs from M=1", cpu_wt_name((cpu_wt)t), (int)N,
+                             (int)K, (int)r, (int)M);
+                free(x);
+                free(y);
+            }
+            free(w);
+            free(row);
+            free(wq);
+            free(ws);
+            free(y1);
+            free(yf);
+        }
+    for (int p = 0; p < 2; p++)
+        cpu_pool_destroy(pools[p]);
+}
+
 static void test_pool_range(void **state)
 {
     (void)state;
@@ -140,6 +193,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_matches_reference),
         cmocka_unit_test(test_gemm_bit_identical),
+        cmocka_unit_test(test_gemm_storage_types),
         cmocka_unit_test(test_pool_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -159,8 +159,22 @@ static void test_variants_match_canonical(void **state)
     print_message("checked %ld products bit for bit\n", checked);
 }
 
+/* Weights of storage type t holding w [n] (rounded or quantized as the
+ * executor's upload does), and wq [n] f32: what cpu_wt_get reads back. */
+static void *store_weights(cpu_wt t, const float *w, size_t n, float *wq)
+{
+    void *p = malloc(cpu_wt_bytes(t, n) + 64);
+    assert_non_null(p);
+    assert_int_equal(cpu_wt_store(t, p, 0, w, ST_F32, n), 0);
+    cpu_wt_get_row(wq, p, t, 0, (int64_t)n);
+    return p;
+}
+
 /* The column kernels called directly on arbitrary column ranges (the split
- * the pool makes never changes a value, and neither does a variant). */
+ * the pool makes never changes a value, and neither does a variant), for
+ * every weight storage type: bf16 and int8 weights give, bit for bit, the
+ * canonical order over the values they hold (int8: with K a multiple of 32,
+ * whole blocks; otherwise element by element). */
 static void test_kernels_on_column_ranges(void **state)
 {
     (void)state;
@@ -170,31 +184,90 @@ static void test_kernels_on_column_ranges(void **state)
     fns[2] = cpu_gemm_cols_avx512;
 #endif
     pg_test_rng rng = {99};
-    for (int it = 0; it < 60; it++) {
-        const int32_t M = pg_test_rng_int(&rng, 1, it < 30 ? 6 : 130), N = pg_test_rng_int(&rng, 1, 40);
-        const int32_t K = pg_test_rng_int(&rng, 1, it % 3 ? 70 : 600);
+    for (int it = 0; it < 90; it++) {
+        const cpu_wt wt = (cpu_wt)(it % CPU_WT_COUNT);
+        const int32_t M = pg_test_rng_int(&rng, 1, it < 45 ? 6 : 130), N = pg_test_rng_int(&rng, 1, 40);
+        int32_t K = pg_test_rng_int(&rng, 1, it % 3 ? 70 : 600);
+        if (it % 2)
+            K = (K + 31) / 32 * 32; /* int8: whole blocks per row */
         float *x = alloc_floats((size_t)M * K), *w = alloc_floats((size_t)N * K);
+        float *wq = alloc_floats((size_t)N * K);
         float *y = alloc_floats((size_t)M * N), *ref = alloc_floats((size_t)M * N);
         fill_awkward(&rng, x, (size_t)M * K);
         fill_awkward(&rng, w, (size_t)N * K);
+        void *ws = store_weights(wt, w, (size_t)N * K, wq);
         for (int32_t m = 0; m < M; m++)
             for (int32_t n = 0; n < N; n++)
-                ref[(size_t)m * N + n] = canonical_dot(x + (size_t)m * K, w + (size_t)n * K, K);
+                ref[(size_t)m * N + n] = canonical_dot(x + (size_t)m * K, wq + (size_t)n * K, K);
         for (int v = 0; v < N_VARIANTS; v++) {
             if (!fns[v] || !cpu_gemm_variant_available(variants[v]))
                 continue;
             memset(y, 0xff, (size_t)M * N * sizeof *y);
             const int32_t cut1 = pg_test_rng_int(&rng, 0, N), cut2 = pg_test_rng_int(&rng, cut1, N);
-            fns[v](y, N, x, w, M, K, 0, cut1);
-            fns[v](y, N, x, w, M, K, cut1, cut2);
-            fns[v](y, N, x, w, M, K, cut2, N);
-            expect_canonical("column ranges", variants[v], y, N, ref, M, N, K);
+            fns[v](y, N, x, ws, (int32_t)wt, M, K, 0, cut1);
+            fns[v](y, N, x, ws, (int32_t)wt, M, K, cut1, cut2);
+            fns[v](y, N, x, ws, (int32_t)wt, M, K, cut2, N);
+            expect_canonical(cpu_wt_name(wt), variants[v], y, N, ref, M, N, K);
         }
+        free(ws);
         free(x);
         free(w);
+        free(wq);
         free(y);
         free(ref);
     }
+}
+
+/* The whole product through cpu_gemm_wt for bf16 and int8 storage on the
+ * model-like shapes (K a multiple of 32 or not, M = 1 .. 130, 1 and 2
+ * threads): every variant gives the canonical order over the stored values,
+ * bit for bit. */
+static void test_storage_types_match_canonical(void **state)
+{
+    (void)state;
+    pg_test_rng rng = {77};
+    cpu_pool *pool = NULL;
+    assert_int_equal(cpu_pool_create(&pool, 2, NULL), 0);
+    const int32_t Ms[] = {1, 3, 4, 64, 130};
+    const int32_t Ns[] = {1, 7, 13, 37};
+    const int32_t Ks[] = {17, 32, 64, 100, 172, 288, 544, 768};
+    long checked = 0;
+    for (int t = CPU_WT_BF16; t < CPU_WT_COUNT; t++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                    const int32_t M = Ms[mi], N = Ns[ni], K = Ks[ki];
+                    if (M > 4 && N > 13 && K > 100)
+                        continue;
+                    float *x = alloc_floats((size_t)M * K), *w = alloc_floats((size_t)N * K);
+                    float *wq = alloc_floats((size_t)N * K);
+                    float *y = alloc_floats((size_t)M * N), *ref = alloc_floats((size_t)M * N);
+                    pg_test_fill_uniform(&rng, x, (size_t)M * K, -1.0f, 1.0f);
+                    if ((ki + ni) % 2)
+                        fill_awkward(&rng, w, (size_t)N * K);
+                    else
+                        pg_test_fill_uniform(&rng, w, (size_t)N * K, -1.0f, 1.0f);
+                    void *ws = store_weights((cpu_wt)t, w, (size_t)N * K, wq);
+                    for (int32_t m = 0; m < M; m++)
+                        for (int32_t n = 0; n < N; n++)
+                            ref[(size_t)m * N + n] = canonical_dot(x + (size_t)m * K, wq + (size_t)n * K, K);
+                    for (int v = 0; v < N_VARIANTS; v++) {
+                        if (!cpu_gemm_variant_available(variants[v]))
+                            continue;
+                        memset(y, 0xff, (size_t)M * N * sizeof *y);
+                        cpu_gemm_wt(variants[v], (cpu_wt)t, (mi + ni) % 2 ? pool : NULL, y, N, x, ws, M, N, K);
+                        expect_canonical(cpu_wt_name((cpu_wt)t), variants[v], y, N, ref, M, N, K);
+                        checked++;
+                    }
+                    free(ws);
+                    free(x);
+                    free(w);
+                    free(wq);
+                    free(y);
+                    free(ref);
+                }
+    cpu_pool_destroy(pool);
+    print_message("checked %ld bf16 / int8 products bit for bit\n", checked);
 }
 
 /* The zero-padded tail is a real fma(0, 0, acc): with every product an
@@ -356,6 +429,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fma_is_fused),
         cmocka_unit_test(test_variants_match_canonical),
         cmocka_unit_test(test_kernels_on_column_ranges),
+        cmocka_unit_test(test_storage_types_match_canonical),
         cmocka_unit_test_prestate(test_builds_agree, &progs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
