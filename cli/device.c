@@ -1,6 +1,7 @@
 /* device: executor choice, KV pool sizing and model creation (see device.h). */
 #include "device.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #ifdef PG_HAVE_CUDA
 #include "cuda_executor.h"
 #include "cuda_plan.h"
+#include "step_batch.h"
 #endif
 
 /* The checkpoint's weight dtype: that of model.embed_tokens.weight, F32
@@ -206,19 +208,107 @@ uint64_t cli_cuda_reserve_bytes(const llama_config *cfg, const executor *ex, con
     return total;
 }
 
-/* The cuda default: load the model with a one-block probe pool, read the
- * free memory, destroy the probe and plan with cuda_plan_kv_blocks. */
+/* The dummy step of the profile run (vLLM's profile_run): the largest step
+ * the scheduler can form, max_num_batched_tokens tokens (no more than
+ * max-num-seqs sequences of max-model-len hold) over min(max-num-seqs,
+ * tokens) prefill sequences, every one sampling. Each token gets its own KV
+ * slot, so the probe pool holds probe_blocks blocks. */
+typedef struct profile_step {
+    int32_t T, S, stride, probe_blocks;
+} profile_step;
+
+static void profile_shape(profile_step *p, const cli_options *o, int32_t max_model_len)
+{
+    int64_t T = o->max_num_batched_tokens, cap = (int64_t)o->max_num_seqs * max_model_len;
+    if (T > cap)
+        T = cap;
+    p->T = (int32_t)T;
+    p->S = o->max_num_seqs < p->T ? o->max_num_seqs : p->T;
+    int32_t base = p->T / p->S, extra = p->T % p->S, bs = o->block_size;
+    p->stride = (base + (extra > 0) + bs - 1) / bs;
+    p->probe_blocks = extra * ((base + 1 + bs - 1) / bs) + (p->S - extra) * ((base + bs - 1) / bs);
+}
+
+/* Fills the dummy step into the host arrays (token 0 everywhere: ids are
+ * calloc'ed) and runs it. */
+static int profile_forward(model *probe, const profile_step *p, int32_t block_size, const int32_t *ids,
+                           int32_t *pos, int32_t *slots, int32_t *qs, int32_t *lens, int32_t *rows,
+                           int32_t *tables, float *logits, pg_error *err)
+{
+    const int32_t T = p->T, S = p->S, base = T / S, extra = T % S;
+    int32_t next_block = 0, max_q = 0;
+    qs[0] = 0;
+    for (int32_t s = 0; s < S; s++) {
+        int32_t q = base + (s < extra);
+        qs[s + 1] = qs[s] + q;
+        lens[s] = q;
+        rows[s] = qs[s + 1] - 1;
+        max_q = q > max_q ? q : max_q;
+        int32_t nb = (q + block_size - 1) / block_size;
+        for (int32_t k = 0; k < nb; k++)
+            tables[(size_t)s * (size_t)p->stride + (size_t)k] = next_block + k;
+        for (int32_t i = 0; i < q; i++) {
+            pos[qs[s] + i] = i;
+            slots[qs[s] + i] = (next_block + i / block_size) * block_size + i % block_size;
+        }
+        next_block += nb;
+    }
+    step_batch b = {
+        .num_tokens = T, .num_seqs = S, .block_size = block_size, .token_ids = ids, .positions = pos,
+        .slots = slots, .query_start = qs, .seq_lens = lens, .block_tables = tables,
+        .block_table_stride = p->stride, .max_seq_len = max_q, .max_query_len = max_q,
+        .num_logits = S, .logits_rows = rows,
+    };
+    int rc = model_forward(probe, &b, logits, err);
+    if (rc != PG_OK)
+        return pg_error_wrap(err, rc, "profile run (a %d-token step of %d sequences)", (int)T, (int)S);
+    return PG_OK;
+}
+
+/* Runs the dummy step on the probe model: lazily loaded kernels, the
+ * cuBLAS workspaces and every buffer the executor grows for a step of this
+ * size are then allocated. The step's host arrays are freed here. */
+static int profile_run(model *probe, const profile_step *p, const llama_config *cfg, int32_t block_size,
+                       pg_error *err)
+{
+    const size_t T = (size_t)p->T, S = (size_t)p->S;
+    int32_t *ids = calloc(T, sizeof *ids), *pos = calloc(T, sizeof *pos);
+    int32_t *slots = calloc(T, sizeof *slots), *qs = calloc(S + 1, sizeof *qs);
+    int32_t *lens = calloc(S, sizeof *lens), *rows = calloc(S, sizeof *rows);
+    int32_t *tables = calloc(S * (size_t)p->stride, sizeof *tables);
+    float *logits = malloc(S * (size_t)cfg->vocab_size * sizeof *logits);
+    int rc;
+    if (!ids || !pos || !slots || !qs || !lens || !rows || !tables || !logits)
+        rc = pg_error_set(err, PG_ENOMEM, "profile run: out of host memory for a %d-token step", (int)p->T);
+    else
+        rc = profile_forward(probe, p, block_size, ids, pos, slots, qs, lens, rows, tables, logits, err);
+    free(ids);
+    free(pos);
+    free(slots);
+    free(qs);
+    free(lens);
+    free(rows);
+    free(tables);
+    free(logits);
+    return rc;
+}
+
+/* The cuda default: load the model with a probe pool, read the free memory,
+ * run the profile step, read it again, destroy the probe and plan with
+ * cuda_plan_kv_blocks from the free memory after both. */
 static int plan_cuda_measured(cli_kv_plan *plan, const cli_options *o, executor *ex,
                               const llama_config *cfg, const st_file *weights,
                               const model_params *final_params, int32_t max_model_len, pg_error *err)
 {
     int64_t per_seq = blocks_per_seq(o, max_model_len);
-    size_t free_before = 0, free_after = 0, total = 0;
+    size_t free_before = 0, free_after = 0, free_profiled = 0, total = 0;
     if (ex->op->mem_info(ex, &free_before, &total) != PG_OK)
         return pg_error_set(err, PG_EDEVICE, "cuda: cannot read free memory: %s (give --kv-cache-memory)",
                             ex->op->last_error(ex));
+    profile_step ps;
+    profile_shape(&ps, o, max_model_len);
     model_params probe_params = *final_params;
-    probe_params.num_kv_blocks = 1;
+    probe_params.num_kv_blocks = ps.probe_blocks;
     model *probe = NULL;
     int rc = model_create(&probe, ex, cfg, weights, &probe_params, err);
     if (rc != PG_OK)
@@ -227,16 +317,31 @@ static int plan_cuda_measured(cli_kv_plan *plan, const cli_options *o, executor 
     rc = ex->op->sync(ex);
     if (rc == PG_OK)
         rc = ex->op->mem_info(ex, &free_after, &total);
-    model_destroy(probe);
-    if (rc != PG_OK)
+    if (rc != PG_OK) {
+        model_destroy(probe);
         return pg_error_set(err, PG_EDEVICE, "cuda: cannot read free memory after loading: %s",
                             ex->op->last_error(ex));
+    }
+    rc = profile_run(probe, &ps, cfg, o->block_size, err);
+    if (rc == PG_OK && (rc = ex->op->sync(ex)) == PG_OK)
+        rc = ex->op->mem_info(ex, &free_profiled, &total);
+    else if (rc == PG_OK)
+        rc = pg_error_set(err, PG_EDEVICE, "cuda: profile run: %s", ex->op->last_error(ex));
+    model_destroy(probe);
+    if (rc != PG_OK)
+        return rc;
 
+    /* as if the probe had held one block (what the final model holds beside its pool) */
+    const size_t extra_pool = (size_t)(ps.probe_blocks - 1) * plan->bytes_per_block;
+    free_after += extra_pool;
+    free_profiled += extra_pool;
+    plan->profile_bytes = free_after > free_profiled ? free_after - free_profiled : 0;
     plan->measured = 1;
     plan->total_bytes = total;
     plan->free_after_load_bytes = free_after;
     plan->load_bytes = free_before > free_after ? free_before - free_after : 0;
     plan->reserve_bytes = cli_cuda_reserve_bytes(cfg, ex, o, max_model_len);
+    free_after -= plan->profile_bytes; /* what the profile step left allocated counts as in use */
     plan->source = "--gpu-memory-utilization";
     cuda_mem_plan_in in = {
         .total_bytes = total,
@@ -251,10 +356,11 @@ static int plan_cuda_measured(cli_kv_plan *plan, const cli_options *o, executor 
     if (rc != PG_OK)
         return pg_error_wrap(err, rc,
                              "kv cache on cuda device %d (total %.1f MiB, free %.1f MiB after loading "
-                             "%.1f MiB: weights %.1f MiB + workspaces; utilization %.2f; one %d-token "
-                             "sequence needs %lld blocks)",
+                             "%.1f MiB: weights %.1f MiB + workspaces, and the profile run %.1f MiB; "
+                             "utilization %.2f; one %d-token sequence needs %lld blocks)",
                              (int)o->cuda_device, (double)total / 1048576.0,
                              (double)free_after / 1048576.0, (double)plan->load_bytes / 1048576.0,
+                             (double)plan->profile_bytes / 1048576.0,
                              (double)model_weight_bytes(cfg, ex) / 1048576.0, o->gpu_memory_utilization,
                              (int)max_model_len, (long long)per_seq);
     double allowed = (double)total * o->gpu_memory_utilization - (double)(total - free_after) -

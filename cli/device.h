@@ -8,7 +8,8 @@
  *                            of 90% of it when that is less;
  *   default, cuda            measured, vLLM's rule (cuda_plan_kv_blocks):
  *                            util x total - (total - free after loading the
- *                            model with a one-block probe pool) - the
+ *                            model with a probe pool and running one
+ *                            largest step on it, vLLM's profile run) - the
  *                            buffers the executor still grows while running;
  *                            the probe model is then destroyed and the model
  *                            created again with the planned pool;
@@ -58,9 +59,12 @@ typedef struct cli_kv_plan {
     /* cuda default only (measured = 1): the numbers the plan came from */
     int measured;
     uint64_t total_bytes;       /* device memory */
-    uint64_t free_after_load_bytes; /* free with the probe model (one-block pool) loaded */
+    uint64_t free_after_load_bytes; /* free with the probe model loaded (its pool counted as one block) */
     uint64_t load_bytes;        /* free before - free after loading the probe */
     uint64_t reserve_bytes;     /* cli_cuda_reserve_bytes */
+    uint64_t profile_bytes;     /* what the profile step (the largest step, run once on the
+                                   probe) left allocated: lazily loaded kernels, cuBLAS and
+                                   executor workspaces; counted as in use */
 } cli_kv_plan;
 
 /* Pure arithmetic behind cli_kv_plan_make (tested on its own). */

@@ -558,11 +558,11 @@ static int load_model(run_state *s)
                 (int)s->cfg.vocab_size, (int)s->max_model_len, dev);
         if (plan.measured)
             fprintf(stderr, "pagedgen: device memory: total %.1f MiB, utilization %.2f, free %.1f MiB after "
-                            "loading (%.1f MiB: weights, workspaces), %.1f MiB kept for buffers grown "
-                            "while running\n",
+                            "loading (%.1f MiB: weights, workspaces), %.1f MiB left by the profile step, "
+                            "%.1f MiB kept for buffers grown while running\n",
                     (double)plan.total_bytes / 1048576.0, o->gpu_memory_utilization,
                     (double)plan.free_after_load_bytes / 1048576.0, (double)plan.load_bytes / 1048576.0,
-                    (double)plan.reserve_bytes / 1048576.0);
+                    (double)plan.profile_bytes / 1048576.0, (double)plan.reserve_bytes / 1048576.0);
         fprintf(stderr, "pagedgen: KV cache: %d blocks of %d tokens = %lld tokens, %.1f MiB (%s%s)\n",
                 (int)plan.num_blocks, (int)o->block_size, (long long)tokens, mib, plan.source,
                 plan.capped_to ? ", capped to max-num-seqs x max-model-len" : "");

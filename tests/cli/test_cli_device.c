@@ -19,6 +19,7 @@
 #include "cpu_wt.h"
 #include "device.h"
 #include "model.h"
+#include "step_batch.h"
 #include "options.h"
 #include "safetensors.h"
 #include "test_support.h"
@@ -109,6 +110,10 @@ typedef struct fake_dev {
     size_t total, used;         /* used includes `others` */
     size_t others;              /* what other processes and the context hold */
     size_t peak;
+    size_t lazy;                /* charged on the first step (a lazily loaded kernel, a
+                                   cuBLAS workspace), held until the device closes */
+    int steps;                  /* begin_step calls */
+    int32_t first_T, first_S, first_L, first_max_q; /* the first step's shape */
     struct { void *p; size_t n; } live[1024];
     int n_live;
 } fake_dev;
@@ -155,6 +160,20 @@ static int fake_mem_info(executor *ex, size_t *free_bytes, size_t *total_bytes)
     return 0;
 }
 
+static int fake_begin_step(executor *ex, const step_batch *b)
+{
+    if (g_fake.steps++ == 0) {
+        g_fake.first_T = b->num_tokens;
+        g_fake.first_S = b->num_seqs;
+        g_fake.first_L = b->num_logits;
+        g_fake.first_max_q = b->max_query_len;
+        g_fake.used += g_fake.lazy;
+        if (g_fake.used > g_fake.peak)
+            g_fake.peak = g_fake.used;
+    }
+    return g_fake.cpu->begin_step(ex, b);
+}
+
 static executor *fake_open(size_t total_mib, size_t others_mib)
 {
     executor *ex = NULL;
@@ -167,6 +186,7 @@ static executor *fake_open(size_t total_mib, size_t others_mib)
     g_fake.ops.alloc = fake_alloc;
     g_fake.ops.free = fake_free;
     g_fake.ops.mem_info = fake_mem_info;
+    g_fake.ops.begin_step = fake_begin_step;
     g_fake.total = total_mib << 20;
     g_fake.others = g_fake.used = others_mib << 20;
     ex->op = &g_fake.ops;
@@ -397,8 +417,51 @@ static void test_measured_plan(void **state)
     assert_int_equal(plan.num_blocks, (int32_t)(budget / (double)bpb));
     assert_true(plan.num_blocks > 32 && plan.num_blocks < 256 * 32);
     assert_int_equal(plan.capped_to, 0);
+    /* the profile run: one step of the largest shape, before the plan, on
+     * a probe pool with a slot per token (2048 tokens: 256 sequences of 8,
+     * one 16-token block each) */
+    assert_int_equal(g_fake.steps, 1);
+    assert_int_equal(g_fake.first_T, 2048);
+    assert_int_equal(g_fake.first_S, 256);
+    assert_int_equal(g_fake.first_L, 256);
+    assert_int_equal(g_fake.first_max_q, 8);
+    assert_true(plan.profile_bytes == 0);
+    assert_true(g_fake.peak >= g_fake.others + plan.load_bytes + 255u * bpb);
     model_destroy(m);
     assert_true(g_fake.used == g_fake.others);
+    fake_close(ex);
+
+    /* what the profile step leaves allocated (here 40 MiB charged on the
+     * first step, as a lazily loaded kernel or a cuBLAS workspace would
+     * be) is measured and counted as in use: the pool shrinks by it */
+    int32_t without = plan.num_blocks;
+    ex = fake_open(256, 16);
+    g_fake.lazy = (size_t)40 << 20;
+    assert_int_equal(cli_model_create(&m, &plan, &o, ex, &l.cfg, l.w, 512, &err), PG_OK);
+    assert_true(plan.profile_bytes == g_fake.lazy);
+    assert_true(plan.free_after_load_bytes == g_fake.total - g_fake.others - plan.load_bytes);
+    assert_true(g_fake.used ==
+                g_fake.others + g_fake.lazy + plan.load_bytes + (size_t)(plan.num_blocks - 1) * bpb);
+    budget = 0.9 * (double)g_fake.total - (double)(g_fake.others + plan.load_bytes + g_fake.lazy) -
+             (double)plan.reserve_bytes;
+    assert_int_equal(plan.num_blocks, (int32_t)(budget / (double)bpb));
+    int32_t fewer = without - plan.num_blocks, lazy_blocks = (int32_t)(g_fake.lazy / bpb);
+    assert_true(fewer >= lazy_blocks && fewer <= lazy_blocks + 1);
+    model_destroy(m);
+    assert_true(g_fake.used == g_fake.others + g_fake.lazy);
+    fake_close(ex);
+
+    /* max-num-batched-tokens beyond what max-num-seqs x max-model-len hold:
+     * the profile step is the largest the scheduler can form */
+    ex = fake_open(256, 16);
+    parse(&o, 7, "-m", "d", "--max-num-seqs", "2", "--max-num-batched-tokens", "4096");
+    assert_int_equal(cli_model_create(&m, &plan, &o, ex, &l.cfg, l.w, 512, &err), PG_OK);
+    assert_int_equal(g_fake.first_T, 1024);
+    assert_int_equal(g_fake.first_S, 2);
+    assert_int_equal(g_fake.first_max_q, 512);
+    model_destroy(m);
+    fake_close(ex);
+    ex = fake_open(256, 16);
 
     /* capped to max-num-seqs x blocks per sequence */
     parse(&o, 5, "-m", "d", "--max-num-seqs", "2");
