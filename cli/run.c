@@ -495,14 +495,6 @@ static int load_model(run_state *s)
         fail(s, CLI_EXIT_USAGE, NULL);
         return -1;
     }
-    if (s->max_model_len > ctx_limit) {
-        pg_error_set(&s->err, PG_EUNSUPPORTED,
-                     "--max-model-len %d exceeds the model's sliding_window %d: sliding-window attention is not "
-                     "implemented, so the context is capped at the window (exact within it)",
-                     (int)s->max_model_len, (int)ctx_limit);
-        fail(s, CLI_EXIT_USAGE, NULL);
-        return -1;
-    }
     if (resolve_defaults(s) != PG_OK)
         return -1;
     int rc = cli_device_open(o, &s->ex, &s->err);

@@ -114,7 +114,9 @@ typedef struct executor_ops {
                     int32_t nh, int32_t nkv, int32_t hd, const step_batch *b);
     /* Causal GQA attention of every query token over its own sequence's
      * paged context: token t of sequence s at position p attends to
-     * positions 0..p, found through row s of b->block_tables; query head h
+     * positions 0..p (lo..p with lo = max(0, p - W + 1) when
+     * W = b->sliding_window > 0; the window changes only which positions
+     * are summed, never the order), found through row s of b->block_tables; query head h
      * reads kv head h / (nh / nkv). out[t][h*hd..] = softmax(q.k * scale) @ v.
      * out [T][nh*hd] act; qkv as above; caches as in kv_write. */
     int (*attention)(executor *ex, void *out, const void *qkv,

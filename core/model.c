@@ -527,11 +527,15 @@ static int forward_head(model *m, const step_batch *b, float *logits, const char
     return op->logits(ex, logits, m->rows_out, m->lm_head, b->num_logits, m->V, m->H);
 }
 
-int model_forward(model *m, const step_batch *b, float *logits, pg_error *err)
+int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err)
 {
-    int rc = check_batch(m, b, err);
+    int rc = check_batch(m, b_in, err);
     if (rc)
         return rc;
+    /* the config's sliding window (Mistral) is the model's, not the caller's */
+    step_batch bw = *b_in;
+    bw.sliding_window = m->cfg->sliding_window;
+    const step_batch *b = &bw;
     executor *ex = m->ex;
     const char *failed = "begin_step";
     int32_t layer = -1;

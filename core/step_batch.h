@@ -35,6 +35,10 @@ typedef struct step_batch {
     int32_t num_logits;           /* L: rows that need logits this step */
     const int32_t *logits_rows;   /* [L] token rows (0..T-1), increasing; the last
                                      scheduled token of every sequence that samples */
+    int32_t sliding_window;       /* 0: full causal attention; W > 0: the token at
+                                     position p attends to positions
+                                     max(0, p - W + 1) .. p only (W keys: transformers'
+                                     sliding_window_overlay, kv_idx > q_idx - W) */
 } step_batch;
 
 #endif /* PG_STEP_BATCH_H */

@@ -4,7 +4,9 @@
  * cpu_op_attention_ref (the simple twin it is tested against,
  * tests/ops/test_attention_fast.c). Both compute, for token t of sequence s
  * at position p, kv head g, query heads h = g*G .. g*G+G-1 (G = nh / nkv),
- * context positions j = 0..p:
+ * context positions j = lo..p, lo = 0 (full attention) or, with a sliding
+ * window W = b->sliding_window > 0, lo = max(0, p - W + 1) (transformers'
+ * sliding_window_overlay: kv_idx > q_idx - W, so W keys including p):
  *   slot_j   = block_tables[s][j / bs] * bs + j % bs
  *   k_j, v_j = k_cache/v_cache + slot_j * nkv*hd + g*hd       [hd] f32
  *   q_h      = qkv + t*(nh+2nkv)*hd + h*hd                    [hd] f32
@@ -76,6 +78,13 @@ typedef struct attn_job {
     size_t chunk_floats;        /* scratch per chunk */
 } attn_job;
 
+/* first context position the token at position p attends to */
+static inline int32_t attn_lo(const step_batch *b, int32_t p)
+{
+    const int32_t w = b->sliding_window;
+    return w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
+}
+
 /* ---- the reference (the simple twin) --------------------------------------- */
 
 /* dot(a, b) in 8 lanes: lane l sums i = l, l+8, ... in order; then a fixed
@@ -111,12 +120,12 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
     const int64_t n_pairs = (int64_t)b->num_tokens * nkv;
     for (int64_t i = worker; i < n_pairs; i += n_workers) {
         const int32_t t = (int32_t)(i / nkv), g = (int32_t)(i % nkv);
-        const int32_t s = j->ce->tok_seq[t], n_ctx = b->positions[t] + 1;
+        const int32_t s = j->ce->tok_seq[t], n_ctx = b->positions[t] + 1, lo = attn_lo(b, b->positions[t]);
         const int32_t *table = b->block_tables + (int64_t)s * b->block_table_stride;
         const float *q = j->qkv + t * row + (int64_t)g * G * hd;
         float *o = j->out + t * out_row + (int64_t)g * G * hd;
 
-        for (int32_t c = 0; c < n_ctx; c++) {
+        for (int32_t c = lo; c < n_ctx; c++) {
             int64_t slot = (int64_t)table[c / bs] * bs + c % bs;
             const float *k = kvrow;
             cpu_kv_load(kvt, kvrow, (const char *)j->k_cache + (size_t)(slot * kvw + (int64_t)g * hd) * eb, hd);
@@ -125,18 +134,18 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
         }
         for (int32_t h = 0; h < G; h++) {
             float *sc = scores + (int64_t)h * ctx_cap;
-            float mx = sc[0];
-            for (int32_t c = 1; c < n_ctx; c++)
+            float mx = sc[lo];
+            for (int32_t c = lo + 1; c < n_ctx; c++)
                 mx = sc[c] > mx ? sc[c] : mx;
             float z = 0.0f;
-            for (int32_t c = 0; c < n_ctx; c++) {
+            for (int32_t c = lo; c < n_ctx; c++) {
                 sc[c] = expf(sc[c] - mx);
                 z += sc[c];
             }
             inv_z[h] = 1.0f / z;
             memset(o + (int64_t)h * hd, 0, (size_t)hd * sizeof(float));
         }
-        for (int32_t c = 0; c < n_ctx; c++) {
+        for (int32_t c = lo; c < n_ctx; c++) {
             int64_t slot = (int64_t)table[c / bs] * bs + c % bs;
             const float *v = kvrow;
             cpu_kv_load(kvt, kvrow, (const char *)j->v_cache + (size_t)(slot * kvw + (int64_t)g * hd) * eb, hd);
@@ -236,7 +245,7 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
     const int32_t hd = j->hd, hdp = j->hdp, nkv = j->nkv, G = j->nh / nkv, bs = b->block_size;
     const int32_t nv = hd / CM_LANES, rem = hd % CM_LANES, nhp = j->nhp;
     const int64_t kvw = (int64_t)nkv * hd;
-    const int32_t s = j->ce->tok_seq[t], n_ctx = b->positions[t] + 1;
+    const int32_t s = j->ce->tok_seq[t], n_ctx = b->positions[t] + 1, lo = attn_lo(b, b->positions[t]);
     const int32_t *table = b->block_tables + (int64_t)s * b->block_table_stride;
     const int32_t h0 = g0 * G, nhi = (g1 - g0) * G;
     float *e = buf, *qp = e + (int64_t)b->max_seq_len * nhp, *o = qp + (int64_t)j->nh * hdp;
@@ -251,10 +260,10 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
 
     /* K: block by block, row by row (the item's kv heads of a row are one
      * contiguous run); the dots of up to 16 query heads are reduced at once */
-    for (int32_t c0 = 0, blk = 0; c0 < n_ctx; c0 += bs, blk++) {
+    for (int32_t c0 = lo / bs * bs, blk = lo / bs; c0 < n_ctx; c0 += bs, blk++) {
         const int32_t rows = n_ctx - c0 < bs ? n_ctx - c0 : bs;
         const int64_t kb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
-        for (int32_t r = 0; r < rows; r++) {
+        for (int32_t r = c0 < lo ? lo - c0 : 0; r < rows; r++) {
             const int64_t kr = kb + r * kvw;
             float *er = e + (int64_t)(c0 + r) * nhp;
             if (nhi < ATTN_HSUM16_MIN_HEADS) {
@@ -287,11 +296,11 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
     /* softmax over j for 16 heads at a time: max, e = exp(s - max), z summed
      * in j order */
     for (int32_t hg = 0; hg < nhi; hg += CM_LANES) {
-        cm_v16f mx = cm_load(e + hg);
-        for (int32_t c = 1; c < n_ctx; c++)
+        cm_v16f mx = cm_load(e + (int64_t)lo * nhp + hg);
+        for (int32_t c = lo + 1; c < n_ctx; c++)
             mx = cm_max(mx, cm_load(e + (int64_t)c * nhp + hg));
         cm_v16f z = cm_zero();
-        for (int32_t c = 0; c < n_ctx; c++) {
+        for (int32_t c = lo; c < n_ctx; c++) {
             const cm_v16f ec = cm_exp(cm_load(e + (int64_t)c * nhp + hg) - mx);
             cm_store(e + (int64_t)c * nhp + hg, ec);
             z = z + ec;
@@ -300,10 +309,10 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
     }
 
     /* V: the same walk, every query head's output accumulates over j */
-    for (int32_t c0 = 0, blk = 0; c0 < n_ctx; c0 += bs, blk++) {
+    for (int32_t c0 = lo / bs * bs, blk = lo / bs; c0 < n_ctx; c0 += bs, blk++) {
         const int32_t rows = n_ctx - c0 < bs ? n_ctx - c0 : bs;
         const int64_t vb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
-        for (int32_t r = 0; r < rows; r++) {
+        for (int32_t r = c0 < lo ? lo - c0 : 0; r < rows; r++) {
             const int64_t vr = vb + r * kvw;
             const float *er = e + (int64_t)(c0 + r) * nhp;
             for (int32_t hi = 0; hi < nhi; hi++)
@@ -372,6 +381,8 @@ static int attn_prepare(cpu_exec *ce, const step_batch *b)
     const int32_t T = b->num_tokens;
     if (!b->positions || !b->seq_lens || !b->block_tables)
         return cpu_exec_fail(ce, PG_EINVAL, "attention: positions, seq_lens and block_tables are required");
+    if (b->sliding_window < 0)
+        return cpu_exec_fail(ce, PG_EINVAL, "attention: expected sliding_window >= 0, got %d", (int)b->sliding_window);
     if ((size_t)T > ce->tok_seq_cap) {
         int32_t *p = realloc(ce->tok_seq, (size_t)T * sizeof *p);
         if (!p)
@@ -435,7 +446,7 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
     /* cost of token t's item: context x heads (+ a fixed part per item) */
     double work = 0.0;
     for (int32_t t = 0; t < T; t++)
-        work += (double)(b->positions[t] + 1);
+        work += (double)(b->positions[t] + 1 - attn_lo(b, b->positions[t]));
     work *= (double)nh * hd;
     int32_t n_chunks = work < 32768.0 ? 1 : ce->n_threads * CHUNKS_PER_THREAD;
     if (n_chunks > MAX_CHUNKS)
@@ -462,7 +473,7 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
     int32_t first[MAX_CHUNKS + 1];
     double total = 0.0;
     for (int32_t t = 0; t < T; t++)
-        total += (double)(b->positions[t] + 1 + 16) * nkv;
+        total += (double)(b->positions[t] + 1 - attn_lo(b, b->positions[t]) + 16) * nkv;
     first[0] = 0;
     int32_t k = 1;
     double acc = 0.0;
@@ -470,7 +481,7 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
         const int32_t t = (int32_t)(i / hsplit);
         int32_t g0, g1;
         attn_heads(nkv, (int32_t)(i % hsplit), hsplit, &g0, &g1);
-        acc += (double)(b->positions[t] + 1 + 16) * (g1 - g0);
+        acc += (double)(b->positions[t] + 1 - attn_lo(b, b->positions[t]) + 16) * (g1 - g0);
         while (k < n_chunks && acc * n_chunks >= total * k)
             first[k++] = (int32_t)(i + 1);
     }

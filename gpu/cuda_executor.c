@@ -610,13 +610,13 @@ static int cuda_attention(executor *ex, void *out, const void *qkv, const void *
                 return rc;
         }
         rc = pgk_decode_attention(out, qkv, c->act_dt, k_cache, v_cache, c->kv_dt, nh, nkv, hd,
-                                  scale, d, c->ws_d, c->ws_floats, c->stream, c->sync_each, &c->err);
+                                  scale, b->sliding_window, d, c->ws_d, c->ws_floats, c->stream, c->sync_each, &c->err);
         if (rc)
             return rc;
     }
     if (d->max_query_len > 1)
         rc = pgk_prefill_attention(out, qkv, c->act_dt, k_cache, v_cache, c->kv_dt, nh, nkv, hd,
-                                   scale, d, c->stream, c->sync_each, &c->err);
+                                   scale, b->sliding_window, d, c->stream, c->sync_each, &c->err);
     return rc;
 }
 

@@ -84,21 +84,22 @@ int pgk_kv_write(void *k_cache, void *v_cache, int kv_dt, const void *qkv, int d
                  int sync_each, pg_error *err);
 
 /* Decode attention (paged_attention.cu) for the sequences with exactly one
- * query token (the others are left to the prefill kernel).
+ * query token (the others are left to the prefill kernel). window: 0 = full
+ * causal attention, W > 0 = the last W keys (executor.h attention).
  * ws: f32 workspace of at least pgk_decode_workspace_floats(...) floats
  * (used only when some sequence spans more than one partition). */
 size_t pgk_decode_workspace_floats(int32_t num_seqs, int32_t nh, int32_t hd, int32_t max_seq_len,
                                    int32_t partition_size);
 int pgk_decode_attention(void *out, const void *qkv, int dt, const void *k_cache,
                          const void *v_cache, int kv_dt, int32_t nh, int32_t nkv, int32_t hd,
-                         float scale, const pgk_batch *b, float *ws, size_t ws_floats,
+                         float scale, int32_t window, const pgk_batch *b, float *ws, size_t ws_floats,
                          cudaStream_t st, int sync_each, pg_error *err);
 
 /* Prefill attention (prefill_attention.cu) for the sequences with two or
  * more query tokens: grid z runs over b->prefill_seqs only. */
 int pgk_prefill_attention(void *out, const void *qkv, int dt, const void *k_cache,
                           const void *v_cache, int kv_dt, int32_t nh, int32_t nkv, int32_t hd,
-                          float scale, const pgk_batch *b, cudaStream_t st, int sync_each,
+                          float scale, int32_t window, const pgk_batch *b, cudaStream_t st, int sync_each,
                           pg_error *err);
 
 /* out[t][i] = silu(gate_up[t][i]) * gate_up[t][I+i]. */

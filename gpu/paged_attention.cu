@@ -22,7 +22,9 @@
  * 2 B = 8.6 GB of KV (≈2.9 ms): attention is a third of the step.
  *
  * Partition rule (deterministic): partition p of sequence s covers context
- * tokens [p*P, min((p+1)*P, seq_len)); P depends only on (hd, G), so a
+ * tokens [lo + p*P, min(lo + (p+1)*P, seq_len)), lo = 0, or with a sliding
+ * window W > 0 lo = max(0, seq_len - W) (the query at seq_len - 1 sees
+ * W keys: transformers' kv_idx > q_idx - W); P depends only on (hd, G), so a
  * sequence is split the same way whatever else is in the batch. With one
  * partition the block writes the output directly; the reduction kernel
  * skips such sequences, so their result is the same bits in every batch.
@@ -45,7 +47,7 @@ extern "C" {
  * smax [gcp], ssum [gcp] (f32), gcp = min(G, DEC_MAXG).
  * Block (x, s, p): KV head kvh = x / n_chunks, query heads
  * h = kvh * G + g0 + g, g < gc, g0 = (x % n_chunks) * DEC_MAXG; the query
- * token t = query_start[s]; context tokens j in [p*P, min(p*P + P, seq_len)).
+ * token t = query_start[s]; context tokens j in [lo + p*P, min(lo + p*P + P, seq_len)).
  * Thread tid: group = tid / GT (GT = HD / 8 threads per key), lane_g =
  * tid % GT owns dims d0 = lane_g * 8 .. d0 + 7.
  *   key j lives at k_cache[((blk * bs + j % bs) * nkv + kvh) * HD + d],
@@ -65,7 +67,7 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
                               const int32_t *__restrict__ seq_lens,
                               const int32_t *__restrict__ block_tables, int32_t bt_stride,
                               int32_t block_size, int32_t nh, int32_t nkv, float scale,
-                              int32_t P, int32_t max_partitions)
+                              int32_t P, int32_t max_partitions, int32_t window)
 {
     constexpr int GT = HD / DEC_EPT;   /* threads per key: 1 .. 32, divides 32 */
     constexpr int NG = DEC_NT / GT;    /* keys in flight per block */
@@ -76,8 +78,9 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
     if (query_start[s + 1] - t != 1)
         return;
     const int32_t seq_len = seq_lens[s];
+    const int32_t lo = window > 0 ? max(0, seq_len - window) : 0;
     const int32_t part = blockIdx.z;
-    const int32_t np = (seq_len + P - 1) / P;
+    const int32_t np = (seq_len - lo + P - 1) / P;
     if (part >= np)
         return;
     const int32_t G = nh / nkv;
@@ -86,7 +89,7 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
     const int32_t g0 = (blockIdx.x % n_chunks) * DEC_MAXG;
     const int32_t gc = min(DEC_MAXG, G - g0);
     const int32_t gcp = min(DEC_MAXG, G);
-    const int32_t start = part * P;
+    const int32_t start = lo + part * P;
     const int32_t end = min(start + P, seq_len);
 
     float *q_s = smem;                       /* [gcp][HD] */
@@ -213,7 +216,7 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
 }
 
 /* grid (nh, S), block 128: combines the partitions of sequences with
- * np = ceil(seq_len / P) > 1 (others were written directly):
+ * np = ceil((seq_len - lo) / P) > 1 (others were written directly):
  *   M = max_p m_p,  w_p = l_p * exp(m_p - M),  L = sum_p w_p
  *   out[t][h*HD + d] = (sum_p w_p * o_p[d]) / L       (p in order 0..np-1)
  * thread d = tid, tid + 128, ... */
@@ -225,13 +228,14 @@ static __global__ void paged_attention_reduce_kernel(T *__restrict__ out,
                                                      const int32_t *__restrict__ query_start,
                                                      const int32_t *__restrict__ seq_lens,
                                                      int32_t nh, int32_t hd, int32_t P,
-                                                     int32_t max_partitions)
+                                                     int32_t max_partitions, int32_t window)
 {
     const int32_t h = blockIdx.x, s = blockIdx.y;
     const int32_t t = query_start[s];
     if (query_start[s + 1] - t != 1)
         return;
-    const int32_t np = (seq_lens[s] + P - 1) / P;
+    const int32_t lo = window > 0 ? max(0, seq_lens[s] - window) : 0;
+    const int32_t np = (seq_lens[s] - lo + P - 1) / P;
     if (np <= 1)
         return;
     const size_t base = ((size_t)s * nh + h) * max_partitions;
@@ -262,7 +266,7 @@ extern "C" size_t pgk_decode_workspace_floats(int32_t num_seqs, int32_t nh, int3
 
 template <typename T, typename KV, int HD>
 static void launch_decode(T *out, float *ws, const T *qkv, const KV *k_cache, const KV *v_cache,
-                          int32_t nh, int32_t nkv, float scale, const pgk_batch *b,
+                          int32_t nh, int32_t nkv, float scale, int32_t window, const pgk_batch *b,
                           const cuda_decode_plan *pl, cudaStream_t st)
 {
     const int32_t G = nh / nkv;
@@ -275,16 +279,16 @@ static void launch_decode(T *out, float *ws, const T *qkv, const KV *k_cache, co
     paged_attention_decode_kernel<T, KV, HD><<<grid, DEC_NT, pl->smem_bytes, st>>>(
         out, part_out, part_max, part_sum, qkv, k_cache, v_cache, b->query_start, b->seq_lens,
         b->block_tables, b->block_table_stride, b->block_size, nh, nkv, scale,
-        pl->partition_size, mp);
+        pl->partition_size, mp, window);
     if (mp > 1)
         paged_attention_reduce_kernel<T><<<dim3((unsigned)nh, (unsigned)S), 128, 0, st>>>(
             out, part_out, part_max, part_sum, b->query_start, b->seq_lens, nh, HD,
-            pl->partition_size, mp);
+            pl->partition_size, mp, window);
 }
 
 extern "C" int pgk_decode_attention(void *out, const void *qkv, int dt, const void *k_cache,
                                     const void *v_cache, int kv_dt, int32_t nh, int32_t nkv,
-                                    int32_t hd, float scale, const pgk_batch *b, float *ws,
+                                    int32_t hd, float scale, int32_t window, const pgk_batch *b, float *ws,
                                     size_t ws_floats, cudaStream_t st, int sync_each,
                                     pg_error *err)
 {
@@ -318,7 +322,7 @@ extern "C" int pgk_decode_attention(void *out, const void *qkv, int dt, const vo
                             (int)b->max_seq_len, (int)pl.max_partitions);
     PGK_DISPATCH_ACT_KV(dt, kv_dt, PGK_HD_CASES(hd, 
         launch_decode<T, KV, HDC>((T *)out, need ? ws : nullptr, (const T *)qkv,
-                                  (const KV *)k_cache, (const KV *)v_cache, nh, nkv, scale, b,
+                                  (const KV *)k_cache, (const KV *)v_cache, nh, nkv, scale, window, b,
                                   &pl, st)));
     return pgk_check_launch("paged_attention_decode_kernel", st, sync_each, err);
 }

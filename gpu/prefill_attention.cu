@@ -4,7 +4,9 @@
  * query_start[s] query tokens, the last q_len of its seq_len context
  * tokens, whose K and V kv_write already stored. Query token i (0-based in
  * the chunk) sits at position seq_len - q_len + i and attends to keys
- * 0 .. that position.
+ * 0 .. that position (with a sliding window W > 0 only keys
+ * pos - W + 1 .. pos: transformers' kv_idx > q_idx - W; the tile walk then
+ * starts at the block's first row's lowest key).
  *
  * Algorithm: FlashAttention's tiling with the online softmax (Dao et al.
  * 2022), in f32 SIMT arithmetic from shared memory. A block owns R
@@ -40,7 +42,8 @@ extern "C" {
  * head h = kvh * G + g, position pos = seq_len - q_len + i.
  * Key j of the sequence: blk = block_tables[s][j / bs],
  *   K[j][d] = k_cache[((blk * bs + j % bs) * nkv + kvh) * HD + d]  (V alike).
- *   S[r][j] = (Q[r] . K[j]) * scale   for j <= pos(r), else masked
+ *   S[r][j] = (Q[r] . K[j]) * scale   for j <= pos(r) (and j > pos(r) - window
+ *                                     when window > 0), else masked
  *   out[t][h * HD + d] = O[r][d] / l[r]. */
 template <typename T, typename KV, int HD>
 static __global__ void __launch_bounds__(PF_NT)
@@ -50,7 +53,8 @@ prefill_attention_kernel(T *__restrict__ out, const T *__restrict__ qkv,
                          const int32_t *__restrict__ seq_lens,
                          const int32_t *__restrict__ block_tables, int32_t bt_stride,
                          const int32_t *__restrict__ prefill_seqs, int32_t block_size,
-                         int32_t nh, int32_t nkv, float scale, int32_t R, int32_t BK)
+                         int32_t nh, int32_t nkv, float scale, int32_t R, int32_t BK,
+                         int32_t window)
 {
     extern __shared__ float smem[];
     const int32_t s = prefill_seqs[blockIdx.z], kvh = blockIdx.y;
@@ -93,7 +97,10 @@ prefill_attention_kernel(T *__restrict__ out, const T *__restrict__ qkv,
     /* keys needed by the last row of the block */
     const int32_t n_keys = first_pos + (r0 + nr - 1) / G + 1;
 
-    for (int32_t kb = 0; kb < n_keys; kb += BK) {
+    /* the lowest key of the block's first row (window: pos - window + 1) */
+    const int32_t k_lo = window > 0 ? max(0, first_pos + r0 / G - window + 1) : 0;
+
+    for (int32_t kb = k_lo; kb < n_keys; kb += BK) {
         const int32_t nk = min(BK, n_keys - kb);
         __syncthreads(); /* the previous tile's K, V, S are no longer read */
         for (int i = tid; i < nk * HD; i += PF_NT) {
@@ -109,7 +116,8 @@ prefill_attention_kernel(T *__restrict__ out, const T *__restrict__ qkv,
         for (int i = tid; i < R * BK; i += PF_NT) {
             int r = i / BK, jj = i % BK;
             float sv = -INFINITY;
-            if (r < nr && jj < nk && kb + jj <= first_pos + (r0 + r) / G) {
+            const int32_t pos = first_pos + (r0 + r) / G;
+            if (r < nr && jj < nk && kb + jj <= pos && (window <= 0 || kb + jj > pos - window)) {
                 const float *q = Qs + r * HD;
                 const float *k = Ks + jj * (HD + 1);
                 float acc = 0.0f;
@@ -166,8 +174,8 @@ prefill_attention_kernel(T *__restrict__ out, const T *__restrict__ qkv,
 
 extern "C" int pgk_prefill_attention(void *out, const void *qkv, int dt, const void *k_cache,
                                      const void *v_cache, int kv_dt, int32_t nh, int32_t nkv,
-                                     int32_t hd, float scale, const pgk_batch *b, cudaStream_t st,
-                                     int sync_each, pg_error *err)
+                                     int32_t hd, float scale, int32_t window, const pgk_batch *b,
+                                     cudaStream_t st, int sync_each, pg_error *err)
 {
     int rc = pgk_check_act_kv_pair("prefill_attention", dt, kv_dt, err);
     if (rc)
@@ -194,6 +202,6 @@ extern "C" int pgk_prefill_attention(void *out, const void *qkv, int dt, const v
         prefill_attention_kernel<T, KV, HDC><<<grid, PF_NT, pl.smem_bytes, st>>>(
             (T *)out, (const T *)qkv, (const KV *)k_cache, (const KV *)v_cache, b->query_start,
             b->seq_lens, b->block_tables, b->block_table_stride, b->prefill_seqs, b->block_size,
-            nh, nkv, scale, pl.rows_per_block, pl.keys_per_tile)));
+            nh, nkv, scale, pl.rows_per_block, pl.keys_per_tile, window)));
     return pgk_check_launch("prefill_attention_kernel", st, sync_each, err);
 }

@@ -279,11 +279,11 @@ static int parse_rope(llama_config *c, const json_doc *d, const char *label, pg_
 }
 
 /* Mistral's sliding window (MistralConfig: sliding_window defaults to 4096
- * when the key is absent; null means full attention). Attention over a
- * window is not implemented, so the usable context is capped at the window
- * (llama_config_max_context), which is exact — vLLM's
- * --disable-sliding-window does the same. LlamaConfig has no such key; a
- * Llama config that sets one is refused rather than guessed at. */
+ * when the key is absent; null means full attention). The model applies it
+ * in every layer's attention (model.c -> step_batch.sliding_window: the
+ * token at p sees keys p - W < j <= p, transformers' masking_utils
+ * sliding_window_overlay). LlamaConfig has no such key; a Llama config
+ * that sets one is refused rather than guessed at. */
 static int parse_sliding_window(llama_config *c, const json_doc *d, const char *label, pg_error *err)
 {
     bool mistral = strcmp(c->architecture, "MistralForCausalLM") == 0;
@@ -304,8 +304,7 @@ static int parse_sliding_window(llama_config *c, const json_doc *d, const char *
 
 int32_t llama_config_max_context(const llama_config *c)
 {
-    int32_t n = c->max_position_embeddings;
-    return c->sliding_window > 0 && c->sliding_window < n ? c->sliding_window : n;
+    return c->max_position_embeddings;
 }
 
 static int parse_architecture(llama_config *c, const json_doc *d, const char *label, pg_error *err)

@@ -44,7 +44,7 @@ static const family families[] = {
     {"llama-3.2-1b", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 500000.0, "llama3", 32.0, 1.0,
      4.0, 8192, -1, 131072},
     {"mistral-7b-v0.1", "MistralForCausalLM", 4096, 14336, 32, 32, 8, 0, 32000, 32768, 10000.0, "", 0, 0, 0, 0,
-     4096, 4096},
+     4096, 32768},
     {"mistral-7b-v0.3", "MistralForCausalLM", 4096, 14336, 32, 32, 8, 128, 32768, 32768, 1000000.0, "", 0, 0, 0, 0,
      0, 32768},
     {"tinyllama-1.1b", "LlamaForCausalLM", 2048, 5632, 22, 32, 4, 0, 32000, 2048, 10000.0, "", 0, 0, 0, 0, -1, 2048},
@@ -202,13 +202,14 @@ static void test_layout_conflicts_and_defaults(void **state)
     assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LLAMA3);
     assert_int_equal(c.rope_scaling.original_max_position_embeddings, 4096);
     assert_true(c.rope_theta == 10000.0f);
-    /* Mistral without the key: MistralConfig's default window of 4096 caps the context */
+    /* Mistral without the key: MistralConfig's default window of 4096, applied
+     * by the attention; the context stays max_position_embeddings */
     const char *mistral = "{\"architectures\":[\"MistralForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":8,"
                           "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":16,"
                           "\"max_position_embeddings\":32768}";
     assert_int_equal(llama_config_parse(&c, mistral, strlen(mistral), "config.json", &err), 0);
     assert_int_equal(c.sliding_window, 4096);
-    assert_int_equal(llama_config_max_context(&c), 4096);
+    assert_int_equal(llama_config_max_context(&c), 32768);
 #undef BASE
 }
 

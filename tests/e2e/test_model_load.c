@@ -257,8 +257,11 @@ static void ref_rope(double *head, int pos)
     }
 }
 
-/* logits [n][TV] for every position of tokens[0..n). */
-static void ref_forward(wt_set *s, bool tie, const int32_t *tokens, int n, double *logits)
+/* logits [n][TV] for every position of tokens[0..n). window 0: full causal
+ * attention; W > 0: MistralForCausalLM's sliding window, position t sees
+ * keys j with t - W < j <= t (transformers masking_utils
+ * sliding_window_overlay: kv_idx > q_idx - sliding_window). */
+static void ref_forward_window(wt_set *s, bool tie, const int32_t *tokens, int n, int window, double *logits)
 {
     enum { MAXN = 32 };
     assert_true(n <= MAXN);
@@ -281,7 +284,8 @@ static void ref_forward(wt_set *s, bool tie, const int32_t *tokens, int n, doubl
             for (int hh = 0; hh < TNH; hh++) {
                 int kvh = hh / (TNH / TNKV);
                 double sc[MAXN], mx = -1e300, sum = 0;
-                for (int j = 0; j <= t; j++) {
+                const int lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+                for (int j = lo; j <= t; j++) {
                     double dot = 0;
                     for (int i = 0; i < THD; i++)
                         dot += q[hh * THD + i] * k[l][j][kvh * THD + i];
@@ -289,11 +293,11 @@ static void ref_forward(wt_set *s, bool tie, const int32_t *tokens, int n, doubl
                     if (sc[j] > mx)
                         mx = sc[j];
                 }
-                for (int j = 0; j <= t; j++)
+                for (int j = lo; j <= t; j++)
                     sum += (sc[j] = exp(sc[j] - mx));
                 for (int i = 0; i < THD; i++) {
                     double acc = 0;
-                    for (int j = 0; j <= t; j++)
+                    for (int j = lo; j <= t; j++)
                         acc += sc[j] / sum * v[l][j][kvh * THD + i];
                     o[hh * THD + i] = acc;
                 }
@@ -318,6 +322,11 @@ static void ref_forward(wt_set *s, bool tie, const int32_t *tokens, int n, doubl
         ref_rmsnorm(h, x[t], W(s, -1, "model.norm.weight"), TH, 1e-5);
         ref_matvec(logits + (size_t)t * TV, h, head, TV, TH);
     }
+}
+
+static void ref_forward(wt_set *s, bool tie, const int32_t *tokens, int n, double *logits)
+{
+    ref_forward_window(s, tie, tokens, n, 0, logits);
 }
 
 /* ---- fixtures ------------------------------------------------------------- */
@@ -650,6 +659,64 @@ static void test_forward_matches_reference(void **state)
     }
 }
 
+/* A tiny MistralForCausalLM with sliding_window 5 (block size 2: the
+ * window spans parts of three blocks): a prefill of 9, a chunk of 7, then 4
+ * decodes, on a scattered block table; every sampled row equals the double
+ * reference with the window, and (so that the test can fail) the window
+ * changes the logits against full attention from position 5 on. */
+static void test_forward_sliding_window(void **state)
+{
+    fixture *f = *state;
+    enum { N = 20, W = 5 };
+    llama_config cfg = tiny_config(false);
+    snprintf(cfg.architecture, sizeof cfg.architecture, "MistralForCausalLM");
+    cfg.sliding_window = W;
+    wt_set s;
+    tiny_weights(&s, false, 7);
+    model *m = NULL;
+    st_file *st = NULL;
+    pg_error err;
+    int rc = try_load(f, &s, &cfg, &m, &st, &err);
+    if (rc)
+        fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    st_close(st);
+
+    int32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)((i * 7 + 3) % TV);
+    static double ref[N][TV], full[N][TV];
+    ref_forward_window(&s, false, tok, N, W, &ref[0][0]);
+    ref_forward(&s, false, tok, N, &full[0][0]);
+    double diff = 0;
+    for (int i = 0; i < TV; i++)
+        diff = fmax(diff, fabs(ref[N - 1][i] - full[N - 1][i]));
+    assert_true(diff > 1e-3 * max_abs(full[N - 1], TV));
+
+    int32_t bt[10] = {11, 3, 8, 0, 5, 9, 1, 10, 2, 7};
+    /* steps: [start, end) of positions; logits at the last */
+    const int32_t steps[][2] = {{0, 9}, {9, 16}, {16, 17}, {17, 18}, {18, 19}, {19, 20}};
+    float logits[TV];
+    for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+        const int32_t p0 = steps[k][0], p1 = steps[k][1], q = p1 - p0;
+        int32_t pos[16], slots[16], qs[2] = {0, q}, len = p1, row = q - 1;
+        for (int32_t i = 0; i < q; i++) {
+            pos[i] = p0 + i;
+            slots[i] = bt[(p0 + i) / 2] * 2 + (p0 + i) % 2;
+        }
+        step_batch b = {.num_tokens = q, .num_seqs = 1, .block_size = 2, .token_ids = tok + p0,
+                        .positions = pos, .slots = slots, .query_start = qs, .seq_lens = &len,
+                        .block_tables = bt, .block_table_stride = 10, .max_seq_len = len,
+                        .max_query_len = q, .num_logits = 1, .logits_rows = &row};
+        assert_int_equal(model_forward(m, &b, logits, &err), 0);
+        char what[64];
+        snprintf(what, sizeof what, "window %d, position %d", W, (int)(p1 - 1));
+        expect_close(logits, ref[p1 - 1], what);
+    }
+    model_destroy(m);
+    wt_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -659,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_wrong_dtype_named),
         cmocka_unit_test(test_out_of_memory_says_numbers),
         cmocka_unit_test(test_forward_matches_reference),
+        cmocka_unit_test(test_forward_sliding_window),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -172,12 +172,13 @@ static void canonical_attention(float *out, const float *qkv, const float *kc, c
     for (int32_t s = 0; s < b->num_seqs; s++) {
         const int32_t *table = b->block_tables + (size_t)s * b->block_table_stride;
         for (int32_t t = b->query_start[s]; t < b->query_start[s + 1]; t++) {
-            const int32_t n = b->positions[t] + 1;
+            const int32_t n = b->positions[t] + 1, w = b->sliding_window;
+            const int32_t lo = w > 0 && n - w > 0 ? n - w : 0; /* p - W < j <= p */
             for (int32_t h = 0; h < nh; h++) {
                 const int32_t g = h / G;
                 const float *q = qkv + (size_t)t * width + (size_t)h * hd;
                 float mx = -INFINITY;
-                for (int32_t j = 0; j < n; j++) {
+                for (int32_t j = lo; j < n; j++) {
                     const float *k = kc + ((size_t)table[j / bs] * bs + (size_t)(j % bs)) * kvw + (size_t)g * hd;
                     float lanes[16] = {0.0f};
                     for (int32_t d0 = 0; d0 < hd; d0 += 16)
@@ -190,14 +191,14 @@ static void canonical_attention(float *out, const float *qkv, const float *kc, c
                     mx = e[j] > mx ? e[j] : mx;
                 }
                 float z = 0.0f;
-                for (int32_t j = 0; j < n; j++) {
+                for (int32_t j = lo; j < n; j++) {
                     e[j] = cm_expf(e[j] - mx);
                     z = z + e[j];
                 }
                 const float inv = 1.0f / z;
                 for (int32_t d = 0; d < hd; d++)
                     o[d] = 0.0f;
-                for (int32_t j = 0; j < n; j++) {
+                for (int32_t j = lo; j < n; j++) {
                     const float *v = vc + ((size_t)table[j / bs] * bs + (size_t)(j % bs)) * kvw + (size_t)g * hd;
                     for (int32_t d = 0; d < hd; d++)
                         o[d] = o[d] + e[j] * v[d];
@@ -219,25 +220,35 @@ typedef struct attn_case {
     float amp; /* q and k in [-amp, amp): large amp makes exp underflow */
     int32_t S;
     ops_seq_spec seqs[8];
+    int32_t window; /* step_batch.sliding_window: 0 = full causal */
 } attn_case;
 
 static const attn_case cases[] = {
     /* the context lengths of the brief, as decodes, MHA, hd 64, bs 16 */
-    {4, 4, 64, 16, 1.0f, 6, {{1, 1}, {15, 1}, {16, 1}, {17, 1}, {255, 1}, {1000, 1}}},
+    {4, 4, 64, 16, 1.0f, 6, {{1, 1}, {15, 1}, {16, 1}, {17, 1}, {255, 1}, {1000, 1}}, 0},
     /* block size 1, GQA 2, hd 16, prefill chunks and decodes */
-    {4, 2, 16, 1, 1.0f, 5, {{17, 17}, {15, 3}, {1, 1}, {255, 1}, {16, 16}}},
+    {4, 2, 16, 1, 1.0f, 5, {{17, 17}, {15, 3}, {1, 1}, {255, 1}, {16, 16}}, 0},
     /* block size 32, GQA 4, hd 128, a long chunked prefill */
-    {8, 2, 128, 32, 1.0f, 5, {{1000, 7}, {255, 1}, {16, 16}, {17, 2}, {33, 1}}},
+    {8, 2, 128, 32, 1.0f, 5, {{1000, 7}, {255, 1}, {16, 16}, {17, 2}, {33, 1}}, 0},
     /* hd 8 (a partial vector), GQA 2, single kv head */
-    {2, 1, 8, 16, 1.0f, 4, {{1, 1}, {17, 17}, {255, 3}, {16, 1}}},
+    {2, 1, 8, 16, 1.0f, 4, {{1, 1}, {17, 17}, {255, 3}, {16, 1}}, 0},
     /* hd 24 (one full vector and a tail), GQA 2; scores large: exp underflows */
-    {6, 3, 24, 16, 4.0f, 4, {{15, 15}, {255, 2}, {1000, 1}, {17, 1}}},
+    {6, 3, 24, 16, 4.0f, 4, {{15, 15}, {255, 2}, {1000, 1}, {17, 1}}, 0},
     /* hd 2 */
-    {4, 4, 2, 32, 3.0f, 3, {{1, 1}, {33, 33}, {255, 1}}},
+    {4, 4, 2, 32, 3.0f, 3, {{1, 1}, {33, 33}, {255, 1}}, 0},
     /* 110m-like: 12 heads, hd 64, a decode batch with one prefill chunk */
-    {12, 12, 64, 16, 1.0f, 8, {{130, 1}, {200, 1}, {17, 1}, {129, 64}, {256, 1}, {1, 1}, {16, 1}, {255, 1}}},
+    {12, 12, 64, 16, 1.0f, 8, {{130, 1}, {200, 1}, {17, 1}, {129, 64}, {256, 1}, {1, 1}, {16, 1}, {255, 1}}, 0},
     /* GQA 4, hd 128, bs 16 */
-    {16, 4, 128, 16, 2.0f, 3, {{1, 1}, {255, 17}, {1000, 1}}},
+    {16, 4, 128, 16, 2.0f, 3, {{1, 1}, {255, 17}, {1000, 1}}, 0},
+    /* sliding windows smaller than the context (1, inside a block, across
+     * block boundaries), equal to it and larger; GQA; prefill, chunked
+     * prefill and decode */
+    {4, 2, 16, 16, 1.0f, 5, {{17, 17}, {15, 3}, {1, 1}, {255, 1}, {40, 9}}, 1},
+    {4, 2, 16, 1, 1.0f, 5, {{17, 17}, {15, 3}, {1, 1}, {255, 1}, {16, 16}}, 5},
+    {8, 2, 128, 32, 1.0f, 5, {{1000, 7}, {255, 1}, {16, 16}, {17, 2}, {33, 1}}, 40},
+    {12, 12, 64, 16, 1.0f, 8, {{130, 1}, {200, 1}, {17, 1}, {129, 64}, {256, 1}, {1, 1}, {16, 1}, {255, 1}}, 16},
+    {6, 3, 24, 16, 4.0f, 4, {{15, 15}, {255, 2}, {1000, 1}, {17, 1}}, 255},
+    {16, 4, 128, 16, 2.0f, 3, {{1, 1}, {255, 17}, {1000, 1}}, 2000},
 };
 
 static float *fbuf(size_t n)
@@ -319,6 +330,7 @@ static void fast_vs_ref_kv(cpu_kv kv)
         const attn_case *ac = &cases[c];
         ops_batch ob;
         ops_batch_build(&ob, ac->seqs, ac->S, ac->bs, 10, &rng);
+        ob.b.sliding_window = ac->window;
         const int32_t T = ob.b.num_tokens, width = (ac->nh + 2 * ac->nkv) * ac->hd, ow = ac->nh * ac->hd;
         const size_t nq = (size_t)T * width, nc = (size_t)ob.num_blocks * ac->bs * ac->nkv * ac->hd;
         const size_t no = (size_t)T * ow;
@@ -334,8 +346,8 @@ static void fast_vs_ref_kv(cpu_kv kv)
         }
         float *fast = fbuf(no), *ref = fbuf(no), *canon = fbuf(no), *other = fbuf(no);
         char what[200];
-        snprintf(what, sizeof what, "kv %s case %zu: nh=%d nkv=%d hd=%d bs=%d S=%d T=%d", cpu_kv_name(kv), c, (int)ac->nh, (int)ac->nkv,
-                 (int)ac->hd, (int)ac->bs, (int)ac->S, (int)T);
+        snprintf(what, sizeof what, "kv %s case %zu: nh=%d nkv=%d hd=%d bs=%d S=%d T=%d window=%d", cpu_kv_name(kv), c,
+                 (int)ac->nh, (int)ac->nkv, (int)ac->hd, (int)ac->bs, (int)ac->S, (int)T, (int)ac->window);
 
         run_fast(exs[0], fast, qkv, kc, vc, nc, ac, &ob.b, what);
         run_ref(exs[1], ref, qkv, kc, vc, nc, ac, &ob.b, what);
@@ -375,6 +387,7 @@ static void fast_vs_ref_kv(cpu_kv kv)
         for (int32_t s = 0; s < ac->S; s++) {
             ops_batch alone;
             ops_batch_extract(&alone, &ob, s);
+            alone.b.sliding_window = ob.b.sliding_window;
             const int32_t q0 = ob.query_start[s];
             run_fast(exs[1], other, qkv + (size_t)q0 * width, kc, vc, nc, ac, &alone.b, what);
             if (memcmp(other, fast + (size_t)q0 * ow, (size_t)alone.b.num_tokens * ow * sizeof *fast) != 0)
@@ -440,7 +453,7 @@ static void test_prefill_equals_decode(void **state)
     (void)state;
     executor *ex = make_cpu(2);
     pg_test_rng rng = {77};
-    const attn_case ac = {8, 2, 64, 16, 1.0f, 1, {{70, 70}}};
+    const attn_case ac = {8, 2, 64, 16, 1.0f, 1, {{70, 70}}, 0};
     ops_batch all;
     ops_batch_build(&all, ac.seqs, 1, ac.bs, 10, &rng);
     const int32_t T = all.b.num_tokens, width = (ac.nh + 2 * ac.nkv) * ac.hd, ow = ac.nh * ac.hd;

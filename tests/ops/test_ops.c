@@ -435,6 +435,7 @@ typedef struct attn_case {
     int32_t nh, nkv, hd, bs;
     int32_t S;
     ops_seq_spec seqs[6];
+    int32_t window; /* step_batch.sliding_window: 0 = full causal */
 } attn_case;
 
 static void case_attention_one(executor *ex, double tol, pg_test_rng *rng, const attn_case *ac)
@@ -442,6 +443,7 @@ static void case_attention_one(executor *ex, double tol, pg_test_rng *rng, const
     const int32_t nh = ac->nh, nkv = ac->nkv, hd = ac->hd, bs = ac->bs, G = nh / nkv;
     ops_batch ob;
     ops_batch_build(&ob, ac->seqs, ac->S, bs, 10, rng);
+    ob.b.sliding_window = ac->window;
     const int32_t T = ob.b.num_tokens, width = (nh + 2 * nkv) * hd, kvw = nkv * hd;
     const size_t nq = (size_t)T * width, nc = (size_t)ob.num_blocks * bs * kvw, no = (size_t)T * nh * hd;
     float *qkv = hbuf(nq), *kc = hbuf(nc), *vc = hbuf(nc), *out = hbuf(no);
@@ -458,8 +460,8 @@ static void case_attention_one(executor *ex, double tol, pg_test_rng *rng, const
     ops_ok(ex, ex->op->begin_step(ex, &ob.b), "begin_step");
     ops_ok(ex, ex->op->attention(ex, dout, dq, dk, dv, nh, nkv, hd, scale, &ob.b), "attention");
     char what[160];
-    snprintf(what, sizeof what, "%s: attention nh=%d nkv=%d hd=%d bs=%d S=%d T=%d", ex->name, (int)nh, (int)nkv,
-             (int)hd, (int)bs, (int)ac->S, (int)T);
+    snprintf(what, sizeof what, "%s: attention nh=%d nkv=%d hd=%d bs=%d S=%d T=%d window=%d", ex->name, (int)nh,
+             (int)nkv, (int)hd, (int)bs, (int)ac->S, (int)T, (int)ac->window);
     ops_dev_get(ex, out, dout, EXEC_ACT, no, what);
 
     double *ref = dbuf(no), *sc = dbuf((size_t)ob.b.max_seq_len);
@@ -467,11 +469,13 @@ static void case_attention_one(executor *ex, double tol, pg_test_rng *rng, const
         const int32_t *table = ob.block_tables + (size_t)s * ob.b.block_table_stride;
         for (int32_t t = ob.query_start[s]; t < ob.query_start[s + 1]; t++) {
             const int32_t p = ob.positions[t];
+            /* transformers' sliding window: keys j with p - W < j <= p */
+            const int32_t lo = ac->window > 0 && p - ac->window + 1 > 0 ? p - ac->window + 1 : 0;
             for (int32_t h = 0; h < nh; h++) {
                 const int32_t g = h / G;
                 const float *q = qkv + (size_t)t * width + (size_t)h * hd;
                 double mx = -INFINITY, z = 0.0;
-                for (int32_t j = 0; j <= p; j++) {
+                for (int32_t j = lo; j <= p; j++) {
                     size_t slot = (size_t)table[j / bs] * bs + (size_t)(j % bs);
                     const float *k = kc + slot * kvw + (size_t)g * hd;
                     double d = 0.0;
@@ -480,14 +484,14 @@ static void case_attention_one(executor *ex, double tol, pg_test_rng *rng, const
                     sc[j] = d * (double)scale;
                     mx = sc[j] > mx ? sc[j] : mx;
                 }
-                for (int32_t j = 0; j <= p; j++) {
+                for (int32_t j = lo; j <= p; j++) {
                     sc[j] = exp(sc[j] - mx);
                     z += sc[j];
                 }
                 double *r = ref + (size_t)t * nh * hd + (size_t)h * hd;
                 for (int32_t i = 0; i < hd; i++)
                     r[i] = 0.0;
-                for (int32_t j = 0; j <= p; j++) {
+                for (int32_t j = lo; j <= p; j++) {
                     size_t slot = (size_t)table[j / bs] * bs + (size_t)(j % bs);
                     const float *v = vc + slot * kvw + (size_t)g * hd;
                     for (int32_t i = 0; i < hd; i++)
@@ -514,18 +518,30 @@ static void case_attention(executor *ex, double tol, pg_test_rng *rng)
 {
     const attn_case cases[] = {
         /* one decode token, one block */
-        {1, 1, 8, 16, 1, {{1, 1}}},
+        {1, 1, 8, 16, 1, {{1, 1}}, 0},
         /* block boundary +- 1, decodes */
-        {2, 2, 16, 16, 3, {{15, 1}, {16, 1}, {17, 1}}},
+        {2, 2, 16, 16, 3, {{15, 1}, {16, 1}, {17, 1}}, 0},
         /* GQA 2 and 4, prefill chunks mixed with decodes */
-        {4, 2, 64, 16, 4, {{15, 15}, {40, 1}, {33, 9}, {17, 1}}},
-        {8, 2, 64, 8, 3, {{17, 5}, {9, 1}, {64, 64}}},
-        {4, 1, 128, 32, 3, {{31, 1}, {33, 33}, {65, 2}}},
+        {4, 2, 64, 16, 4, {{15, 15}, {40, 1}, {33, 9}, {17, 1}}, 0},
+        {8, 2, 64, 8, 3, {{17, 5}, {9, 1}, {64, 64}}, 0},
+        {4, 1, 128, 32, 3, {{31, 1}, {33, 33}, {65, 2}}, 0},
         /* block size 1: every position in its own block */
-        {2, 1, 16, 1, 3, {{1, 1}, {7, 3}, {20, 1}}},
-        {6, 3, 8, 8, 5, {{1, 1}, {8, 8}, {9, 1}, {16, 2}, {23, 23}}},
+        {2, 1, 16, 1, 3, {{1, 1}, {7, 3}, {20, 1}}, 0},
+        {6, 3, 8, 8, 5, {{1, 1}, {8, 8}, {9, 1}, {16, 2}, {23, 23}}, 0},
         /* a long context */
-        {4, 4, 32, 16, 2, {{600, 1}, {300, 40}}},
+        {4, 4, 32, 16, 2, {{600, 1}, {300, 40}}, 0},
+        /* sliding windows: smaller than the context (1, one block, across
+         * block boundaries), equal to it, larger; GQA, prefill, chunked
+         * prefill and decode */
+        {2, 2, 16, 16, 4, {{15, 1}, {16, 16}, {17, 1}, {40, 9}}, 1},
+        {4, 2, 64, 16, 4, {{15, 15}, {40, 1}, {33, 9}, {17, 1}}, 16},
+        {8, 2, 64, 8, 3, {{17, 5}, {9, 1}, {64, 64}}, 7},
+        {4, 1, 128, 32, 3, {{31, 1}, {33, 33}, {65, 2}}, 33},
+        {6, 3, 8, 8, 5, {{1, 1}, {8, 8}, {9, 1}, {16, 2}, {23, 23}}, 8},
+        {2, 1, 16, 1, 3, {{1, 1}, {7, 3}, {20, 1}}, 5},
+        {4, 4, 32, 16, 3, {{600, 1}, {300, 40}, {50, 50}}, 550},
+        {4, 2, 32, 16, 3, {{600, 1}, {300, 40}, {50, 50}}, 700},
+        {4, 2, 32, 16, 3, {{600, 1}, {300, 40}, {50, 50}}, 100},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         case_attention_one(ex, tol, rng, &cases[c]);
