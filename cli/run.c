@@ -487,8 +487,7 @@ static int load_model(run_state *s)
         fail(s, crc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, NULL);
         return -1;
     }
-    const int32_t ctx_limit = llama_config_max_context(&s->cfg);
-    s->max_model_len = o->max_model_len ? o->max_model_len : ctx_limit;
+    s->max_model_len = o->max_model_len ? o->max_model_len : s->cfg.max_position_embeddings;
     if (s->max_model_len > s->cfg.max_position_embeddings) {
         pg_error_set(&s->err, PG_EINVAL, "--max-model-len %d exceeds the model's max_position_embeddings %d",
                      (int)s->max_model_len, (int)s->cfg.max_position_embeddings);

@@ -302,11 +302,6 @@ static int parse_sliding_window(llama_config *c, const json_doc *d, const char *
     return opt_int(d, 0, "sliding_window", 1, 1 << 24, &c->sliding_window, label, err);
 }
 
-int32_t llama_config_max_context(const llama_config *c)
-{
-    return c->max_position_embeddings;
-}
-
 static int parse_architecture(llama_config *c, const json_doc *d, const char *label, pg_error *err)
 {
     static const char *const supported = "supported: LlamaForCausalLM, MistralForCausalLM";

@@ -67,10 +67,6 @@ typedef struct llama_config {
  * weights/README.md has the table of keys. *out is written only on success. */
 int llama_config_parse(llama_config *out, const char *json, size_t len,
                        const char *label, pg_error *err);
-/* The longest context the model runs: max_position_embeddings (a sliding
- * window, sliding_window > 0, is applied by the attention: step_batch.h). */
-int32_t llama_config_max_context(const llama_config *c);
-
 /* Merges generation_config.json text on top of cfg: its eos ids are added
  * to the list (deduplicated), its bos_token_id is used only when cfg has
  * none, its temperature/top_p/top_k/do_sample/repetition_penalty/min_p/

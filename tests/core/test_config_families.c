@@ -32,26 +32,26 @@ typedef struct family {
     int orig_max;
     /* sliding_window: -1 absent, 0 null, > 0 the window */
     int window;
-    int want_context; /* llama_config_max_context */
+    int want_window; /* cfg.sliding_window */
 } family;
 
 static const family families[] = {
-    {"llama-2-7b", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 0, 32000, 4096, 10000.0, "", 0, 0, 0, 0, -1, 4096},
+    {"llama-2-7b", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 0, 32000, 4096, 10000.0, "", 0, 0, 0, 0, -1, 0},
     {"codellama-7b", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 0, 32016, 16384, 1000000.0, "", 0, 0, 0, 0, -1,
-     16384},
+     0},
     {"llama-3.1-8b", "LlamaForCausalLM", 4096, 14336, 32, 32, 8, 0, 128256, 131072, 500000.0, "llama3", 8.0, 1.0,
-     4.0, 8192, -1, 131072},
+     4.0, 8192, -1, 0},
     {"llama-3.2-1b", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 500000.0, "llama3", 32.0, 1.0,
-     4.0, 8192, -1, 131072},
+     4.0, 8192, -1, 0},
     {"mistral-7b-v0.1", "MistralForCausalLM", 4096, 14336, 32, 32, 8, 0, 32000, 32768, 10000.0, "", 0, 0, 0, 0,
-     4096, 32768},
+     4096, 4096},
     {"mistral-7b-v0.3", "MistralForCausalLM", 4096, 14336, 32, 32, 8, 128, 32768, 32768, 1000000.0, "", 0, 0, 0, 0,
-     0, 32768},
-    {"tinyllama-1.1b", "LlamaForCausalLM", 2048, 5632, 22, 32, 4, 0, 32000, 2048, 10000.0, "", 0, 0, 0, 0, -1, 2048},
-    {"smollm2-135m", "LlamaForCausalLM", 576, 1536, 30, 9, 3, 0, 49152, 8192, 100000.0, "", 0, 0, 0, 0, -1, 8192},
+     0, 0},
+    {"tinyllama-1.1b", "LlamaForCausalLM", 2048, 5632, 22, 32, 4, 0, 32000, 2048, 10000.0, "", 0, 0, 0, 0, -1, 0},
+    {"smollm2-135m", "LlamaForCausalLM", 576, 1536, 30, 9, 3, 0, 49152, 8192, 100000.0, "", 0, 0, 0, 0, -1, 0},
     /* a linearly scaled long-context Llama 2 (LongChat-style) */
     {"llama-2-linear-x4", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 0, 32000, 16384, 10000.0, "linear", 4.0, 0, 0,
-     0, -1, 16384},
+     0, -1, 0},
 };
 
 /* The config.json text of f: v5 = transformers 5's rope_parameters layout. */
@@ -126,7 +126,7 @@ static void test_families_both_layouts(void **state)
         assert_int_equal(cfg->head_dim, hd);
         assert_int_equal(cfg->num_key_value_heads, f->kv_heads);
         assert_true(cfg->rope_theta == (float)f->theta);
-        assert_int_equal(llama_config_max_context(cfg), f->want_context);
+        assert_int_equal(cfg->sliding_window, f->want_window);
 
         float inv[256];
         pg_error err;
@@ -209,7 +209,7 @@ static void test_layout_conflicts_and_defaults(void **state)
                           "\"max_position_embeddings\":32768}";
     assert_int_equal(llama_config_parse(&c, mistral, strlen(mistral), "config.json", &err), 0);
     assert_int_equal(c.sliding_window, 4096);
-    assert_int_equal(llama_config_max_context(&c), 32768);
+    assert_int_equal(c.max_position_embeddings, 32768);
 #undef BASE
 }
 
