@@ -28,32 +28,6 @@ uint32_t jinja_utf8_next(const char *s, size_t n, size_t *i)
     return c;
 }
 
-void jinja_utf8_put(jsb *b, uint32_t cp)
-{
-    char u[4];
-    size_t n;
-    if (cp < 0x80) {
-        u[0] = (char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (char)(0xC0 | (cp >> 6));
-        u[1] = (char)(0x80 | (cp & 0x3F));
-        n = 2;
-    } else if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | (cp >> 12));
-        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[2] = (char)(0x80 | (cp & 0x3F));
-        n = 3;
-    } else {
-        u[0] = (char)(0xF0 | (cp >> 18));
-        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[3] = (char)(0x80 | (cp & 0x3F));
-        n = 4;
-    }
-    jsb_put(b, u, n);
-}
-
 bool jinja_is_space(uint32_t c)
 {
     return (c >= 0x09 && c <= 0x0D) || c == ' ' || (c >= 0x1C && c <= 0x1F) || c == 0x85 ||

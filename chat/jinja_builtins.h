@@ -21,7 +21,6 @@ jv jinja_str_case(jinja_vm *vm, jv s, char how);
 jv jinja_str_replace(jinja_vm *vm, jv s, jv old, jv rep, int64_t count);
 /* the code point at s[*i] (advances *i) */
 uint32_t jinja_utf8_next(const char *s, size_t n, size_t *i);
-void jinja_utf8_put(jsb *b, uint32_t cp);
 bool jinja_is_space(uint32_t cp);
 uint32_t jinja_upper(uint32_t cp);
 uint32_t jinja_lower(uint32_t cp);

@@ -71,32 +71,6 @@ static void push_text(lexer *L, size_t start, size_t end)
 
 /* Python-style escapes in a string literal (jinja2 decodes with
  * "unicode-escape"). */
-static void put_utf8(jsb *b, uint32_t cp)
-{
-    char u[4];
-    size_t n;
-    if (cp < 0x80) {
-        u[0] = (char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (char)(0xC0 | (cp >> 6));
-        u[1] = (char)(0x80 | (cp & 0x3F));
-        n = 2;
-    } else if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | (cp >> 12));
-        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[2] = (char)(0x80 | (cp & 0x3F));
-        n = 3;
-    } else {
-        u[0] = (char)(0xF0 | (cp >> 18));
-        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[3] = (char)(0x80 | (cp & 0x3F));
-        n = 4;
-    }
-    jsb_put(b, u, n);
-}
-
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
@@ -142,7 +116,7 @@ static void lex_string(lexer *L, jtok *t, size_t start, size_t end)
                     k++;
                 }
                 i--;
-                put_utf8(&b, v);
+                jinja_utf8_put(&b, v);
             } else {
                 jsb_putc(&b, '\\');
                 jsb_putc(&b, e);
@@ -159,7 +133,7 @@ static void lex_string(lexer *L, jtok *t, size_t start, size_t end)
             }
             if (v > 0x10FFFF)
                 lex_fail(L, i, "invalid escape in string literal");
-            put_utf8(&b, v);
+            jinja_utf8_put(&b, v);
         }
     }
     t->type = JT_STRING;

@@ -204,6 +204,8 @@ typedef struct jsb {
 
 void jsb_init(jsb *b, jinja_rt *rt, size_t max);
 void jsb_put(jsb *b, const char *s, size_t n);
+/* Appends code point cp as UTF-8 (1-4 bytes). */
+void jinja_utf8_put(jsb *b, uint32_t cp);
 void jsb_puts(jsb *b, const char *s);
 void jsb_putc(jsb *b, char c);
 void jsb_printf(jsb *b, const char *fmt, ...)
