@@ -101,18 +101,6 @@ const char *chat_template_label(const chat_template *t) { return t->label; }
 
 /* ---- loading from a tokenizer folder ---- */
 
-static char *path_join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
-
 /* A special token from tokenizer_config.json: a string or {"content": s}. */
 static int special_token(const json_doc *d, int obj, const char *key, char **out, pg_error *err)
 {
@@ -159,7 +147,7 @@ int chat_template_load(chat_template **out, const char *tokenizer_dir, const cha
     bool have_doc = false;
     int rc = 0;
     if (tokenizer_dir) {
-        cfg_path = path_join(tokenizer_dir, "tokenizer_config.json");
+        cfg_path = pg_path_join(tokenizer_dir, "tokenizer_config.json");
         if (!cfg_path) {
             rc = pg_error_set(err, PG_ENOMEM, "chat template: out of memory");
             goto done;
@@ -193,8 +181,8 @@ int chat_template_load(chat_template **out, const char *tokenizer_dir, const cha
          * independent chat template file(s) exist, they take priority over
          * template entries in the tokenizer config" (chat_template.jinja,
          * since 4.47); chat_template.json is the older processor file. */
-        char *jinja_path = path_join(tokenizer_dir, "chat_template.jinja");
-        char *json_path = path_join(tokenizer_dir, "chat_template.json");
+        char *jinja_path = pg_path_join(tokenizer_dir, "chat_template.jinja");
+        char *json_path = pg_path_join(tokenizer_dir, "chat_template.json");
         int v = have_doc ? json_obj_get(&doc, 0, "chat_template") : -1;
         if (!jinja_path || !json_path) {
             rc = pg_error_set(err, PG_ENOMEM, "chat template: out of memory");

@@ -33,5 +33,7 @@ void pg_unmap_file(pg_map *map); /* accepts a zeroed map; zeroes it */
 int pg_file_exists(const char *path);
 /* 1 if path names an existing directory. */
 int pg_dir_exists(const char *path);
+/* dir + "/" + name, malloc'd (free()); NULL when out of memory. */
+char *pg_path_join(const char *dir, const char *name);
 
 #endif /* PG_FILE_IO_H */

@@ -40,19 +40,6 @@ static int ends_with(const char *s, const char *suffix)
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-/* dir + "/" + name, malloc'd. */
-static char *join_path(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
-
 /* The folder part of path ("." when it has none), malloc'd. */
 static char *dir_name(const char *path)
 {
@@ -221,7 +208,7 @@ static int open_index(st_file *f, const char *index_path, pg_error *err)
         goto out_refs;
     }
     for (size_t r = 0; r < nrefs; r++) {
-        char *p = join_path(dir, refs[r].file);
+        char *p = pg_path_join(dir, refs[r].file);
         int ok = p && pg_file_exists(p);
         free(p);
         if (!ok) {
@@ -236,7 +223,7 @@ static int open_index(st_file *f, const char *index_path, pg_error *err)
         goto out_refs;
     }
     for (size_t r = 0; r < nrefs && rc == PG_OK; r++) {
-        char *p = join_path(dir, refs[r].file);
+        char *p = pg_path_join(dir, refs[r].file);
         rc = p ? add_shard(f, p, refs[r].file, err) : pg_error_set(err, PG_ENOMEM, "%s: out of memory", label);
         free(p);
     }
@@ -284,8 +271,8 @@ int st_open(st_file **out, const char *path, pg_error *err)
         return pg_error_set(err, PG_ENOMEM, "%s: out of memory", path);
     int rc;
     if (pg_dir_exists(path)) {
-        char *idx = join_path(path, ST_INDEX_NAME);
-        char *one = join_path(path, ST_SINGLE_NAME);
+        char *idx = pg_path_join(path, ST_INDEX_NAME);
+        char *one = pg_path_join(path, ST_SINGLE_NAME);
         if (!idx || !one)
             rc = pg_error_set(err, PG_ENOMEM, "%s: out of memory", path);
         else if (pg_file_exists(idx))
