@@ -278,6 +278,9 @@ static inline __attribute__((always_inline)) vf w_load(const void *w, const unsi
 #ifndef GEMM_PF_BYTES
 #define GEMM_PF_BYTES 16384
 #endif
+#ifndef GEMM_PF_LOCALITY
+#define GEMM_PF_LOCALITY 1 /* prefetcht2 */
+#endif
 static inline __attribute__((always_inline)) void w_prefetch(const unsigned char *row, int32_t k, const int wk)
 {
     if (GEMM_PF_BYTES <= 0 || wk == WK_I8_ANY)
@@ -285,7 +288,7 @@ static inline __attribute__((always_inline)) void w_prefetch(const unsigned char
     const size_t off = wk == WK_F32 ? (size_t)k * 4u
                      : wk == WK_BF16 ? (size_t)k * 2u
                                      : (size_t)k / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
-    __builtin_prefetch(row + off + GEMM_PF_BYTES, 0, 1); /* into L2 (prefetcht2) */
+    __builtin_prefetch(row + off + GEMM_PF_BYTES, 0, GEMM_PF_LOCALITY); /* into L2 (prefetcht2) */
 }
 
 /* weights [k, k + n) of a row, zeros after (n may be <= 0 or >= VL) */
