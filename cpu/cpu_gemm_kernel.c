@@ -23,6 +23,8 @@
  *   avx512   one zmm             1 x 16    4 x 6          AVX-512F (+ FMA)
  *   avx2     two ymm             2 x 8     4 x 3          AVX2 + FMA
  *   generic  16 scalar floats    16 x 1    2 x 4          fmaf() only
+ * At M = 1 every variant runs a 1 x GEMV_NR register tile instead (6, 6, 4
+ * columns): AVX2's 4 x 3 tile would leave 3 FMA chains per half there.
  * The padded tail is a real fused multiply-add of 0 * 0 in every variant
  * (it can turn an accumulator of -0 into +0, so skipping it would not be
  * the same order). The generic variant exists for machines without FMA
