@@ -15,6 +15,17 @@
 #define GEMM_SPLIT_ALIGN 12
 #define GEMM_CHUNKS_PER_THREAD 4
 #define GEMM_CHUNK_MIN_WORK 524288.0
+/* A product of at most GEMM_GEMV_ROWS rows of x streams w once and is
+ * bound by memory, not arithmetic: its chunks are cut by count, not by
+ * work, GEMM_GEMV_CHUNKS_PER_THREAD per thread. With the work rule a
+ * batch-1 qkv (2304 x 768) was 3 chunks for 2 threads, and whichever
+ * thread took the third ran it alone while the other waited. */
+#ifndef GEMM_GEMV_ROWS
+#define GEMM_GEMV_ROWS 4
+#endif
+#ifndef GEMM_GEMV_CHUNKS_PER_THREAD
+#define GEMM_GEMV_CHUNKS_PER_THREAD 16
+#endif
 
 int cpu_gemm_variant_available(cpu_gemm_variant v)
 {
@@ -125,6 +136,8 @@ void cpu_gemm_wt(cpu_gemm_variant v, cpu_wt wt, cpu_pool *pool, float *y, int64_
     int64_t chunks = (int64_t)(work / GEMM_CHUNK_MIN_WORK);
     chunks = chunks < threads ? threads : chunks;
     chunks = chunks > threads * GEMM_CHUNKS_PER_THREAD ? threads * GEMM_CHUNKS_PER_THREAD : chunks;
+    if (M <= GEMM_GEMV_ROWS)
+        chunks = threads * GEMM_GEMV_CHUNKS_PER_THREAD;
     cpu_pool_run_chunks(pool, (int32_t)(chunks < units ? chunks : units), gemm_worker, &job);
 }
 

@@ -28,10 +28,13 @@
  * The variant is chosen at run time (__builtin_cpu_supports), not by the
  * build's -march: a portable build is as fast as a native one.
  *
- * Speed: register tiles (4 x 6 outputs AVX-512, 2 x 3 AVX2); a tile of w
+ * Speed: register tiles (4 x 6 outputs AVX-512, 4 x 3 AVX2); a tile of w
  * rows stays in L1 while a block of x rows streams past it from L2; at
- * M = 1 the kernel streams w once. Work is split over columns (N) across
- * the pool.
+ * M = 1 (batch-1 decode) a 1 x 6 tile with every accumulator in registers
+ * streams w once, prefetching ahead of each row. Work is split over
+ * columns (N) across the pool: by work for M > 4, in 16 chunks per thread
+ * for M <= 4 (a memory-bound product then never leaves one thread running
+ * the last big chunk alone).
  */
 #ifndef PG_CPU_GEMM_H
 #define PG_CPU_GEMM_H

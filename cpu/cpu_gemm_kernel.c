@@ -23,6 +23,8 @@
  *   avx512   one zmm             1 x 16    4 x 6          AVX-512F (+ FMA)
  *   avx2     two ymm             2 x 8     4 x 3          AVX2 + FMA
  *   generic  16 scalar floats    16 x 1    2 x 4          fmaf() only
+ * At M = 1 every variant runs a 1 x GEMV_NR register tile instead (6, 6, 4
+ * columns): AVX2's 4 x 3 tile would leave 3 FMA chains per half there.
  * The padded tail is a real fused multiply-add of 0 * 0 in every variant
  * (it can turn an accumulator of -0 into +0, so skipping it would not be
  * the same order). The generic variant exists for machines without FMA
@@ -278,6 +280,9 @@ static inline __attribute__((always_inline)) vf w_load(const void *w, const unsi
 #ifndef GEMM_PF_BYTES
 #define GEMM_PF_BYTES 16384
 #endif
+#ifndef GEMM_PF_LOCALITY
+#define GEMM_PF_LOCALITY 1 /* prefetcht2 */
+#endif
 static inline __attribute__((always_inline)) void w_prefetch(const unsigned char *row, int32_t k, const int wk)
 {
     if (GEMM_PF_BYTES <= 0 || wk == WK_I8_ANY)
@@ -285,7 +290,7 @@ static inline __attribute__((always_inline)) void w_prefetch(const unsigned char
     const size_t off = wk == WK_F32 ? (size_t)k * 4u
                      : wk == WK_BF16 ? (size_t)k * 2u
                                      : (size_t)k / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
-    __builtin_prefetch(row + off + GEMM_PF_BYTES, 0, 1); /* into L2 (prefetcht2) */
+    __builtin_prefetch(row + off + GEMM_PF_BYTES, 0, GEMM_PF_LOCALITY); /* into L2 (prefetcht2) */
 }
 
 /* weights [k, k + n) of a row, zeros after (n may be <= 0 or >= VL) */
@@ -385,16 +390,27 @@ gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int3
             y[(int64_t)i * ldy + j] = v_hsum(pair);
         }
 }
+#endif
+
+/* Columns of the batch-1 tile (gemv_tile below): AVX2 holds both halves of
+ * 6 outputs in 12 ymm registers when there is one row of x. */
+#if GEMM_ID == GEMM_ID_avx2
+#define GEMV_NR 6
 #else
+#define GEMV_NR NR
+#endif
+#define TILE_NR (GEMV_NR > NR ? GEMV_NR : NR)
+
 /* One register tile; mr, nr are compile-time constants at every call site,
  * and the loops over them are unrolled (also at -O2) so that acc and wv live
- * in registers. */
+ * in registers. The tile of every variant but AVX2's (whose gemm_tile above
+ * keeps half the accumulators in memory), and AVX2's batch-1 tile. */
 static inline __attribute__((always_inline)) void
-gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int32_t K, const int mr, const int nr,
-          const int wk)
+gemm_tile_regs(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int32_t K, const int mr,
+               const int nr, const int wk)
 {
-    vf acc[MR][NR][VPS];
-    const unsigned char *row[NR];
+    vf acc[MR][TILE_NR][VPS];
+    const unsigned char *row[TILE_NR];
 #pragma GCC unroll 8
     for (int j = 0; j < nr; j++)
         row[j] = w_row(w, e0 + (int64_t)j * K, wk);
@@ -415,7 +431,7 @@ gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int3
                 w_prefetch(row[j], k, wk);
 #pragma GCC unroll 16
         for (int h = 0; h < VPS; h++) {
-            vf wv[NR];
+            vf wv[TILE_NR];
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 wv[j] = w_load(w, row[j], e0 + (int64_t)j * K, k + h * VL, wk);
@@ -432,7 +448,7 @@ gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int3
         const int32_t rem = K - k; /* 1..15 lanes left, the rest read as 0 */
 #pragma GCC unroll 16
         for (int h = 0; h < VPS; h++) {
-            vf wv[NR];
+            vf wv[TILE_NR];
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 wv[j] = w_load_tail(w, row[j], e0 + (int64_t)j * K, k + h * VL, rem - h * VL, wk);
@@ -474,6 +490,8 @@ gemm_tile(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int3
         for (int j = 0; j < nr; j++)
             y[(int64_t)i * ldy + j] = v_hsum(acc[i][j]);
 }
+#if GEMM_ID != GEMM_ID_avx2
+#define gemm_tile gemm_tile_regs
 #endif
 
 typedef void (*gemm_tile_fn)(float *y, int64_t ldy, const float *x, const void *w, int64_t e0, int32_t K);
@@ -520,12 +538,42 @@ GEMM_DEF_ROW(2)
 static const gemm_tile_fn gemm_tiles[WK_COUNT][MR + 1][NR + 1] = {
     GEMM_TABLE(WK_F32), GEMM_TABLE(WK_BF16), GEMM_TABLE(WK_I8), GEMM_TABLE(WK_I8_ANY)};
 
+/* The batch-1 tiles: one row of x, nr <= GEMV_NR rows of w, all
+ * accumulators in registers (gemm_tile_regs). */
+#define GEMV_DEF1(wk, nr)                                                                                 \
+    static void gemv_tile_##wk##_##nr(float *y, int64_t ldy, const float *x, const void *w, int64_t e0,   \
+                                      int32_t K)                                                          \
+    {                                                                                                     \
+        gemm_tile_regs(y, ldy, x, w, e0, K, 1, nr, wk);                                                   \
+    }
+#define GEMV_DEF(nr) GEMV_DEF1(WK_F32, nr) GEMV_DEF1(WK_BF16, nr) GEMV_DEF1(WK_I8, nr) GEMV_DEF1(WK_I8_ANY, nr)
+#if GEMV_NR == 6
+GEMV_DEF(1) GEMV_DEF(2) GEMV_DEF(3) GEMV_DEF(4) GEMV_DEF(5) GEMV_DEF(6)
+#define GEMV_ROW(wk)                                                                                      \
+    {NULL, gemv_tile_##wk##_1, gemv_tile_##wk##_2, gemv_tile_##wk##_3, gemv_tile_##wk##_4, gemv_tile_##wk##_5, \
+     gemv_tile_##wk##_6}
+#elif GEMV_NR == 4
+GEMV_DEF(1) GEMV_DEF(2) GEMV_DEF(3) GEMV_DEF(4)
+#define GEMV_ROW(wk) {NULL, gemv_tile_##wk##_1, gemv_tile_##wk##_2, gemv_tile_##wk##_3, gemv_tile_##wk##_4}
+#else
+#error "add the batch-1 tile table for this GEMV_NR"
+#endif
+static const gemm_tile_fn gemv_tiles[WK_COUNT][GEMV_NR + 1] = {GEMV_ROW(WK_F32), GEMV_ROW(WK_BF16), GEMV_ROW(WK_I8),
+                                                               GEMV_ROW(WK_I8_ANY)};
+
 void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M, int32_t K, int32_t n0,
                   int32_t n1)
 {
     const int wk = wt == CPU_WT_BF16 ? WK_BF16
                  : wt == CPU_WT_I8   ? (K % CPU_I8_GROUP == 0 ? WK_I8 : WK_I8_ANY)
                                      : WK_F32;
+    if (M == 1) { /* batch-1 decode: stream w once, GEMV_NR rows at a time */
+        for (int32_t n = n0; n < n1; n += GEMV_NR) {
+            const int32_t nr = n1 - n < GEMV_NR ? n1 - n : GEMV_NR;
+            gemv_tiles[wk][nr](y + n, ldy, x, w, (int64_t)n * K, K);
+        }
+        return;
+    }
     /* A block of mc rows of x (about 512 KiB) stays in L2 while each tile
      * of NR rows of w (<= NR * K * 4 bytes) sits in L1 and the row tiles of
      * the block pass over it; w is streamed from memory once per block

@@ -49,7 +49,9 @@ typedef enum cpu_kv {
     CPU_KV_COUNT
 } cpu_kv;
 
-#define CPU_I8_GROUP 32
+#ifndef CPU_I8_GROUP
+#define CPU_I8_GROUP 32 /* a build may pick another (bench: the group-size study) */
+#endif
 #define CPU_I8_BLOCK_BYTES (4 + CPU_I8_GROUP)
 
 /* "f32", "bf16", "int8"; NULL out of range */

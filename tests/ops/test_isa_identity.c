@@ -218,6 +218,50 @@ static void test_kernels_on_column_ranges(void **state)
     }
 }
 
+/* The batch-1 tile (M = 1: one row of x against up to 6 rows of w, every
+ * accumulator in registers; AVX2's is wider than its 4 x 3 tile): every
+ * column count 1 .. 13 (every partial tile), every storage type, K with and
+ * without a tail, on every variant, bit for bit the canonical order. */
+static void test_batch1_tile_matches_canonical(void **state)
+{
+    (void)state;
+    cpu_gemm_cols_fn fns[N_VARIANTS] = {cpu_gemm_cols_generic, NULL, NULL};
+#if defined(PG_GEMM_X86)
+    fns[1] = cpu_gemm_cols_avx2;
+    fns[2] = cpu_gemm_cols_avx512;
+#endif
+    pg_test_rng rng = {2024};
+    const int32_t Ks[] = {5, 32, 47, 96, 800};
+    long checked = 0;
+    for (int t = 0; t < CPU_WT_COUNT; t++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (int32_t N = 1; N <= 13; N++) {
+                const int32_t K = Ks[ki];
+                float *x = alloc_floats((size_t)K), *w = alloc_floats((size_t)N * K);
+                float *wq = alloc_floats((size_t)N * K), *y = alloc_floats((size_t)N), *ref = alloc_floats((size_t)N);
+                fill_awkward(&rng, x, (size_t)K);
+                fill_awkward(&rng, w, (size_t)N * K);
+                void *ws = store_weights((cpu_wt)t, w, (size_t)N * K, wq);
+                for (int32_t n = 0; n < N; n++)
+                    ref[n] = canonical_dot(x, wq + (size_t)n * K, K);
+                for (int v = 0; v < N_VARIANTS; v++) {
+                    if (!fns[v] || !cpu_gemm_variant_available(variants[v]))
+                        continue;
+                    memset(y, 0xff, (size_t)N * sizeof *y);
+                    fns[v](y, N, x, ws, t, 1, K, 0, N);
+                    expect_canonical(cpu_wt_name((cpu_wt)t), variants[v], y, N, ref, 1, N, K);
+                    checked++;
+                }
+                free(ws);
+                free(x);
+                free(w);
+                free(wq);
+                free(y);
+                free(ref);
+            }
+    print_message("checked %ld batch-1 products bit for bit\n", checked);
+}
+
 /* The whole product through cpu_gemm_wt for bf16 and int8 storage on the
  * model-like shapes (K a multiple of 32 or not, M = 1 .. 130, 1 and 2
  * threads): every variant gives the canonical order over the stored values,
@@ -429,6 +473,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fma_is_fused),
         cmocka_unit_test(test_variants_match_canonical),
         cmocka_unit_test(test_kernels_on_column_ranges),
+        cmocka_unit_test(test_batch1_tile_matches_canonical),
         cmocka_unit_test(test_storage_types_match_canonical),
         cmocka_unit_test_prestate(test_builds_agree, &progs),
     };
