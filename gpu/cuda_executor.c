@@ -221,7 +221,7 @@ typedef struct cuda_graphs {
     pinned_buf logits_h;          /* its host copy, written by the graph's last node */
     int32_t logits_rows, logits_V; /* of the last bound logits() (the captured step's) */
     uint64_t generation;          /* bumped when ws_d or logits_d is reallocated */
-    int fault;                    /* CUDA_GRAPH_FAULT_* (tests' negative controls) */
+    int fault;                    /* CUDA_GRAPH_TEST_SKIP_METADATA (a negative control) */
     long captures, replays;
 } cuda_graphs;
 
@@ -564,7 +564,7 @@ static int begin_step_impl(cuda_exec *c, const step_batch *b, int upload)
 static int cuda_begin_step(executor *ex, const step_batch *b)
 {
     cuda_exec *c = cx(ex);
-    if (c->graphs && c->graphs->bound) /* a warm-up or capture of a graphed step */
+    if (graph_bound(c)) /* a warm-up or capture of a graphed step */
         return graph_bind_batch(c, b);
     return begin_step_impl(c, b, 1);
 }
@@ -816,7 +816,8 @@ static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t pla
  * Fixed metadata layout (int32; Pm = max_batch, st = stride =
  * ceil(max_seq_len / block_size)): token_ids [Pm], positions [Pm],
  * slots [Pm], query_start [Pm+1], seq_lens [Pm], block_tables [Pm][st],
- * logits_rows [Pm] — the same offsets for every bucket. */
+ * logits_rows [Pm] — the same offsets for every bucket; a step copies
+ * only what its bucket reads (graph_upload). */
 #define GM_TOK(Pm, st) ((size_t)0)
 #define GM_POS(Pm, st) ((size_t)(Pm))
 #define GM_SLOT(Pm, st) (2u * (size_t)(Pm))
@@ -825,6 +826,8 @@ static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t pla
 #define GM_BT(Pm, st) (5u * (size_t)(Pm) + 1u)
 #define GM_ROWS(Pm, st) (GM_BT(Pm, st) + (size_t)(Pm) * (size_t)(st))
 #define GM_N(Pm, st) (GM_ROWS(Pm, st) + (size_t)(Pm))
+/* int32 from the start a step of bucket P uses before the logits rows */
+#define GM_USED(Pm, st, P) (GM_BT(Pm, st) + (size_t)(P) * (size_t)(st))
 
 static uint64_t graph_generation(const cuda_exec *c)
 {
@@ -946,7 +949,7 @@ static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batc
 {
     const int32_t Pm = g->max_batch, st = g->stride, S = b ? b->num_seqs : 0;
     int32_t *h = g->meta_host;
-    memset(h, 0, GM_N(Pm, st) * 4u);
+    memset(h, 0, GM_USED(Pm, st, P) * 4u); /* the rows of bucket P (graph_upload) */
     for (int32_t s = 0; s < P; s++) {
         int real = s < S;
         int32_t len = real ? b->seq_lens[s] : 1;
@@ -978,18 +981,26 @@ static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batc
     pb->sliding_window = g->window;
 }
 
-/* g->meta_host -> the fixed device block (through pinned staging). */
-static int graph_upload(cuda_exec *c)
+/* The part of g->meta_host bucket P reads -> the fixed device block
+ * (through pinned staging): everything up to the end of row P-1 of the
+ * block tables, then the P logits rows. */
+static int graph_upload(cuda_exec *c, int32_t P)
 {
     cuda_graphs *g = c->graphs;
-    size_t bytes = g->meta_n * 4u;
-    void *h = NULL;
-    int rc = pinned_get(&g->meta_h, bytes, &h, &c->err);
+    const int32_t Pm = g->max_batch, st = g->stride;
+    void *hv = NULL;
+    int rc = pinned_get(&g->meta_h, g->meta_n * 4u, &hv, &c->err);
     if (rc)
         return pg_error_wrap(&c->err, rc, "cuda graph metadata");
-    memcpy(h, g->meta_host, bytes);
+    int32_t *h = hv;
+    const size_t head = GM_USED(Pm, st, P), rows = GM_ROWS(Pm, st);
+    memcpy(h, g->meta_host, head * 4u);
+    memcpy(h + rows, g->meta_host + rows, (size_t)P * 4u);
     CUDA_TRY(&c->err, "cudaMemcpyAsync (graph metadata)",
-             cudaMemcpyAsync(g->meta_d, h, bytes, cudaMemcpyHostToDevice, c->stream));
+             cudaMemcpyAsync(g->meta_d, h, head * 4u, cudaMemcpyHostToDevice, c->stream));
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (graph metadata rows)",
+             cudaMemcpyAsync(g->meta_d + rows, h + rows, (size_t)P * 4u, cudaMemcpyHostToDevice,
+                             c->stream));
     return pinned_mark(&g->meta_h, c->stream, &c->err);
 }
 
@@ -1011,7 +1022,7 @@ static int graph_warm_up(cuda_exec *c, exec_forward_fn forward, void *ctx)
         return rc;
     step_batch pb;
     graph_fill(g, NULL, g->max_batch, &pb);
-    if ((rc = graph_upload(c)))
+    if ((rc = graph_upload(c, g->max_batch)))
         return rc;
     g->bound = 1;
     rc = forward(ctx, &pb, NULL);
@@ -1094,7 +1105,7 @@ static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
         graph_drop_all(g);
     step_batch pb;
     graph_fill(g, b, P, &pb);
-    if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) && (rc = graph_upload(c)))
+    if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) && (rc = graph_upload(c, P)))
         return rc;
     if (!bk->exec && (rc = graph_capture(c, bk, &pb, forward, ctx)))
         return rc;
