@@ -1081,11 +1081,6 @@ static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
     int rc = begin_step_impl(c, b, 0);
     if (rc)
         return rc;
-    const int32_t S = b->num_seqs;
-    for (int32_t t = 0; g->vocab > 0 && t < S; t++)
-        if (b->token_ids[t] < 0 || b->token_ids[t] >= g->vocab)
-            return pg_error_set(&c->err, PG_EINVAL, "cuda embed: token %d: expected id in [0,%d), got %d",
-                                (int)t, (int)g->vocab, (int)b->token_ids[t]);
     if (!g->block_size) {
         g->block_size = b->block_size;
         g->stride = (g->max_seq_len + b->block_size - 1) / b->block_size;
@@ -1093,6 +1088,12 @@ static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
     }
     if (!g->warmed && (rc = graph_warm_up(c, forward, ctx)))
         return rc;
+    /* embed's check, with the V the warm-up's embed saw */
+    const int32_t S = b->num_seqs;
+    for (int32_t t = 0; t < S; t++)
+        if (b->token_ids[t] < 0 || b->token_ids[t] >= g->vocab)
+            return pg_error_set(&c->err, PG_EINVAL, "cuda embed: token %d: expected id in [0,%d), got %d",
+                                (int)t, (int)g->vocab, (int)b->token_ids[t]);
     int32_t P = cuda_plan_graph_bucket(S, g->max_batch);
     graph_bucket *bk = NULL;
     for (int32_t i = 0; i < g->n_buckets && !bk; i++)

@@ -13,7 +13,9 @@
  *  - context lengths on both sides of the decode partition (512 tokens:
  *    one partition written directly, two combined by the reduction kernel),
  *  - block tables and slots drawn anew every step,
- * the logits and, at the end, the whole KV cache must be bit-identical.
+ * the logits and, at the end, the whole KV cache must be bit-identical; a
+ * prefill chunk through run_step runs eagerly; a replay rejects what the
+ * eager begin_step and embed reject.
  * Negative controls, kept as tests that assert the failure is seen:
  *  - replays that skip copying the step's metadata into the fixed buffers
  *    give logits that differ from the eager step's;
@@ -308,6 +310,21 @@ static void test_graph_matches_eager(void **state)
     cuda_executor_graph_stats(f->graph.ex, &captures, &replays);
     assert_int_equal(captures, 4); /* buckets 1, 2, 4, 8: each captured once */
     assert_int_equal(replays, 8);
+    /* a replay checks what the eager begin_step and embed check */
+    {
+        int32_t lens[2] = {10, 20};
+        decode_step bad;
+        decode_step_make(&bad, 2, lens);
+        float lg[2 * V];
+        executor *gx = f->graph.ex;
+        bad.tok[1] = V;
+        assert_int_equal(gx->op->run_step(gx, &bad.b, lg, mini_forward, &f->graph), PG_EINVAL);
+        assert_non_null(strstr(gx->op->last_error(gx), "expected id in [0,40)"));
+        bad.tok[1] = 0;
+        bad.pos[0] = 3; /* not seq_len - 1 */
+        assert_int_equal(gx->op->run_step(gx, &bad.b, lg, mini_forward, &f->graph), PG_EINVAL);
+        assert_non_null(strstr(gx->op->last_error(gx), "expected position 9"));
+    }
     /* a prefill chunk (2 query tokens) is not graphed: run_step runs it
      * eagerly, with the same results */
     int32_t tok[2] = {3, 7}, pos[2] = {598, 599}, slots[2] = {5 * BS + 6, 5 * BS + 7}, qs[2] = {0, 2};
