@@ -174,6 +174,11 @@ static uint64_t max_u64(uint64_t a, uint64_t b)
     return a > b ? a : b;
 }
 
+int32_t cli_cuda_graph_batch(const cli_options *o)
+{
+    return o->max_num_seqs < o->max_num_batched_tokens ? o->max_num_seqs : o->max_num_batched_tokens;
+}
+
 uint64_t cli_cuda_reserve_bytes(const llama_config *cfg, const executor *ex, const cli_options *o,
                                 int32_t max_model_len)
 {
@@ -191,12 +196,23 @@ uint64_t cli_cuda_reserve_bytes(const llama_config *cfg, const executor *ex, con
      * one partition */
     cuda_decode_plan dp;
     pg_error ignored;
-    if (nkv > 0 && cuda_plan_decode(&dp, (int32_t)hd, (int32_t)(nh / nkv), max_model_len,
-                                    CUDA_PLAN_SMEM_DEFAULT_BYTES, &ignored) == 0 &&
-        dp.max_partitions > 1)
+    const bool split = nkv > 0 &&
+                       cuda_plan_decode(&dp, (int32_t)hd, (int32_t)(nh / nkv), max_model_len,
+                                        CUDA_PLAN_SMEM_DEFAULT_BYTES, &ignored) == 0 &&
+                       dp.max_partitions > 1;
+    if (split)
         total += grown_bytes(S * nh * (uint64_t)dp.max_partitions * (hd + 2u) * 4u);
     /* step metadata: 3T + (S + 1) + S + S x stride + L int32 (cuda_begin_step) */
     total += grown_bytes((3u * T + 2u * S + 1u + S * stride + S) * 4u);
+    /* CUDA graphs (cuda_executor.h): their own metadata block, logits (device
+     * and pinned) and decode workspace for the largest bucket */
+    if (!o->enforce_eager) {
+        const uint64_t G = (uint64_t)cli_cuda_graph_batch(o);
+        total += grown_bytes((6u * G + 1u + G * stride) * 4u);
+        total += grown_bytes(G * V * 4u);
+        if (split)
+            total += grown_bytes(G * nh * (uint64_t)dp.max_partitions * (hd + 2u) * 4u);
+    }
     /* GEMM padding (cuda_gemm.c, batch-invariant mode): x [128][K] act for
      * the largest K, y [128][N] for the largest N (act, or the logits' f32) */
     if (!o->fast_gemm) {
@@ -432,5 +448,17 @@ int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, execu
     if (strcmp(ex->name, "cpu") == 0 && (rc = cli_cpu_check_memory(plan, ex, cfg, err)) != PG_OK)
         return rc;
     mp.num_kv_blocks = plan->num_blocks;
-    return model_create(out, ex, cfg, weights, &mp, err);
+    rc = model_create(out, ex, cfg, weights, &mp, err);
+#ifdef PG_HAVE_CUDA
+    /* CUDA graphs for the decode steps (vLLM's default; --enforce-eager:
+     * none), up to the largest decode step the scheduler can form */
+    if (rc == PG_OK && strcmp(ex->name, "cuda") == 0 && ex->op->run_step && !o->enforce_eager) {
+        int32_t max_batch = cli_cuda_graph_batch(o);
+        if ((rc = cuda_executor_set_graphs(ex, max_batch, max_model_len, err)) != PG_OK) {
+            model_destroy(*out);
+            *out = NULL;
+        }
+    }
+#endif
+    return rc;
 }

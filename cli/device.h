@@ -97,7 +97,13 @@ int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, execu
  * two from 4 KiB): the lm_head logits [max_num_seqs][V] f32, the decode
  * attention split workspace for max_num_seqs sequences of max_model_len, the
  * step metadata, the GEMM padding buffers ([128][K] in, [128][N] out; none
- * with --fast-gemm); plus CLI_CUDA_SLACK_BYTES. */
+ * with --fast-gemm), and unless --enforce-eager the CUDA graphs' own
+ * metadata, logits and workspace for cli_cuda_graph_batch sequences; plus
+ * CLI_CUDA_SLACK_BYTES. */
+/* The largest decode step graphed on CUDA: min(max_num_seqs,
+ * max_num_batched_tokens) (the warm-up runs a step of that many). */
+int32_t cli_cuda_graph_batch(const cli_options *o);
+
 uint64_t cli_cuda_reserve_bytes(const llama_config *cfg, const executor *ex, const cli_options *o,
                                 int32_t max_model_len);
 #endif

@@ -16,7 +16,7 @@ enum {
     OPT_IGNORE_EOS, OPT_MIN_TOKENS, OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_LOGPROBS,
     OPT_INCLUDE_PROMPT, OPT_UNORDERED, OPT_RESUME, OPT_METRICS, OPT_LOG_INTERVAL, OPT_SHARD,
     OPT_NO_SPECIAL, OPT_VERSION,
-    OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM,
+    OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM, OPT_ENFORCE_EAGER,
     OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
     OPT_QUANT,
@@ -46,6 +46,7 @@ static const struct option generate_opts[] = {
     {"quantization", required_argument, NULL, OPT_QUANT},
     {"cuda-device", required_argument, NULL, OPT_CUDA_DEVICE},
     {"fast-gemm", no_argument, NULL, OPT_FAST_GEMM},
+    {"enforce-eager", no_argument, NULL, OPT_ENFORCE_EAGER},
     {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
     {"chat-template-date", required_argument, NULL, OPT_CHAT_DATE},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
@@ -171,6 +172,8 @@ static const char *const generate_help[] = {
 "      --fast-gemm            one cuBLAS call per matmul: faster prefill, but a row's\n"
 "                             last bits may depend on the batch, so outputs are no\n"
 "                             longer independent of batching [default: off]\n"
+"      --enforce-eager        cuda: run every step op by op, no CUDA graphs for\n"
+"                             the decode steps [default: off = graphs on]\n"
 "\n"
 ,
 "Default sampling (for lines that do not set their own; vLLM semantics):\n"
@@ -635,6 +638,7 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         break;
     case OPT_CUDA_DEVICE: rc = parse_i32(arg, 0, 1023, "--cuda-device", &o->cuda_device, err); break;
     case OPT_FAST_GEMM: o->fast_gemm = true; break;
+    case OPT_ENFORCE_EAGER: o->enforce_eager = true; break;
     case OPT_MAX_TOKENS:
         rc = parse_i32(arg, -1, INT32_MAX, "--max-tokens", &sp->max_tokens, err);
         if (rc == PG_OK && sp->max_tokens == 0)

@@ -100,6 +100,7 @@ typedef struct cli_options {
     cli_quant quantization;        /* none (cpu: int8) */
     int32_t cuda_device;           /* 0 */
     bool fast_gemm;                /* false: batch-invariant GEMMs */
+    bool enforce_eager;            /* false: CUDA graphs for decode steps */
 
     /* default sampling (applies to lines that do not set their own) */
     unsigned sampling_set;         /* cli_sampling_flag bits */

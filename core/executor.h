@@ -61,6 +61,11 @@ typedef enum exec_buf_kind {
     EXEC_I32,      /* int32 scratch */
 } exec_buf_kind;
 
+/* One step's forward written against this table (core/model.c): begin_step,
+ * the ops, logits into logits_host. Returns 0 or a negative pg_status (the
+ * callback keeps its own message). */
+typedef int (*exec_forward_fn)(void *ctx, const step_batch *b, float *logits_host);
+
 typedef struct executor_ops {
     /* ---- lifetime and memory -------------------------------------------- */
     void (*destroy)(executor *ex);                 /* accepts NULL */
@@ -139,6 +144,19 @@ typedef struct executor_ops {
      * block_elems = block_size * nkv * hd. Used for copy-on-write. */
     int (*copy_blocks)(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
                        size_t block_elems, const int32_t *src_dst_host, int32_t n_pairs);
+
+    /* ---- whole steps (optional: NULL when the executor has none, the CPU) */
+    /* Runs one step's forward: forward(ctx, b, logits_host) as is, or — for a
+     * step the executor can record once and replay (CUDA graphs of pure
+     * decode steps, cuda_executor.h) — a replay of forward recorded over b
+     * padded to a fixed shape, with the same results: logits_host [L][V] and
+     * the KV writes bit-identical to the direct call. So forward may be
+     * called over a batch other than b (padded, or dummy for a warm-up) and
+     * must launch the same work for the same shapes: no decision on the
+     * batch's values on the host. Returns forward's status, or the
+     * executor's own (last_error). */
+    int (*run_step)(executor *ex, const step_batch *b, float *logits_host,
+                    exec_forward_fn forward, void *ctx);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

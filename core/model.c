@@ -527,15 +527,11 @@ static int forward_head(model *m, const step_batch *b, float *logits, const char
     return op->logits(ex, logits, m->rows_out, m->lm_head, b->num_logits, m->V, m->H);
 }
 
-int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err)
+/* The forward over b through the op table (what an executor's run_step
+ * may record and replay). */
+static int forward_ops(model *m, const step_batch *b, float *logits, pg_error *err)
 {
-    int rc = check_batch(m, b_in, err);
-    if (rc)
-        return rc;
-    /* the config's sliding window (Mistral) is the model's, not the caller's */
-    step_batch bw = *b_in;
-    bw.sliding_window = m->cfg->sliding_window;
-    const step_batch *b = &bw;
+    int rc;
     executor *ex = m->ex;
     const char *failed = "begin_step";
     int32_t layer = -1;
@@ -555,6 +551,42 @@ int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err
     if (rc)
         return op_failed(m, rc, failed, layer, err);
     return PG_OK;
+}
+
+/* run_step's callback: the forward over whatever batch the executor passes
+ * (the step's, or the step's padded to a captured shape). */
+typedef struct forward_call {
+    model *m;
+    pg_error *err;
+    int failed;                   /* the forward itself failed: err is set */
+} forward_call;
+
+static int forward_call_run(void *ctx, const step_batch *b, float *logits)
+{
+    forward_call *fc = ctx;
+    int rc = check_batch(fc->m, b, fc->err);
+    if (!rc)
+        rc = forward_ops(fc->m, b, logits, fc->err);
+    fc->failed = rc != 0;
+    return rc;
+}
+
+int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err)
+{
+    int rc = check_batch(m, b_in, err);
+    if (rc)
+        return rc;
+    /* the config's sliding window (Mistral) is the model's, not the caller's */
+    step_batch bw = *b_in;
+    bw.sliding_window = m->cfg->sliding_window;
+    executor *ex = m->ex;
+    if (!ex->op->run_step)
+        return forward_ops(m, &bw, logits, err);
+    forward_call fc = {m, err, 0};
+    rc = ex->op->run_step(ex, &bw, logits, forward_call_run, &fc);
+    if (rc && !fc.failed)
+        return op_failed(m, rc, "step", -1, err);
+    return rc;
 }
 
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err)

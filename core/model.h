@@ -55,7 +55,10 @@ void model_destroy(model *m);
  * b->logits_rows order; untouched when num_logits = 0). Only the sizes are
  * checked (PG_EINVAL: T, S, L over the model_params, another block size);
  * the ids, positions, slots and tables must be valid (the engine builds
- * them). An executor failure returns its status with the op and layer. */
+ * them). An executor failure returns its status with the op and layer.
+ * On an executor with run_step (CUDA) the op-by-op forward is handed to it,
+ * which may replay a captured graph of it instead (executor.h): the same
+ * results. */
 int model_forward(model *m, const step_batch *b, float *logits, pg_error *err);
 /* Copies KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in every layer
  * (copy-on-write). PG_EINVAL, nothing copied, for an id outside the pool. */

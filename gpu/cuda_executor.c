@@ -67,6 +67,8 @@ typedef struct cuda_exec {
     size_t pairs_cap;
     /* upload / download staging: two buffers, alternated */
     pinned_buf stage[2];
+    /* CUDA graphs of decode steps (run_step) */
+    struct cuda_graphs *graphs;
 } cuda_exec;
 
 #define STAGE_BYTES ((size_t)16 << 20)
@@ -180,6 +182,58 @@ static int device_grow(void **p, size_t *cap_bytes, size_t bytes, const char *wh
     return 0;
 }
 
+/* ---- CUDA graphs: state (the step logic is after the ops) ------------------ */
+
+/* One batch-size bucket: the graph of a decode step of exactly `size`
+ * sequences, captured on first use. */
+typedef struct graph_bucket {
+    int32_t size;
+    cudaGraphExec_t exec;         /* NULL until captured */
+    uint64_t generation;          /* buffers_generation() at the capture */
+    int32_t logits_rows, logits_V; /* what its logits node copies to the host */
+} graph_bucket;
+
+/* Everything a captured graph reads or writes besides the model's own
+ * buffers has a fixed address here, sized for the largest bucket before
+ * the first capture (the warm-up): the metadata block (offsets fixed by
+ * max_batch and stride, the same for every bucket), the decode workspace,
+ * the logits and their pinned host copy. The eager path keeps its own
+ * buffers, so an eager step that grows them cannot move a graph's. */
+typedef struct cuda_graphs {
+    int32_t max_batch;            /* largest bucket; 0 = graphs off */
+    int32_t max_seq_len;          /* context bound: decode grid and table stride */
+    int32_t block_size, stride;   /* fixed at the first graphed step */
+    int32_t window;               /* sliding window the graphs were captured with */
+    int32_t vocab;                /* V seen by embed while bound (0 = not yet) */
+    int bound;                    /* begin_step binds the fixed buffers (warm-up, capture) */
+    int capturing;
+    int warmed;                   /* the warm-up at max_batch ran */
+    int32_t n_buckets;
+    graph_bucket *buckets;
+    int32_t *meta_d;              /* [meta_n] int32, device */
+    size_t meta_n;
+    pinned_buf meta_h;            /* [meta_n] host staging of the padded batch */
+    int32_t *meta_host;           /* host build of the padded batch [meta_n] */
+    float *ws_d;                  /* decode workspace */
+    size_t ws_floats;
+    float *logits_d;              /* [max_batch][V] f32 */
+    size_t logits_cap;            /* bytes */
+    pinned_buf logits_h;          /* its host copy, written by the graph's last node */
+    int32_t logits_rows, logits_V; /* of the last bound logits() (the captured step's) */
+    uint64_t generation;          /* bumped when ws_d or logits_d is reallocated */
+    int fault;                    /* CUDA_GRAPH_TEST_SKIP_METADATA (a negative control) */
+    long captures, replays;
+} cuda_graphs;
+
+static int graph_bound(const cuda_exec *c)
+{
+    return c->graphs && c->graphs->bound;
+}
+
+static void graph_free(cuda_graphs *g);
+static int graph_logits(cuda_exec *c, const void *x, const void *w, int32_t L, int32_t V,
+                        int32_t H);
+
 /* ---- lifetime and memory ---------------------------------------------- */
 
 static void cuda_destroy(executor *ex)
@@ -189,6 +243,7 @@ static void cuda_destroy(executor *ex)
     cuda_exec *c = cx(ex);
     if (c->stream)
         cudaStreamSynchronize(c->stream);
+    graph_free(c->graphs);
     cuda_gemm_destroy(c->gemm);
     pinned_free(&c->meta_h);
     pinned_free(&c->pairs_h);
@@ -393,9 +448,11 @@ static int cuda_sync(executor *ex)
 
 /* ---- per step ------------------------------------------------------------ */
 
-static int cuda_begin_step(executor *ex, const step_batch *b)
+static int graph_bind_batch(cuda_exec *c, const step_batch *b);
+
+/* begin_step's checks, then (upload = 1) the metadata to the device. */
+static int begin_step_impl(cuda_exec *c, const step_batch *b, int upload)
 {
-    cuda_exec *c = cx(ex);
     c->have_batch = 0;
     const int32_t T = b->num_tokens, S = b->num_seqs, L = b->num_logits;
     if (T < 1 || S < 1 || L < 0 || L > T || b->block_size < 1 || b->block_table_stride < 0)
@@ -451,6 +508,8 @@ static int cuda_begin_step(executor *ex, const step_batch *b)
             return pg_error_set(&c->err, PG_EINVAL,
                                 "cuda begin_step: logits_rows[%d] = %d: expected 0 .. %d",
                                 (int)r, (int)b->logits_rows[r], (int)T - 1);
+    if (!upload)
+        return 0;
 
     size_t n_bt = (size_t)S * (size_t)b->block_table_stride;
     size_t n = 3u * (size_t)T + (size_t)(S + 1) + (size_t)S + n_bt + (size_t)L + (size_t)n_prefill;
@@ -502,6 +561,14 @@ static int cuda_begin_step(executor *ex, const step_batch *b)
     return 0;
 }
 
+static int cuda_begin_step(executor *ex, const step_batch *b)
+{
+    cuda_exec *c = cx(ex);
+    if (graph_bound(c)) /* a warm-up or capture of a graphed step */
+        return graph_bind_batch(c, b);
+    return begin_step_impl(c, b, 1);
+}
+
 /* The device copy of b (checks that b is the batch of the last begin_step). */
 static int step_batch_dev(cuda_exec *c, const step_batch *b, const char *op, const pgk_batch **out)
 {
@@ -530,6 +597,8 @@ static int cuda_embed(executor *ex, void *x, const void *table, int32_t H, int32
         if (b->token_ids[t] < 0 || b->token_ids[t] >= V)
             return pg_error_set(&c->err, PG_EINVAL, "cuda embed: token %d: expected id in [0,%d), got %d",
                                 (int)t, (int)V, (int)b->token_ids[t]);
+    if (c->graphs && c->graphs->bound)
+        c->graphs->vocab = V; /* replays check their token ids against it */
     return pgk_embed(x, table, c->act_dt, H, V, d, c->stream, c->sync_each, &c->err);
 }
 
@@ -601,16 +670,21 @@ static int cuda_attention(executor *ex, void *out, const void *qkv, const void *
             return rc;
         size_t need = pgk_decode_workspace_floats(d->num_seqs, nh, hd, d->max_seq_len,
                                                   pl.partition_size);
-        if (need > c->ws_floats) {
-            size_t cap = c->ws_floats * 4u;
-            rc = device_grow((void **)&c->ws_d, &cap, need * 4u, "cudaMalloc (decode workspace)",
+        /* a graphed step has its own workspace, sized at the warm-up */
+        float **ws = graph_bound(c) ? &c->graphs->ws_d : &c->ws_d;
+        size_t *ws_floats = graph_bound(c) ? &c->graphs->ws_floats : &c->ws_floats;
+        if (need > *ws_floats) {
+            size_t cap = *ws_floats * 4u;
+            rc = device_grow((void **)ws, &cap, need * 4u, "cudaMalloc (decode workspace)",
                              &c->err);
-            c->ws_floats = cap / 4u;
+            *ws_floats = cap / 4u;
+            if (graph_bound(c))
+                c->graphs->generation++;
             if (rc)
                 return rc;
         }
         rc = pgk_decode_attention(out, qkv, c->act_dt, k_cache, v_cache, c->kv_dt, nh, nkv, hd,
-                                  scale, b->sliding_window, d, c->ws_d, c->ws_floats, c->stream, c->sync_each, &c->err);
+                                  scale, b->sliding_window, d, *ws, *ws_floats, c->stream, c->sync_each, &c->err);
         if (rc)
             return rc;
     }
@@ -645,6 +719,8 @@ static int cuda_logits(executor *ex, float *logits_host, const void *x, const vo
         return pg_error_set(&c->err, PG_EINVAL, "cuda logits: expected L, V, H >= 1, got %d, %d, %d",
                             (int)L, (int)V, (int)H);
     size_t bytes = (size_t)L * (size_t)V * 4u;
+    if (graph_bound(c))
+        return graph_logits(c, x, w, L, V, H);
     size_t cap = c->logits_cap;
     int rc = device_grow((void **)&c->logits_d, &cap, bytes, "cudaMalloc (logits)", &c->err);
     c->logits_cap = cap;
@@ -717,6 +793,407 @@ static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t pla
                            c->stream, c->sync_each, &c->err);
 }
 
+/* ---- CUDA graphs for decode steps (run_step) -------------------------------
+ *
+ * A pure decode step (every sequence one query token, every one sampling:
+ * T = S = L, logits_rows = 0 .. S-1) of S <= max_batch sequences is padded
+ * to its bucket P (cuda_plan_graph_bucket: 1, 2, 4, 8, 16, 24, ...) with
+ * dummy sequences — token 0 at position 0, seq_len 1, slot -1 (kv_write
+ * skips it: nothing is written), block-table row of zeros (block 0 is read,
+ * only into the dummy rows, which no kernel mixes with the others) — and
+ * its metadata is copied into the fixed buffers of cuda_graphs. The first
+ * step of a bucket captures the model's whole forward (run by the
+ * callback: embed, every layer, final norm, lm_head into g->logits_d and
+ * its copy into pinned memory) into a graph; every step then launches that
+ * graph and waits for it, and the rows of the real sequences are copied
+ * out. The kernels see the same per-sequence data as an eager step and are
+ * batch-invariant (the decode partition size depends on (hd, G) only, the
+ * grid is sized for max_seq_len and its extra blocks exit; the GEMMs run
+ * in fixed 128-row calls by default), so graph and eager logits and KV are
+ * bit-identical (tests/gpu/test_cuda_graphs.c). With fast_gemm the GEMM of
+ * P padded rows may pick another cuBLAS kernel than the eager S rows.
+ *
+ * Fixed metadata layout (int32; Pm = max_batch, st = stride =
+ * ceil(max_seq_len / block_size)): token_ids [Pm], positions [Pm],
+ * slots [Pm], query_start [Pm+1], seq_lens [Pm], block_tables [Pm][st],
+ * logits_rows [Pm] — the same offsets for every bucket; a step copies
+ * only what its bucket reads (graph_upload). */
+#define GM_TOK(Pm, st) ((size_t)0)
+#define GM_POS(Pm, st) ((size_t)(Pm))
+#define GM_SLOT(Pm, st) (2u * (size_t)(Pm))
+#define GM_QS(Pm, st) (3u * (size_t)(Pm))
+#define GM_LEN(Pm, st) (4u * (size_t)(Pm) + 1u)
+#define GM_BT(Pm, st) (5u * (size_t)(Pm) + 1u)
+#define GM_ROWS(Pm, st) (GM_BT(Pm, st) + (size_t)(Pm) * (size_t)(st))
+#define GM_N(Pm, st) (GM_ROWS(Pm, st) + (size_t)(Pm))
+/* int32 from the start a step of bucket P uses before the logits rows */
+#define GM_USED(Pm, st, P) (GM_BT(Pm, st) + (size_t)(P) * (size_t)(st))
+
+static uint64_t graph_generation(const cuda_exec *c)
+{
+    return c->graphs->generation + cuda_gemm_buffers_generation(c->gemm);
+}
+
+static void graph_drop_all(cuda_graphs *g)
+{
+    for (int32_t i = 0; i < g->n_buckets; i++)
+        if (g->buckets[i].exec) {
+            cudaGraphExecDestroy(g->buckets[i].exec);
+            g->buckets[i].exec = NULL;
+        }
+}
+
+static void graph_free(cuda_graphs *g)
+{
+    if (!g)
+        return;
+    graph_drop_all(g);
+    free(g->buckets);
+    free(g->meta_host);
+    pinned_free(&g->meta_h);
+    pinned_free(&g->logits_h);
+    if (g->meta_d)
+        cudaFree(g->meta_d);
+    if (g->ws_d)
+        cudaFree(g->ws_d);
+    if (g->logits_d)
+        cudaFree(g->logits_d);
+    free(g);
+}
+
+/* begin_step while bound: the ops read the fixed buffers, sized for the
+ * padded batch b (built by graph_fill, so not checked again). */
+static int graph_bind_batch(cuda_exec *c, const step_batch *b)
+{
+    cuda_graphs *g = c->graphs;
+    const int32_t P = b->num_seqs, Pm = g->max_batch, st = g->stride;
+    c->have_batch = 0;
+    if (P < 1 || P > Pm || b->num_tokens != P || b->num_logits != P)
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda graph: expected a padded decode batch of 1 .. %d sequences, got "
+                            "T %d, S %d, L %d", (int)Pm, (int)b->num_tokens, (int)P,
+                            (int)b->num_logits);
+    pgk_batch *d = &c->batch;
+    d->token_ids = g->meta_d + GM_TOK(Pm, st);
+    d->positions = g->meta_d + GM_POS(Pm, st);
+    d->slots = g->meta_d + GM_SLOT(Pm, st);
+    d->query_start = g->meta_d + GM_QS(Pm, st);
+    d->seq_lens = g->meta_d + GM_LEN(Pm, st);
+    d->block_tables = g->meta_d + GM_BT(Pm, st);
+    d->logits_rows = g->meta_d + GM_ROWS(Pm, st);
+    d->prefill_seqs = g->meta_d; /* num_prefill_seqs = 0: never read */
+    d->num_tokens = P;
+    d->num_seqs = P;
+    d->block_size = g->block_size;
+    d->block_table_stride = st;
+    d->max_seq_len = g->max_seq_len; /* the grid of the bound, not of this step */
+    d->max_query_len = 1;
+    d->num_logits = P;
+    d->num_prefill_seqs = 0;
+    c->n_decode_seqs = P;
+    c->have_batch = 1;
+    return 0;
+}
+
+/* logits while bound: lm_head into the graph's buffer and its copy into
+ * pinned memory, without waiting (capturable); run_step waits after the
+ * launch and copies the real rows out. */
+static int graph_logits(cuda_exec *c, const void *x, const void *w, int32_t L, int32_t V,
+                        int32_t H)
+{
+    cuda_graphs *g = c->graphs;
+    size_t bytes = (size_t)L * (size_t)V * 4u;
+    if (g->logits_cap < bytes) {
+        size_t cap = g->logits_cap;
+        int rc = device_grow((void **)&g->logits_d, &cap, bytes, "cudaMalloc (graph logits)",
+                             &c->err);
+        g->logits_cap = cap;
+        g->generation++;
+        if (rc)
+            return rc;
+    }
+    int rc = cuda_gemm_xwt(c->gemm, g->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
+    if (rc)
+        return rc;
+    void *h = NULL;
+    if ((rc = pinned_get(&g->logits_h, bytes, &h, &c->err))) /* allocates only at the warm-up */
+        return pg_error_wrap(&c->err, rc, "cuda graph logits");
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (graph logits)",
+             cudaMemcpyAsync(h, g->logits_d, bytes, cudaMemcpyDeviceToHost, c->stream));
+    g->logits_rows = L;
+    g->logits_V = V;
+    return 0;
+}
+
+/* 1 when b is a step the graphs run: pure decode, every row sampling, in
+ * the bounds the fixed buffers were sized for. */
+static int graph_eligible(const cuda_graphs *g, const step_batch *b)
+{
+    const int32_t S = b->num_seqs;
+    if (S < 1 || S > g->max_batch || b->num_tokens != S || b->num_logits != S ||
+        b->block_size < 1 || (g->block_size && b->block_size != g->block_size) ||
+        (g->block_size && b->sliding_window != g->window))
+        return 0;
+    for (int32_t s = 0; s <= S; s++)
+        if (b->query_start[s] != s)
+            return 0;
+    for (int32_t s = 0; s < S; s++)
+        if (b->logits_rows[s] != s || b->seq_lens[s] < 1 || b->seq_lens[s] > g->max_seq_len)
+            return 0;
+    return 1;
+}
+
+/* Builds the batch of bucket P in g->meta_host: the S real sequences of b
+ * (none when b is NULL: the warm-up), then dummies; *pb views it. */
+static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batch *pb)
+{
+    const int32_t Pm = g->max_batch, st = g->stride, S = b ? b->num_seqs : 0;
+    int32_t *h = g->meta_host;
+    memset(h, 0, GM_USED(Pm, st, P) * 4u); /* the rows of bucket P (graph_upload) */
+    for (int32_t s = 0; s < P; s++) {
+        int real = s < S;
+        int32_t len = real ? b->seq_lens[s] : 1;
+        h[GM_TOK(Pm, st) + s] = real ? b->token_ids[s] : 0;
+        h[GM_POS(Pm, st) + s] = len - 1;
+        h[GM_SLOT(Pm, st) + s] = real ? b->slots[s] : -1;
+        h[GM_QS(Pm, st) + s + 1] = s + 1;
+        h[GM_LEN(Pm, st) + s] = len;
+        h[GM_ROWS(Pm, st) + s] = s;
+        if (real) {
+            int32_t nblk = (len + b->block_size - 1) / b->block_size;
+            memcpy(h + GM_BT(Pm, st) + (size_t)s * (size_t)st,
+                   b->block_tables + (size_t)s * (size_t)b->block_table_stride, (size_t)nblk * 4u);
+        }
+    }
+    memset(pb, 0, sizeof *pb);
+    pb->num_tokens = pb->num_seqs = pb->num_logits = P;
+    pb->block_size = g->block_size;
+    pb->token_ids = h + GM_TOK(Pm, st);
+    pb->positions = h + GM_POS(Pm, st);
+    pb->slots = h + GM_SLOT(Pm, st);
+    pb->query_start = h + GM_QS(Pm, st);
+    pb->seq_lens = h + GM_LEN(Pm, st);
+    pb->block_tables = h + GM_BT(Pm, st);
+    pb->block_table_stride = st;
+    pb->max_seq_len = g->max_seq_len;
+    pb->max_query_len = 1;
+    pb->logits_rows = h + GM_ROWS(Pm, st);
+    pb->sliding_window = g->window;
+}
+
+/* The part of g->meta_host bucket P reads -> the fixed device block
+ * (through pinned staging): everything up to the end of row P-1 of the
+ * block tables, then the P logits rows. */
+static int graph_upload(cuda_exec *c, int32_t P)
+{
+    cuda_graphs *g = c->graphs;
+    const int32_t Pm = g->max_batch, st = g->stride;
+    void *hv = NULL;
+    int rc = pinned_get(&g->meta_h, g->meta_n * 4u, &hv, &c->err);
+    if (rc)
+        return pg_error_wrap(&c->err, rc, "cuda graph metadata");
+    int32_t *h = hv;
+    const size_t head = GM_USED(Pm, st, P), rows = GM_ROWS(Pm, st);
+    memcpy(h, g->meta_host, head * 4u);
+    memcpy(h + rows, g->meta_host + rows, (size_t)P * 4u);
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (graph metadata)",
+             cudaMemcpyAsync(g->meta_d, h, head * 4u, cudaMemcpyHostToDevice, c->stream));
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (graph metadata rows)",
+             cudaMemcpyAsync(g->meta_d + rows, h + rows, (size_t)P * 4u, cudaMemcpyHostToDevice,
+                             c->stream));
+    return pinned_mark(&g->meta_h, c->stream, &c->err);
+}
+
+/* The fixed buffers, then one uncaptured forward of max_batch dummy
+ * sequences through them: it grows the decode workspace, the logits (device
+ * and pinned) and the GEMM padding to their largest, so no capture
+ * allocates (vLLM warms up before capturing for the same reason). */
+static int graph_warm_up(cuda_exec *c, exec_forward_fn forward, void *ctx)
+{
+    cuda_graphs *g = c->graphs;
+    g->meta_n = GM_N(g->max_batch, g->stride);
+    g->meta_host = malloc(g->meta_n * 4u);
+    if (!g->meta_host)
+        return pg_error_set(&c->err, PG_ENOMEM, "cuda graph: out of host memory");
+    size_t cap = 0;
+    int rc = device_grow((void **)&g->meta_d, &cap, g->meta_n * 4u, "cudaMalloc (graph metadata)",
+                         &c->err);
+    if (rc)
+        return rc;
+    step_batch pb;
+    graph_fill(g, NULL, g->max_batch, &pb);
+    if ((rc = graph_upload(c, g->max_batch)))
+        return rc;
+    g->bound = 1;
+    rc = forward(ctx, &pb, NULL);
+    g->bound = 0;
+    if (rc)
+        return rc;
+    CUDA_TRY(&c->err, "cudaStreamSynchronize (graph warm-up)", cudaStreamSynchronize(c->stream));
+    g->warmed = 1;
+    return 0;
+}
+
+/* Records forward over the padded batch pb into bk->exec. */
+static int graph_capture(cuda_exec *c, graph_bucket *bk, const step_batch *pb,
+                         exec_forward_fn forward, void *ctx)
+{
+    cuda_graphs *g = c->graphs;
+    CUDA_TRY(&c->err, "cudaStreamBeginCapture",
+             cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal));
+    const int sync_each = c->sync_each; /* a synchronization would invalidate the capture */
+    c->sync_each = 0;
+    g->bound = g->capturing = 1;
+    int rc = forward(ctx, pb, NULL);
+    g->bound = g->capturing = 0;
+    c->sync_each = sync_each;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    if (rc || e != cudaSuccess) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        if (rc)
+            return rc;
+        return cuda_fail(&c->err, PG_EDEVICE, "cudaStreamEndCapture (decode step graph)", e);
+    }
+    e = cudaGraphInstantiate(&bk->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        bk->exec = NULL;
+        return cuda_fail(&c->err, PG_EDEVICE, "cudaGraphInstantiate (decode step graph)", e);
+    }
+    bk->generation = graph_generation(c);
+    bk->logits_rows = g->logits_rows;
+    bk->logits_V = g->logits_V;
+    g->captures++;
+    return 0;
+}
+
+static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
+                         exec_forward_fn forward, void *ctx)
+{
+    cuda_exec *c = cx(ex);
+    cuda_graphs *g = c->graphs;
+    if (!g || !graph_eligible(g, b))
+        return forward(ctx, b, logits_host); /* prefill, mixed, too large: eager */
+    /* the checks the eager begin_step and embed make, on the real batch */
+    int rc = begin_step_impl(c, b, 0);
+    if (rc)
+        return rc;
+    if (!g->block_size) {
+        g->block_size = b->block_size;
+        g->stride = (g->max_seq_len + b->block_size - 1) / b->block_size;
+        g->window = b->sliding_window;
+    }
+    if (!g->warmed && (rc = graph_warm_up(c, forward, ctx)))
+        return rc;
+    /* embed's check, with the V the warm-up's embed saw */
+    const int32_t S = b->num_seqs;
+    for (int32_t t = 0; t < S; t++)
+        if (b->token_ids[t] < 0 || b->token_ids[t] >= g->vocab)
+            return pg_error_set(&c->err, PG_EINVAL, "cuda embed: token %d: expected id in [0,%d), got %d",
+                                (int)t, (int)g->vocab, (int)b->token_ids[t]);
+    int32_t P = cuda_plan_graph_bucket(S, g->max_batch);
+    graph_bucket *bk = NULL;
+    for (int32_t i = 0; i < g->n_buckets && !bk; i++)
+        if (g->buckets[i].size == P)
+            bk = &g->buckets[i];
+    if (!bk)
+        return pg_error_set(&c->err, PG_EINVAL, "cuda graph: no bucket of %d sequences", (int)P);
+    /* a buffer a graph uses was reallocated since its capture: capture again */
+    if (bk->exec && bk->generation != graph_generation(c))
+        graph_drop_all(g);
+    step_batch pb;
+    graph_fill(g, b, P, &pb);
+    if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) && (rc = graph_upload(c, P)))
+        return rc;
+    if (!bk->exec && (rc = graph_capture(c, bk, &pb, forward, ctx)))
+        return rc;
+    CUDA_TRY(&c->err, "cudaGraphLaunch (decode step)", cudaGraphLaunch(bk->exec, c->stream));
+    CUDA_TRY(&c->err, "cudaStreamSynchronize (decode step)", cudaStreamSynchronize(c->stream));
+    g->replays++;
+    if (bk->logits_rows != P || bk->logits_V < 1)
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda graph: the captured step computed %d logits rows, expected %d",
+                            (int)bk->logits_rows, (int)P);
+    memcpy(logits_host, g->logits_h.h, (size_t)S * (size_t)bk->logits_V * 4u);
+    return 0;
+}
+
+static const executor_ops cuda_ops;
+
+static cuda_exec *as_cuda(executor *ex)
+{
+    return ex && ex->op == &cuda_ops ? cx(ex) : NULL;
+}
+
+int cuda_executor_set_graphs(executor *ex, int32_t max_batch, int32_t max_seq_len, pg_error *err)
+{
+    cuda_exec *c = as_cuda(ex);
+    if (!c)
+        return pg_error_set(err, PG_EINVAL, "cuda graphs: not a cuda executor");
+    if (max_batch < 0 || max_batch > 65535 || (max_batch > 0 && max_seq_len < 1))
+        return pg_error_set(err, PG_EINVAL,
+                            "cuda graphs: expected 0 <= max_batch <= 65535 and max_seq_len >= 1, "
+                            "got %d and %d", (int)max_batch, (int)max_seq_len);
+    if (c->graphs) {
+        cudaStreamSynchronize(c->stream);
+        graph_free(c->graphs);
+        c->graphs = NULL;
+    }
+    if (max_batch == 0)
+        return 0;
+    cuda_graphs *g = calloc(1, sizeof *g);
+    int32_t n = cuda_plan_graph_sizes(NULL, 0, max_batch);
+    int32_t *sizes = malloc((size_t)n * sizeof *sizes);
+    if (g)
+        g->buckets = calloc((size_t)n, sizeof *g->buckets);
+    if (!g || !sizes || !g->buckets) {
+        free(sizes);
+        graph_free(g);
+        return pg_error_set(err, PG_ENOMEM, "cuda graphs: out of host memory");
+    }
+    cuda_plan_graph_sizes(sizes, n, max_batch);
+    for (int32_t i = 0; i < n; i++)
+        g->buckets[i].size = sizes[i];
+    free(sizes);
+    g->n_buckets = n;
+    g->max_batch = max_batch;
+    g->max_seq_len = max_seq_len;
+    c->graphs = g;
+    return 0;
+}
+
+void cuda_executor_graph_stats(executor *ex, long *captures, long *replays)
+{
+    cuda_exec *c = as_cuda(ex);
+    *captures = c && c->graphs ? c->graphs->captures : 0;
+    *replays = c && c->graphs ? c->graphs->replays : 0;
+}
+
+int cuda_executor_graph_test_fault(executor *ex, int fault)
+{
+    cuda_exec *c = as_cuda(ex);
+    if (!c || !c->graphs || !c->graphs->logits_d)
+        return PG_EINVAL;
+    cuda_graphs *g = c->graphs;
+    if (fault == CUDA_GRAPH_TEST_SKIP_METADATA) {
+        g->fault |= fault;
+        return 0;
+    }
+    if (fault != CUDA_GRAPH_TEST_REGROW && fault != CUDA_GRAPH_TEST_REGROW_UNTRACKED)
+        return PG_EINVAL;
+    /* what a larger step would do to a buffer grown on demand */
+    size_t cap = g->logits_cap;
+    int rc = device_grow((void **)&g->logits_d, &cap, g->logits_cap + 1, "cudaMalloc (test regrow)",
+                         &c->err);
+    g->logits_cap = cap;
+    if (fault == CUDA_GRAPH_TEST_REGROW)
+        g->generation++;
+    return rc;
+}
+
 int cuda_executor_argmax(executor *ex, int32_t *ids_host, const float *logits, int32_t rows,
                          int32_t V)
 {
@@ -763,6 +1240,7 @@ static const executor_ops cuda_ops = {
     .gather_rows = cuda_gather_rows,
     .logits = cuda_logits,
     .copy_blocks = cuda_copy_blocks,
+    .run_step = cuda_run_step,
 };
 
 int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error *err)

@@ -33,15 +33,26 @@
  * Environment: PAGEDGEN_CUDA_SYNC=1 synchronizes after every kernel launch,
  * so a device fault is reported by the op that caused it.
  *
- * CUDA graphs: not yet. model.c drives a step op by op through this table
- * and only logits() marks its end, so the executor cannot see a whole
- * decode step to capture; capture also needs every launch of a step to be
- * shape-stable (the decode grid grows with max_seq_len, the decode
- * workspace is grown on demand, begin_step writes a variable-length
- * metadata block). The plan is in place (cuda_plan_graph_sizes /
- * cuda_plan_graph_bucket: pad the decode batch to 1, 2, 4, 8, 16, 24, ...,
- * size the grid for max_model_len, fixed metadata offsets) and needs a
- * step-level entry in executor.h (begin_step .. logits as one call).
+ * CUDA graphs (cuda_executor_set_graphs; the CLI turns them on unless
+ * --enforce-eager): run_step (executor.h) replays a captured graph for a
+ * pure decode step — every sequence one query token, every one sampling —
+ * of at most max_batch sequences; prefill and mixed steps, and decode steps
+ * past the bounds, run eagerly. What is captured: the model's whole
+ * forward (embed, every layer's norms, GEMMs, rope, kv_write, decode
+ * attention and its reduction, the final norm, lm_head and the copy of the
+ * logits into pinned host memory) for the batch padded to its bucket
+ * (cuda_plan_graph_sizes: 1, 2, 4, then multiples of 8 up to max_batch),
+ * captured on the first step of each bucket after one warm-up step at
+ * max_batch. Before each replay the step's metadata (token ids, positions,
+ * slots, seq lens, block tables padded to ceil(max_seq_len / block_size)
+ * entries) is copied into fixed device buffers; after it the stream is
+ * waited for and the real rows of the logits copied out. Graph and eager
+ * steps give bit-identical logits and KV (the default fixed-rows GEMMs;
+ * with fast_gemm the padded GEMM may differ in the last bits).
+ * Memory besides the eager path's: metadata (6 Pm + 1 + Pm * stride) int32,
+ * logits Pm * V f32 on the device and pinned, the decode workspace for Pm
+ * sequences of max_seq_len (Pm = max_batch), plus what the driver keeps per
+ * graph (not measurable here).
  */
 #ifndef PG_CUDA_EXECUTOR_H
 #define PG_CUDA_EXECUTOR_H
@@ -68,6 +79,34 @@ cuda_executor_params cuda_executor_params_default(void);
  * PG_EDEVICE (with the CUDA error name and string) when the device cannot
  * be used; on success *out is destroyed with (*out)->op->destroy(*out). */
 int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error *err);
+
+/* CUDA graphs for decode steps of up to max_batch sequences (0: off, the
+ * default: every step eager) whose contexts are at most max_seq_len tokens
+ * (max_model_len: it sizes the decode grid and the fixed block tables).
+ * max_batch must not exceed the model's max_num_seqs nor its
+ * max_num_batched_tokens (the warm-up runs a step of max_batch sequences).
+ * Drops the graphs captured so far. PG_EINVAL when ex is not a cuda
+ * executor or the bounds are out of range. */
+int cuda_executor_set_graphs(executor *ex, int32_t max_batch, int32_t max_seq_len, pg_error *err);
+/* Graphs captured and replays run so far (0 and 0 with graphs off). */
+void cuda_executor_graph_stats(executor *ex, long *captures, long *replays);
+
+/* Negative controls for the tests (tests/gpu/test_cuda_graphs.c), each of
+ * which must make a graph-vs-eager comparison fail or be reported:
+ *   SKIP_METADATA: replays no longer copy the step's metadata into the
+ *     fixed buffers (they replay the last captured step's);
+ *   REGROW: reallocate the graph logits buffer now, as a larger step
+ *     would; tracked, so the graphs are captured again (a positive control);
+ *   REGROW_UNTRACKED: the same without telling the graphs: the next replay
+ *     writes to the freed buffer (the host emulator reports it; on a device
+ *     it is a use-after-free — emulator only).
+ * 0, or PG_EINVAL before the first graphed step. */
+enum {
+    CUDA_GRAPH_TEST_SKIP_METADATA = 1,
+    CUDA_GRAPH_TEST_REGROW = 2,
+    CUDA_GRAPH_TEST_REGROW_UNTRACKED = 3,
+};
+int cuda_executor_graph_test_fault(executor *ex, int fault);
 
 /* Number of CUDA devices; 0 when there is no driver or no device (never
  * fails loudly: a machine without a GPU simply has 0). */

@@ -45,7 +45,13 @@ struct cuda_gemm {
     int32_t fixed_rows;     /* 0 = off */
     void *x_pad, *y_pad;    /* [fixed_rows][K] in, [fixed_rows][N] out (device, grown) */
     size_t x_pad_bytes, y_pad_bytes;
+    uint64_t pad_generation; /* bumped by every grow (cuda_gemm_buffers_generation) */
 };
+
+uint64_t cuda_gemm_buffers_generation(const cuda_gemm *g)
+{
+    return g->pad_generation;
+}
 
 void cuda_gemm_set_fixed_rows(cuda_gemm *g, int32_t fixed_rows)
 {
@@ -148,6 +154,7 @@ static int grow(cuda_gemm *g, void **p, size_t *cap, size_t bytes, pg_error *err
         cudaFree(*p); /* waits for the work that used it */
     *p = NULL;
     *cap = 0;
+    g->pad_generation++;
     cudaError_t e = cudaMalloc(p, bytes);
     if (e != cudaSuccess) {
         *p = NULL;

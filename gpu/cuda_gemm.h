@@ -39,10 +39,19 @@ void cuda_gemm_destroy(cuda_gemm *g); /* accepts NULL */
  * 0: one call of M rows (fastest; cuBLAS may pick a kernel by M). */
 void cuda_gemm_set_fixed_rows(cuda_gemm *g, int32_t fixed_rows);
 
+/* Counts the (re)allocations of the padding buffers of the fixed-rows mode
+ * (they grow to the largest K and N seen). A CUDA graph captured over
+ * cuda_gemm_xwt holds their addresses: the executor re-captures its graphs
+ * when this changed since their capture (cuda_executor.c). */
+uint64_t cuda_gemm_buffers_generation(const cuda_gemm *g);
+
 /* y[M][N] = x[M][K] . w[N][K]^T   (PyTorch nn.Linear, all row-major)
  * x and w: in_dt (PGK_BF16 or PGK_F32, both the same); y: y_dt (in_dt, or
  * PGK_F32 for logits). Accumulation is f32 (CUBLAS_COMPUTE_32F; no TF32).
- * Asynchronous on the handle's stream. */
+ * Asynchronous on the handle's stream. Capturable into a CUDA graph (the
+ * workspace is set explicitly, cuBLAS allocates nothing) once the padding
+ * buffers have grown for the shapes used: one uncaptured call of each
+ * shape first. */
 int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w, int in_dt,
                   int32_t M, int32_t N, int32_t K, pg_error *err);
 

@@ -49,7 +49,9 @@ typedef struct cuda_decode_plan {
  * the largest of 512, 256, 128, 64 whose shared memory (q [G][hd] f32,
  * scores [G][P] f32, reduction [threads*EPT] f32) fits smem_limit_bytes.
  * It depends on (hd, G) only, never on the batch, so a sequence is split the
- * same way in every step. */
+ * same way in every step — and by a CUDA graph, whose grid is planned for
+ * max_model_len (blocks past a sequence's partitions exit at once), so
+ * graph and eager steps give the same bits (cuda_executor.h). */
 int cuda_plan_decode(cuda_decode_plan *out, int32_t hd, int32_t G, int32_t max_seq_len,
                      size_t smem_limit_bytes, pg_error *err);
 

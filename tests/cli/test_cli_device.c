@@ -367,7 +367,10 @@ static void test_reserve_bytes(void **state)
      *   decode ws  256 x 32 x 16 partitions of 512 x 130 x 4 = 68157440 -> 2^27
      *   metadata   (3*2048 + 2*256 + 1 + 256*512 + 256) x 4 = 551940 -> 2^20
      *   gemm pads  128 x 14336 x 2 + 128 x 128256 x 4 = 3670016 + 65667072
-     *   slack      2^26 */
+     *   slack      2^26
+     * and the CUDA graphs' own buffers for min(256, 2048) sequences:
+     *   logits 2^27, decode ws 2^27,
+     *   metadata (6*256 + 1 + 256*512) x 4 = 530436 -> 2^20 */
     llama_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.hidden_size = 4096;
@@ -380,12 +383,18 @@ static void test_reserve_bytes(void **state)
     executor ex = {.op = NULL, .name = "cuda", .act_bytes = 2, .wt_bytes = 2, .kv_bytes = 2};
     cli_options o;
     parse(&o, 3, "-m", "d");
+    const uint64_t graphs = (1u << 20) + (2u << 27);
+    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == 405929984u + graphs);
+    parse(&o, 4, "-m", "d", "--enforce-eager");
     assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == 405929984u);
-    parse(&o, 4, "-m", "d", "--fast-gemm");
+    parse(&o, 5, "-m", "d", "--fast-gemm", "--enforce-eager");
     assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == 405929984u - 69337088u);
     /* 512 tokens fit one partition: no decode workspace; metadata
-     * (6144 + 512 + 1 + 256 x 32 + 256) x 4 = 60420 -> 2^16; no pads with --fast-gemm */
-    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 512) == (64u << 20) + (128u << 20) + 65536u);
+     * (6144 + 512 + 1 + 256 x 32 + 256) x 4 = 60420 -> 2^16, the graphs'
+     * (6*256 + 1 + 256*32) x 4 = 38916 -> 2^16; no pads with --fast-gemm */
+    parse(&o, 4, "-m", "d", "--fast-gemm");
+    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 512) ==
+                (64u << 20) + (128u << 20) + 65536u + 65536u + (128u << 20));
 }
 
 static void test_measured_plan(void **state)

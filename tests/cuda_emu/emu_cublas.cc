@@ -182,6 +182,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     const bool out_ok = Ctype == Atype || Ctype == CUDA_R_32F;
     if (!in_ok || !out_ok || (computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_PEDANTIC))
         return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!handle->workspace && capturing(handle->st)) {
+        /* without a workspace cuBLAS allocates one on first use: not
+         * capturable (cuBLAS docs, "CUDA Graphs support") */
+        capture_violation(handle->st, "cublasGemmEx without a workspace (cublasSetWorkspace)");
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    }
     if (!handle->workspace) {
         fatal("cublasGemmEx: no workspace set (cublasSetWorkspace): results would depend on "
               "cuBLAS's internal allocation");
@@ -222,7 +228,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                     store(C, Ctype, c, v);
                 }
         });
-    }, "cublasGemmEx");
+    }, "cublasGemmEx", {A, B, C, handle->workspace});
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include <functional>
+#include <vector>
 
 #include "emu_device.h"
 
@@ -48,6 +49,8 @@ struct allocation {
     unsigned char *base;
     size_t bytes;
     mem_kind kind;
+    uint64_t serial;   /* unique per allocation: a freed and reallocated
+                          address is another allocation */
 };
 /* The allocation containing p (NULL when none). */
 const allocation *mem_find(const void *p);
@@ -91,6 +94,15 @@ typedef std::function<std::function<void()>()> work;
 /* Queues w on st (NULL: the legacy default stream); while st is being
  * captured, w becomes a node of its graph instead. */
 cudaError_t enqueue(cudaStream_t st, work w, const char *what);
+/* The same, for work that uses the device (or pinned) pointers dev_ptrs: while st is
+ * being captured, the node remembers which allocation each pointer was in,
+ * and every replay (cudaGraphLaunch) first checks that each is still that
+ * allocation — a graph replayed after one of its buffers was freed (or
+ * freed and reallocated, as a growing workspace is) would read or write
+ * memory that is no longer the captured buffer: an emulator error, and the
+ * node does nothing. */
+cudaError_t enqueue(cudaStream_t st, work w, const char *what,
+                    const std::vector<const void *> &dev_ptrs);
 /* A call CUDA forbids during capture (synchronization, allocation, pageable
  * copies) on st (NULL: any capturing stream): invalidates the capture and
  * returns cudaErrorStreamCaptureUnsupported; cudaSuccess when none. */

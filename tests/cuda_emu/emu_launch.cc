@@ -95,7 +95,7 @@ void launch(cudaStream_t st, launch_desc *in)
     /* shared: a captured launch runs once per graph replay */
     std::shared_ptr<launch_desc> d(new launch_desc(*in), free_desc);
     cudaError_t qe = enqueue(st, [d]() { return std::function<void()>([d]() { execute_launch(d.get()); }); },
-                             in->name);
+                             in->name, in->ptr_args);
     if (qe != cudaSuccess)
         set_last_error(qe);
 }

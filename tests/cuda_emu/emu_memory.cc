@@ -20,6 +20,7 @@ static std::map<uintptr_t, allocation> &registry()
 }
 
 static size_t g_device_in_use;
+static uint64_t g_serial;
 
 const allocation *mem_find(const void *p)
 {
@@ -49,7 +50,7 @@ void *mem_alloc(size_t bytes, mem_kind kind)
     void *p = nullptr;
     if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0)
         return nullptr;
-    registry()[(uintptr_t)p] = allocation{(unsigned char *)p, bytes, kind};
+    registry()[(uintptr_t)p] = allocation{(unsigned char *)p, bytes, kind, ++g_serial};
     if (kind == MEM_DEVICE)
         g_device_in_use += bytes;
     return p;

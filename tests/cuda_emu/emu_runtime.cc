@@ -276,7 +276,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
         auto stage = std::make_shared<std::vector<unsigned char>>(s, s + bytes);
         return enqueue(st, [d, stage]() {
             return std::function<void()>([d, stage]() { memcpy(d, stage->data(), stage->size()); });
-        }, "cudaMemcpyAsync");
+        }, "cudaMemcpyAsync", {d});
     }
     if (pinned_src) {
         return enqueue(st, [d, s, bytes]() {
@@ -295,18 +295,18 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
                 }
                 memcpy(d, s, bytes);
             });
-        }, "cudaMemcpyAsync");
+        }, "cudaMemcpyAsync (pinned -> device)", {d, s});
     }
     if (pinned_dst) {
         return enqueue(st, [d, s, bytes]() {
             if (!pending_overlap(d, bytes))
                 memset(d, 0xff, bytes); /* not there until the stream ran the copy */
             return std::function<void()>([d, s, bytes]() { memcpy(d, s, bytes); });
-        }, "cudaMemcpyAsync");
+        }, "cudaMemcpyAsync (device -> pinned)", {s, d});
     }
     return enqueue(st, [d, s, bytes]() {
         return std::function<void()>([d, s, bytes]() { memmove(d, s, bytes); });
-    }, "cudaMemcpyAsync");
+    }, "cudaMemcpyAsync (device -> device)", {d, s});
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
@@ -332,7 +332,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t st)
     unsigned char *d = (unsigned char *)p;
     return enqueue(st, [d, value, bytes]() {
         return std::function<void()>([d, value, bytes]() { memset(d, value, bytes); });
-    }, "cudaMemsetAsync");
+    }, "cudaMemsetAsync", {d});
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t bytes)

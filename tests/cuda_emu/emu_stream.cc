@@ -14,14 +14,21 @@
  * queued on the stream becomes the graph's nodes (in order: a chain); a
  * call CUDA forbids during capture (synchronizing, allocating, a pageable
  * copy) invalidates the capture, whose end then fails with
- * cudaErrorStreamCaptureInvalidated. cudaGraphLaunch submits the nodes
- * again (each pinned copy snapshots its source at that moment). */
+ * cudaErrorStreamCaptureInvalidated. Only the global capture mode is
+ * modelled: an event synchronization or query from any host code during a
+ * capture invalidates it too, and so does an event record on the capturing
+ * stream (event nodes are not emulated). Kernel arguments, copy addresses
+ * and sizes, and cuBLAS's operands are frozen when captured; cudaGraphLaunch
+ * submits the nodes again (each pinned copy snapshots its source at that
+ * moment), after checking that every device pointer a node uses still
+ * lies in the allocation it was captured in (enqueue with dev_ptrs). */
 #include "emu_internal.h"
 
 #include <stdio.h>
 
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 struct emu_stream {
@@ -86,6 +93,36 @@ cudaError_t enqueue(cudaStream_t st, work w, const char *what)
     (void)what;
     s->q.push_back(w());
     return cudaSuccess;
+}
+
+cudaError_t enqueue(cudaStream_t st, work w, const char *what,
+                    const std::vector<const void *> &dev_ptrs)
+{
+    if (!capturing(st) || dev_ptrs.empty())
+        return enqueue(st, std::move(w), what);
+    struct pin {
+        const void *p;
+        uint64_t serial;
+    };
+    std::vector<pin> pins;
+    for (const void *p : dev_ptrs) {
+        const allocation *a = p ? mem_find(p) : nullptr;
+        if (a)
+            pins.push_back(pin{p, a->serial});
+    }
+    std::string name = what;
+    work checked = [w, pins, name]() {
+        for (const pin &q : pins) {
+            const allocation *a = mem_find(q.p);
+            if (!a || a->serial != q.serial) {
+                fatal("graph replay: %s: device pointer %p was freed (or freed and reallocated) "
+                      "after the capture: the graph still uses the old buffer", name.c_str(), q.p);
+                return std::function<void()>([]() {});
+            }
+        }
+        return w();
+    };
+    return enqueue(st, std::move(checked), what);
 }
 
 void flush(cudaStream_t st)
@@ -199,6 +236,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev)
 {
     if (!ev)
         return cudaErrorInvalidResourceHandle;
+    /* global capture mode: a synchronizing call from any host code while a
+     * stream is captured is illegal (it could wait on captured work) */
+    cudaError_t e = capture_violation(nullptr, "cudaEventSynchronize / cudaEventQuery");
+    if (e != cudaSuccess)
+        return e;
     while (ev->completed < ev->recorded && ev->st && !ev->st->q.empty()) {
         std::function<void()> f = std::move(ev->st->q.front());
         ev->st->q.pop_front();

@@ -285,6 +285,74 @@ static void test_graph_capture(void **state)
     cudaStreamDestroy(st);
 }
 
+/* What CUDA forbids while a stream is captured (global mode) invalidates
+ * the capture; a replay after a captured buffer was freed is reported. */
+static void test_graph_capture_rules(void **state)
+{
+    (void)state;
+    cudaStream_t st;
+    assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    float *d = dmalloc(16 * 4), *pin = NULL;
+    assert_int_equal(cudaMallocHost((void **)&pin, 16 * 4), cudaSuccess);
+    cudaEvent_t ev;
+    assert_int_equal(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    assert_int_equal(cudaEventRecord(ev, st), cudaSuccess);
+    cudaGraph_t g = NULL;
+    /* an allocation */
+    void *p = NULL;
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(st, &g), cudaErrorStreamCaptureInvalidated);
+    /* an event synchronization (even of an event recorded before) */
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaEventSynchronize(ev), cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(st, &g), cudaErrorStreamCaptureInvalidated);
+    /* a copy to pageable memory (it would synchronize) */
+    float host[16];
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(host, d, sizeof host, cudaMemcpyDeviceToHost, st),
+                     cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(st, &g), cudaErrorStreamCaptureInvalidated);
+    /* cuBLAS without a workspace would allocate one */
+    cublasHandle_t h;
+    assert_int_equal(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasSetStream(h, st), CUBLAS_STATUS_SUCCESS);
+    const float one = 1.0f, zero = 0.0f;
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_not_equal(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 2, &one, d, CUDA_R_32F, 2, d,
+                                      CUDA_R_32F, 2, &zero, d + 8, CUDA_R_32F, 2,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cudaStreamEndCapture(st, &g), cudaErrorStreamCaptureInvalidated);
+    cublasDestroy(h);
+    (void)cudaGetLastError(); /* the failed calls above set it */
+    /* kernel arguments are frozen at capture; a freed buffer is reported */
+    float *d2 = dmalloc(16 * 4);
+    cudaGraphExec_t ge;
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(emu_st_add_one(d2, 16, st), 0);
+    assert_int_equal(cudaStreamEndCapture(st, &g), cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+    assert_int_equal(cudaMemset(d2, 0, 16 * 4), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(ge, st), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+    assert_int_equal(cudaMemcpy(host, d2, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_true(host[3] == 1.0f);
+    long e0 = emu_error_count();
+    cudaFree(d2);
+    float *d3 = dmalloc(16 * 4); /* may well reuse d2's address: still another buffer */
+    assert_int_equal(cudaGraphLaunch(ge, st), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+    assert_true(emu_error_count() > e0);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaFree(d3);
+    cudaEventDestroy(ev);
+    cudaFreeHost(pin);
+    cudaFree(d);
+    cudaStreamDestroy(st);
+}
+
 static void test_cublas(void **state)
 {
     (void)state;
@@ -339,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_host_pointer_argument),
         cmocka_unit_test(test_pinned_and_sync),
         cmocka_unit_test(test_graph_capture),
+        cmocka_unit_test(test_graph_capture_rules),
         cmocka_unit_test(test_cublas),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -500,8 +500,8 @@ def case_help():
                  "--presence-penalty", "--frequency-penalty", "--repetition-penalty", "--logprobs",
                  "--include-prompt", "--unordered", "--resume", "--metrics", "--quiet",
                  "--log-interval", "--shard", "--help", "--version", "--gpu-memory-utilization",
-                 "--kv-cache-dtype", "--dtype", "--cuda-device", "--fast-gemm", "--chat-template",
-                 "--chat-template-date"]
+                 "--kv-cache-dtype", "--dtype", "--cuda-device", "--fast-gemm", "--enforce-eager",
+                 "--chat-template", "--chat-template-date"]
     for args in (["--help"], ["generate", "--help"], ["help"]):
         rc, out, _ = run(args)
         check(rc == 0, f"{args}: exit {rc}")

@@ -10,8 +10,8 @@
  *    decode kernel): f32 precision within 1e-4 of max |logit|, bf16 within
  *    5e-2, argmax equal wherever the golden's top-2 margin exceeds the bound;
  *  - greedy goldens through the engine on the f32 precision: the token ids
- *    equal the goldens exactly, in a batch, with preemption and with chunked
- *    prefill; on bf16: the same schedule twice gives the same ids (CUDA's
+ *    equal the goldens exactly, in a batch, with preemption, with chunked
+ *    prefill and with the decode steps as CUDA graphs; on bf16: the same schedule twice gives the same ids (CUDA's
  *    run-to-run determinism) and the agreement with the goldens is printed.
  *
  * PAGEDGEN_CUDA_E2E_QUICK=N (tests/cuda_emu sets it for the host-emulated
@@ -305,6 +305,7 @@ static void test_logits_bf16(void **state) { check_logits(*state, 0, 5e-2); }
 typedef struct run_cfg {
     const char *name;
     pg_golden_pool pool;
+    int32_t graph_batch;          /* > 0: CUDA graphs for decode steps of up to this many */
 } run_cfg;
 
 /* Tokens per greedy golden: all, or PAGEDGEN_CUDA_E2E_QUICK's prefix. */
@@ -325,6 +326,10 @@ static void run_engine(fixture *f, int precision, const run_cfg *c, int32_t **id
 {
     model_params mp = pg_golden_model_params(&c->pool);
     executor *ex = make_cuda(precision);
+    pg_error gerr;
+    if (c->graph_batch > 0 &&
+        cuda_executor_set_graphs(ex, c->graph_batch, f->cfg.max_position_embeddings, &gerr))
+        fail_msg("cuda_executor_set_graphs: %s", gerr.msg);
     model *m = open_model(f, ex, &mp);
     engine_params ep = pg_golden_engine_params(f, &c->pool);
     engine_backend be = model_backend(m);
@@ -359,6 +364,12 @@ static void run_engine(fixture *f, int precision, const run_cfg *c, int32_t **id
     }
     assert_int_equal(finished, f->n_g);
     engine_get_stats(e, stats);
+    if (c->graph_batch > 0) {
+        long captures = 0, replays = 0;
+        cuda_executor_graph_stats(ex, &captures, &replays);
+        printf("    [%s] graphs captured %ld, replayed %ld\n", c->name, captures, replays);
+        assert_true(captures > 0 && replays > captures); /* the decode steps ran as graphs */
+    }
     engine_destroy(e);
     model_destroy(m);
     ex->op->destroy(ex);
@@ -366,9 +377,11 @@ static void run_engine(fixture *f, int precision, const run_cfg *c, int32_t **id
 
 static const run_cfg cfgs[] = {
     /* name                              {bs  blocks seqs batched prefix} */
-    {"batch, bs 16", {16, 256, 256, 2048, true}},
-    {"tiny pool (preemption), bs 16", {16, 24, 256, 2048, true}},
-    {"chunked prefill, bs 1", {1, 4096, 256, 64, false}},
+    {"batch, bs 16", {16, 256, 256, 2048, true}, 0},
+    {"tiny pool (preemption), bs 16", {16, 24, 256, 2048, true}, 0},
+    {"chunked prefill, bs 1", {1, 4096, 256, 64, false}, 0},
+    /* decode steps as CUDA graphs (buckets 1, 2, 4, 8), the rest eager */
+    {"batch, bs 16, cuda graphs", {16, 256, 256, 2048, true}, 8},
 };
 
 /* tokens equal to the golden before the first difference */
