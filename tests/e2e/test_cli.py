@@ -664,6 +664,45 @@ def case_progress():
     check(err == b"", f"--quiet printed {err[:200]!r}")
 
 
+def case_sliding_window_free():
+    """stories260K as a MistralForCausalLM with sliding_window 24: freeing
+    the KV blocks behind the window (default) and keeping them
+    (--keep-out-of-window-blocks) give byte-identical outputs, through a
+    tiny pool (preemption), chunked prefill and n > 1, with the pool checked
+    after every step; and a request whose full length does not fit the pool
+    runs only with freeing (its window's blocks fit)."""
+    with tempfile.TemporaryDirectory() as d:
+        cfg = json.load(open(os.path.join(MODEL, "config.json")))
+        cfg.update({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                    "sliding_window": 24})
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            os.symlink(os.path.join(MODEL, f), os.path.join(d, f))
+        reqs = [{"prompt": "Once upon a time", "max_tokens": 150, "temperature": 0.9, "seed": 3,
+                 "n": 3, "ignore_eos": True},
+                {"prompt": "The little dog " * 12, "max_tokens": 120, "ignore_eos": True,
+                 "logprobs": 1},
+                {"prompt": "Lily had a red ball.", "max_tokens": 200, "temperature": 0.7,
+                 "seed": 9, "ignore_eos": True}]
+        inp = "".join(json.dumps(r) + "\n" for r in reqs).encode()
+        outs = []
+        for extra in ([], ["--keep-out-of-window-blocks"]):
+            rc, out, err = run(["-m", d, "-q", "--num-kv-blocks", "56", "--block-size", "4",
+                                "--max-num-batched-tokens", "16", "--check-invariants"] + extra,
+                               stdin_bytes=inp)
+            check(rc == 0, f"exit {rc}: {err.decode()[-2000:]} {out.decode()[:2000]}")
+            outs.append(out)
+        check(outs[0] == outs[1], "outputs differ with and without freeing out-of-window blocks")
+        one = (json.dumps({"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True})
+               + "\n").encode()
+        small = ["-m", d, "-q", "--num-kv-blocks", "20", "--block-size", "4", "--max-num-batched-tokens", "16"]
+        rc, out, err = run(small, stdin_bytes=one)
+        check(rc == 0 and b'"error"' not in out, f"freeing on, 20 blocks: {out.decode()[:500]}")
+        rc, out, err = run(small + ["--keep-out-of-window-blocks"], stdin_bytes=one)
+        check(b"needs" in out and b"KV blocks" in out, f"freeing off, 20 blocks: {out.decode()[:500]}")
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
