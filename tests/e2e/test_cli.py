@@ -316,6 +316,29 @@ def case_logprobs():
     for c in content:
         check(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"]
               and c["top_logprobs"][0]["logprob"] == c["logprob"], f"chat top_logprobs: {c}")
+    check(json.loads(lines_of(out)[0])["response"]["body"]["prompt_logprobs"] is None,
+          "chat without prompt_logprobs: null")
+    # chat API with prompt_logprobs (vLLM: on the response, serving_chat.py at
+    # 99c5632f): the same numbers as the jsonl record of the same messages
+    msgs = [{"role": "user", "content": "The dog ran"}]
+    body = {"model": "stories260K", "messages": msgs, "max_tokens": 3, "prompt_logprobs": 2}
+    line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n"
+    jl = json.dumps({"messages": msgs, "max_tokens": 3, "prompt_logprobs": 2}) + "\n"
+    tmpl = ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")]
+    rc, out, err = gen(tmpl, stdin_bytes=line.encode())
+    check(rc == 0, f"chat prompt_logprobs: exit {rc} {err.decode()[-300:]}")
+    resp = json.loads(lines_of(out)[0])["response"]["body"]
+    plp = resp["prompt_logprobs"]
+    rc, out, err = gen(tmpl, stdin_bytes=jl.encode())
+    check(rc == 0, f"chat jsonl prompt_logprobs: exit {rc} {err.decode()[-300:]}")
+    ref = json.loads(lines_of(out)[0])["prompt_logprobs"]
+    check(isinstance(plp, list) and len(plp) == resp["usage"]["prompt_tokens"] == len(ref) and plp[0] is None,
+          f"chat prompt_logprobs: one entry per prompt token, the first null: {plp} / {ref}")
+    for i in range(1, len(plp)):
+        got = [(int(k), v["logprob"]) for k, v in plp[i].items()]
+        want = [(e[0], e[1]) for e in ref[i]]
+        check(got == want and 2 <= len(got) <= 3 and all(v["rank"] >= 1 for v in plp[i].values()),
+              f"chat prompt_logprobs entry {i}: {plp[i]} vs {ref[i]}")
 
 
 
