@@ -159,6 +159,7 @@ int bench_run(bench_model *bm, const bench_workload *w, const bench_run_params *
     ep.layout = rp->layout;
     ep.check_invariants = false;
     ep.fan_out_always = rp->fan_out_always;
+    ep.sliding_window = rp->keep_window_blocks ? 0 : bm->cfg.sliding_window;
     ep.eos_token_ids = bm->cfg.eos_token_ids;
     ep.n_eos_token_ids = bm->cfg.n_eos_token_ids;
 

@@ -62,6 +62,9 @@ typedef struct bench_run_params {
     int32_t n;                       /* parallel samples per request (>= 1) */
     bool fan_out_always;             /* n > 1 as n child requests, never forked
                                         (engine_params.fan_out_always) */
+    bool keep_window_blocks;         /* engine_params.sliding_window = 0 even for a
+                                        sliding-window model (default: its window, so
+                                        blocks behind it are freed) */
     float temperature;               /* 0 = greedy */
     uint64_t seed;
     /* Request 0 is added alone and stepped until its prompt is computed, and

@@ -11,7 +11,7 @@
 enum {
     OPT_TOKENIZER = 256, OPT_INPUT_FORMAT, OPT_DEVICE, OPT_THREADS, OPT_BLOCK_SIZE,
     OPT_KV_MEM, OPT_NUM_KV_BLOCKS, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_MAX_MODEL_LEN,
-    OPT_NO_PREFIX, OPT_SEED, OPT_KV_LAYOUT, OPT_CHECK_INV,
+    OPT_NO_PREFIX, OPT_KEEP_WINDOW, OPT_SEED, OPT_KV_LAYOUT, OPT_CHECK_INV,
     OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_TOP_K, OPT_MIN_P, OPT_N, OPT_STOP,
     OPT_IGNORE_EOS, OPT_MIN_TOKENS, OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_LOGPROBS,
     OPT_INCLUDE_PROMPT, OPT_UNORDERED, OPT_RESUME, OPT_METRICS, OPT_LOG_INTERVAL, OPT_SHARD,
@@ -37,6 +37,7 @@ static const struct option generate_opts[] = {
     {"max-num-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
     {"max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN},
     {"no-prefix-caching", no_argument, NULL, OPT_NO_PREFIX},
+    {"keep-out-of-window-blocks", no_argument, NULL, OPT_KEEP_WINDOW},
     {"seed", required_argument, NULL, OPT_SEED},
     {"kv-layout", required_argument, NULL, OPT_KV_LAYOUT},
     {"check-invariants", no_argument, NULL, OPT_CHECK_INV},
@@ -145,6 +146,9 @@ static const char *const generate_help[] = {
 "      --max-model-len N      context limit, prompt + output [default: config\n"
 "                             max_position_embeddings]\n"
 "      --no-prefix-caching    do not share cached prompt blocks [default: caching on]\n"
+"      --keep-out-of-window-blocks  with a sliding-window model, keep KV blocks no\n"
+"                             query reads any more instead of freeing them\n"
+"                             (comparisons; outputs are the same) [default: free]\n"
 "      --seed N               base seed; a line without \"seed\" gets\n"
 "                             hash(seed, request index) [default: 0]\n"
 "      --kv-layout L          paged|contiguous [default: paged]\n"
@@ -347,6 +351,7 @@ void cli_options_init(cli_options *o)
     o->max_num_seqs = 256;
     o->max_num_batched_tokens = 2048;
     o->prefix_caching = true;
+    o->free_window_blocks = true;
     o->layout = KV_LAYOUT_PAGED;
     o->gpu_memory_utilization = 0.9;
     o->kv_cache_dtype = CLI_KV_DTYPE_AUTO;
@@ -593,6 +598,7 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         break;
     case OPT_MAX_MODEL_LEN: rc = parse_i32(arg, 1, INT32_MAX, "--max-model-len", &o->max_model_len, err); break;
     case OPT_NO_PREFIX: o->prefix_caching = false; break;
+    case OPT_KEEP_WINDOW: o->free_window_blocks = false; break;
     case OPT_SEED:
         rc = cli_parse_int(arg, 0, INT64_MAX, "--seed", &v64, err);
         o->seed = (uint64_t)v64;

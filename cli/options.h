@@ -89,6 +89,7 @@ typedef struct cli_options {
     int32_t max_num_batched_tokens;/* 2048 */
     int32_t max_model_len;         /* 0 = config max_position_embeddings */
     bool prefix_caching;           /* true */
+    bool free_window_blocks;       /* true: free KV blocks behind a sliding window */
     uint64_t seed;                 /* 0 */
     kv_layout layout;              /* paged */
     bool check_invariants;         /* hidden: engine pool checks after every step */

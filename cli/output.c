@@ -538,7 +538,8 @@ static void body_completion(json_buf *b, const cli_output_ctx *c, const cli_pend
 /* /v1/chat/completions: vLLM's ChatCompletionResponse body with every key
  * its model_dump_json writes, in its field order (protocol.py at vLLM
  * 0052bed3: ChatMessage, ChatCompletionResponseChoice, UsageInfo). */
-static void body_chat(json_buf *b, const cli_output_ctx *c, const char h[17], const request_output *o)
+static void body_chat(json_buf *b, const cli_output_ctx *c, const cli_pending *p, const char h[17],
+                      const request_output *o)
 {
     put_body_head(b, c, "chatcmpl-", h, "chat.completion");
     json_buf_puts(b, ",\"choices\":[");
@@ -558,8 +559,13 @@ static void body_chat(json_buf *b, const cli_output_ctx *c, const char h[17], co
     int64_t ct = completion_tokens(o);
     json_buf_printf(b, "],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":{\"prompt_tokens\":%d,"
                     "\"total_tokens\":%lld,\"completion_tokens\":%lld,\"prompt_tokens_details\":null},"
-                    "\"prompt_logprobs\":null,\"kv_transfer_params\":null}",
+                    "\"prompt_logprobs\":",
                     (int)o->n_prompt_tokens, (long long)(ct + o->n_prompt_tokens), (long long)ct);
+    /* vLLM's serving_chat.py (at 99c5632f) puts the request's
+     * clamp_prompt_logprobs(final_res.prompt_logprobs) on the response, not
+     * on a choice: the same list as a completion choice's */
+    put_prompt_logprobs_vllm(b, c, p, o);
+    json_buf_puts(b, ",\"kv_transfer_params\":null}");
 }
 
 static void result_openai(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
@@ -569,7 +575,7 @@ static void result_openai(json_buf *b, const cli_output_ctx *c, const cli_pendin
     openai_hash(h, p->id_json, p->line);
     put_batch_head(b, h, p->id_json, 200);
     if (p->chat)
-        body_chat(b, c, h, o);
+        body_chat(b, c, p, h, o);
     else
         body_completion(b, c, p, h, o);
     put_batch_tail(b, c, o);

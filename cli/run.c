@@ -523,6 +523,7 @@ static int load_model(run_state *s)
     ep.max_num_batched_tokens = o->max_num_batched_tokens;
     ep.max_model_len = s->max_model_len;
     ep.prefix_caching = o->prefix_caching;
+    ep.sliding_window = o->free_window_blocks ? s->cfg.sliding_window : 0;
     ep.layout = o->layout;
     ep.check_invariants = o->check_invariants;
     ep.eos_token_ids = s->cfg.eos_token_ids;

@@ -119,6 +119,9 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     if (!(p->watermark >= 0.0f && p->watermark < 1.0f))
         return pg_error_set(err, PG_EINVAL, "engine: watermark: expected a fraction of the pool "
                             "in [0, 1), got %g", (double)p->watermark);
+    if (p->sliding_window < 0)
+        return pg_error_set(err, PG_EINVAL, "engine: sliding_window: expected >= 0, got %d",
+                            (int)p->sliding_window);
     if (p->n_eos_token_ids < 0 || (p->n_eos_token_ids > 0 && !p->eos_token_ids))
         return pg_error_set(err, PG_EINVAL, "engine: expected %d eos ids, got NULL",
                             (int)p->n_eos_token_ids);
@@ -142,7 +145,8 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
                            .max_num_batched_tokens = p->max_num_batched_tokens,
                            .max_model_len = p->max_model_len, .layout = p->layout,
                            .prefix_caching = pp.prefix_caching,
-                           .watermark_blocks = engine_watermark_blocks(p)};
+                           .watermark_blocks = engine_watermark_blocks(p),
+                           .sliding_window = p->sliding_window};
     if ((rc = scheduler_create(&e->sched, &sp, e->pool, err))) goto fail;
     size_t T = (size_t)p->max_num_batched_tokens, S = (size_t)e->max_seqs;
     size_t V = (size_t)backend->vocab_size;
@@ -299,9 +303,17 @@ static int64_t request_blocks_needed(const engine *e, int32_t n_prompt, int32_t 
     int32_t bs = e->p.block_size;
     if (e->p.layout == KV_LAYOUT_CONTIGUOUS) return (int64_t)n * e->max_blocks;
     int64_t total = ceil_div(n_prompt + max_output, bs);
-    if (n == 1) return total;
-    int64_t shared = n_prompt / bs;
-    return shared + (int64_t)n * (total - shared);
+    int64_t need = n == 1 ? total : n_prompt / bs + (int64_t)n * (total - n_prompt / bs);
+    if (e->p.sliding_window > 0) {
+        /* blocks behind the window are dropped before each step's
+         * allocation: a sequence holds those touching its window and its
+         * chunk, + 1 kept for the prefix-cache chain (kv_pool_drop_before) */
+        int32_t chunk = e->p.max_num_batched_tokens < n_prompt + max_output
+                            ? e->p.max_num_batched_tokens : n_prompt + max_output;
+        int64_t per_seq = ceil_div(e->p.sliding_window - 1 + chunk, bs) + 2;
+        if (per_seq < total && (int64_t)n * per_seq < need) need = (int64_t)n * per_seq;
+    }
+    return need;
 }
 
 /* The vocabulary as the automaton sees it (tok_token_bytes per id; ids the

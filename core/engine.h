@@ -73,6 +73,13 @@ typedef struct engine_params {
     bool fan_out_always;             /* run every n > 1 request as n independent child
                                         requests, never as a forked group (benchmarks and
                                         tests; outputs are the same); default false */
+    int32_t sliding_window;          /* the model's attention window W (config
+                                        sliding_window): a query at position p reads keys
+                                        p - W < j <= p only, so blocks wholly behind every
+                                        query of a sequence are dropped from its table and
+                                        freed (paged layout; scheduler.h). Must not exceed
+                                        the model's window (the executor rejects a dropped
+                                        block inside it). 0 (default): keep every block */
     const int32_t *eos_token_ids;    /* [n_eos_token_ids] ids in [0, vocab) that stop a
                                         sequence (unless ignore_eos); copied at create */
     int32_t n_eos_token_ids;         /* default 0: no eos */

@@ -34,6 +34,8 @@ typedef struct kv_table {
     int32_t n_tokens;       /* slots covered (written or being written) */
     int32_t n_reserved;     /* contiguous layout: blocks taken up front */
     int32_t n_hashed;       /* leading blocks already given a hash */
+    int32_t n_dropped;      /* leading entries dropped behind a sliding window
+                               (KV_NONE, no reference) */
     bool live;
 } kv_table;
 
@@ -295,7 +297,7 @@ int kv_pool_table_new(kv_pool *p, int32_t *table, pg_error *err)
         memset(&p->tables[t], 0, sizeof p->tables[t]);
     }
     kv_table *tb = &p->tables[t];
-    tb->n_blocks = tb->n_tokens = tb->n_reserved = tb->n_hashed = 0;
+    tb->n_blocks = tb->n_tokens = tb->n_reserved = tb->n_hashed = tb->n_dropped = 0;
     tb->live = true;
     *table = t;
     return PG_OK;
@@ -306,8 +308,34 @@ oom:
 void kv_pool_table_release(kv_pool *p, int32_t table)
 {
     kv_table *tb = &p->tables[table];
-    for (int32_t i = tb->n_blocks - 1; i >= 0; i--) block_unref(p, tb->blocks[i]);
-    tb->n_blocks = tb->n_tokens = tb->n_reserved = tb->n_hashed = 0;
+    for (int32_t i = tb->n_blocks - 1; i >= tb->n_dropped; i--) block_unref(p, tb->blocks[i]);
+    tb->n_blocks = tb->n_tokens = tb->n_reserved = tb->n_hashed = tb->n_dropped = 0;
+}
+
+int32_t kv_pool_drop_before(kv_pool *p, int32_t table, int32_t lo)
+{
+    kv_table *tb = &p->tables[table];
+    if (tb->n_reserved > 0 || lo <= 0) return 0;
+    int32_t n = lo / p->block_size; /* blocks whose every slot is < lo */
+    /* with prefix caching the next commit chains to the last hashed block:
+     * keep it (and anything not hashed yet) */
+    if (p->prefix_caching && n > tb->n_hashed - 1) n = tb->n_hashed - 1;
+    if (n > tb->n_blocks) n = tb->n_blocks;
+    int32_t dropped = 0;
+    /* later blocks first, as kv_pool_table_release: the earliest block of
+     * a cached prefix is evicted last */
+    for (int32_t i = n - 1; i >= tb->n_dropped; i--) {
+        block_unref(p, tb->blocks[i]);
+        tb->blocks[i] = KV_NONE;
+        dropped++;
+    }
+    if (n > tb->n_dropped) tb->n_dropped = n;
+    return dropped;
+}
+
+int32_t kv_pool_table_held(const kv_pool *p, int32_t table)
+{
+    return p->tables[table].n_blocks - p->tables[table].n_dropped;
 }
 
 void kv_pool_table_delete(kv_pool *p, int32_t table)
@@ -530,12 +558,13 @@ int kv_pool_fork(kv_pool *p, int32_t src, int32_t dst)
     assert(d->n_blocks == 0 && s->n_reserved == 0);
     if (!table_reserve_cap(d, s->n_blocks)) return PG_ENOMEM;
     for (int32_t i = 0; i < s->n_blocks; i++) {
-        block_ref(p, s->blocks[i]);
+        if (i >= s->n_dropped) block_ref(p, s->blocks[i]);
         d->blocks[i] = s->blocks[i];
     }
     d->n_blocks = s->n_blocks;
     d->n_tokens = s->n_tokens;
     d->n_hashed = s->n_hashed;
+    d->n_dropped = s->n_dropped;
     return PG_OK;
 }
 
@@ -566,8 +595,22 @@ int kv_pool_check(const kv_pool *p, pg_error *err)
                               (int)t, (int)tb->n_tokens, (int)allowed, (int)tb->n_blocks);
             goto out;
         }
+        if (tb->n_dropped < 0 || tb->n_dropped > tb->n_blocks ||
+            (p->prefix_caching && tb->n_dropped > 0 && tb->n_dropped >= tb->n_hashed)) {
+            rc = pg_error_set(err, PG_EINVAL, "kv_pool: table %d: %d dropped blocks of %d (%d hashed)",
+                              (int)t, (int)tb->n_dropped, (int)tb->n_blocks, (int)tb->n_hashed);
+            goto out;
+        }
         for (int32_t i = 0; i < tb->n_blocks; i++) {
             int32_t b = tb->blocks[i];
+            if (i < tb->n_dropped) {
+                if (b != KV_NONE) {
+                    rc = pg_error_set(err, PG_EINVAL, "kv_pool: table %d entry %d: dropped, but "
+                                      "names block %d", (int)t, (int)i, (int)b);
+                    goto out;
+                }
+                continue;
+            }
             if (b < 0 || b >= p->num_blocks) {
                 rc = pg_error_set(err, PG_EINVAL, "kv_pool: table %d entry %d: block %d out of range",
                                   (int)t, (int)i, (int)b);

@@ -95,6 +95,21 @@ void kv_pool_table_delete(kv_pool *p, int32_t table);
 void kv_pool_table_release(kv_pool *p, int32_t table);
 /* Borrowed; valid until the next call that changes this table. */
 const int32_t *kv_pool_table_blocks(const kv_pool *p, int32_t table, int32_t *n_blocks);
+/* Blocks the table references now (its entries less the dropped ones). */
+int32_t kv_pool_table_held(const kv_pool *p, int32_t table);
+/* Sliding window (vLLM's SlidingWindowManager): drops the table's leading
+ * blocks whose every slot is a position < lo, the lowest position any
+ * query of this sequence will still read. Their entries become -1 (null:
+ * the table keeps its length, slot arithmetic is unchanged) and lose their
+ * reference; a block no other table names goes back to the free queue
+ * like any released block (kept in the prefix cache as evictable). With
+ * prefix caching only blocks before the last hashed one are dropped (the
+ * next commit chains to that one's hash). A prefix-cache hit never returns
+ * a dropped entry: kv_pool_match_prefix walks the chain from the root and
+ * stops at the first block no longer cached, so a hit is always a run of
+ * present blocks. Contiguous reservations are never dropped. Returns the
+ * number of entries dropped now. */
+int32_t kv_pool_drop_before(kv_pool *p, int32_t table, int32_t lo);
 int32_t kv_pool_table_tokens(const kv_pool *p, int32_t table);
 
 /* ---- prefix cache --------------------------------------------------------- */
@@ -147,7 +162,7 @@ void kv_pool_commit(kv_pool *p, int32_t table, const int32_t *ids, int32_t n_com
 /* ---- invariants ------------------------------------------------------------ */
 /* Checks: every block is exactly one of free / cached-evictable / referenced;
  * the free queue is well linked and counted; ref count == number of table
- * entries naming the block; no table holds more than ceil(n_tokens/bs)
+ * entries naming the block (dropped entries are -1 and lead the table); no table holds more than ceil(n_tokens/bs)
  * blocks (or its reservation); every cache entry names a block whose stored
  * tokens hash (with its parent hash) to the entry's hash, and is findable.
  * Returns 0 or PG_EINVAL with the first violation in err. O(num_blocks +

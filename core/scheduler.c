@@ -169,6 +169,14 @@ static bool schedule_running(scheduler *s, request *r, sched_step *out, int32_t 
     return true;
 }
 
+/* Drops q's blocks that no query from position q->num_computed on reads
+ * (sliding window; see scheduler.h). */
+static void drop_out_of_window(scheduler *s, sequence *q)
+{
+    if (s->p.sliding_window <= 0 || s->p.layout != KV_LAYOUT_PAGED || q->table < 0) return;
+    kv_pool_drop_before(s->pool, q->table, q->num_computed - s->p.sliding_window + 1);
+}
+
 /* Tries to admit the head of the waiting queue; false when it cannot. */
 static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, int32_t *n_seqs)
 {
@@ -201,6 +209,14 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         int32_t n_new = target - n_hits * bs;
         if (n_new > *budget) n_new = *budget;
         if (r->plp && n_new > 1) n_new = 1; /* a row a step */
+        if (n_hits > 0 && s->p.sliding_window > 0 &&
+            !kv_pool_can_allocate(s->pool, q->table, s->hits, n_hits, n_new)) {
+            /* the hits are referenced before those behind the window are
+             * dropped again: in a pool sized for windows, recompute instead */
+            n_hits = 0;
+            n_new = target < *budget ? target : *budget;
+            if (r->plp && n_new > 1) n_new = 1;
+        }
         if (!kv_pool_can_allocate(s->pool, q->table, s->hits, n_hits, n_new)) return false;
         if (s->p.watermark_blocks > 0 && s->running.n > 0 &&
             kv_pool_free_after(s->pool, q->table, s->hits, n_hits, target - n_hits * bs) <
@@ -213,6 +229,7 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         /* the blocks this chunk fills are findable from now on (a request
          * admitted after this one in the same step shares them) */
         kv_pool_commit(s->pool, q->table, q->tokens, q->num_computed + n_new);
+        drop_out_of_window(s, q); /* prefix hits behind the first query's window */
         if (s->p.prefix_caching) out->prefix_queries += (uint64_t)max_hit_blocks;
         out->prefix_hits += (uint64_t)n_hits;
         add_entry(out, q, n_new, target);
@@ -258,6 +275,10 @@ int scheduler_schedule(scheduler *s, sched_step *out, pg_error *err)
     out->n_preempted = out->n_admitted = 0;
     out->prefix_queries = out->prefix_hits = 0;
     int32_t budget = s->p.max_num_batched_tokens;
+    /* blocks behind the window are free before anything is allocated */
+    for (request *r = s->running.head; r; r = r->next)
+        for (int32_t i = 0; i < r->n; i++)
+            if (!r->seqs[i].finished) drop_out_of_window(s, &r->seqs[i]);
     /* victims come off the tail, so r->next is read after serving r */
     for (request *r = s->running.head; r && budget > 0; r = r->next)
         if (!schedule_running(s, r, out, &budget)) break; /* r was the last one */

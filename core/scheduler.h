@@ -38,6 +38,18 @@
  * children admitted in one step share the prompt's full blocks through the
  * same-step prefix sharing below.
  *
+ * Sliding window (sliding_window = W > 0, paged layout; vLLM's
+ * SlidingWindowManager): a query at position p reads keys p - W + 1 .. p
+ * only, so before anything is allocated in a step every running sequence
+ * drops the blocks wholly below num_computed - W + 1 (its lowest query this
+ * step and ever after) from its table (kv_pool_drop_before); an admitted
+ * request drops those below its first computed token likewise. The
+ * allocations of the step then see those blocks free: a windowed sequence
+ * holds about ceil(W / block_size) + 1 blocks plus its chunk, however long
+ * it grows, and more sequences run without preemption. A preempted
+ * sequence recomputes from position 0 (it gets fresh blocks, or prefix-cache
+ * hits whose every block is still cached).
+ *
  * Preemption by recomputation: when a running sequence needs a block and
  * the pool has none free or evictable, the most recently admitted running
  * request (possibly the one being served) is preempted as a whole: its
@@ -65,6 +77,8 @@ typedef struct scheduler_params {
     kv_layout layout;
     bool prefix_caching;             /* count prefix-cache queries */
     int32_t watermark_blocks;        /* blocks kept free at admission (paged); 0: none */
+    int32_t sliding_window;          /* W > 0: drop blocks behind every query's window
+                                        (paged); 0: keep every block */
 } scheduler_params;
 
 /* One scheduled sequence: tokens seq->num_computed .. + n_new - 1. */

@@ -27,7 +27,11 @@ typedef struct step_batch {
                                      query_start[0] = 0, query_start[S] = T */
     const int32_t *seq_lens;      /* [S] context length after this step (>= q_len) */
     const int32_t *block_tables;  /* [S][block_table_stride] physical block ids;
-                                     row s holds ceil(seq_lens[s] / block_size) valid entries */
+                                     row s holds ceil(seq_lens[s] / block_size) entries; with
+                                     a sliding window W the entries wholly below the lowest
+                                     key of the sequence's first query (p - W + 1) may be -1
+                                     (blocks freed behind the window: never read); any other
+                                     entry is a block id, else the step is refused */
     int32_t block_table_stride;   /* row stride of block_tables, in entries */
     int32_t max_seq_len;          /* max over seq_lens (launch sizing) */
     int32_t max_query_len;        /* max over q_len (1 for a pure decode step) */

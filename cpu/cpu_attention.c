@@ -434,16 +434,23 @@ static int attn_prepare(cpu_exec *ce, const step_batch *b)
             return cpu_exec_fail(ce, PG_EINVAL, "attention: sequence %d: seq_len %d needs %d blocks, table stride is %d",
                                  (int)s, (int)len, (int)n_blocks, (int)b->block_table_stride);
         const int32_t *table = b->block_tables + (int64_t)s * b->block_table_stride;
-        for (int32_t k = 0; k < n_blocks; k++)
-            if (table[k] < 0)
-                return cpu_exec_fail(ce, PG_EINVAL, "attention: sequence %d: block table entry %d is %d, expected >= 0",
-                                     (int)s, (int)k, (int)table[k]);
+        int32_t p_min = len;
         for (int32_t t = b->query_start[s]; t < b->query_start[s + 1]; t++) {
             if (b->positions[t] < 0 || b->positions[t] >= len)
                 return cpu_exec_fail(ce, PG_EINVAL, "attention: token %d of sequence %d: expected position in [0,%d), got %d",
                                      (int)t, (int)s, (int)len, (int)b->positions[t]);
             ce->tok_seq[t] = s;
+            if (b->positions[t] < p_min)
+                p_min = b->positions[t];
         }
+        /* a block wholly below the lowest key any query reads may be null
+         * (dropped behind the sliding window); any other must be a block */
+        const int32_t lo = p_min < len ? attn_lo(b, p_min) : 0;
+        for (int32_t k = 0; k < n_blocks; k++)
+            if (table[k] < 0 && (int64_t)(k + 1) * b->block_size > lo)
+                return cpu_exec_fail(ce, PG_EINVAL, "attention: sequence %d: block table entry %d is %d, expected a "
+                                     "block id >= 0 (it holds positions the queries read, from %d on)",
+                                     (int)s, (int)k, (int)table[k], (int)lo);
     }
     if (max_len > b->max_seq_len)
         return cpu_exec_fail(ce, PG_EINVAL, "attention: max_seq_len is %d but a sequence has %d tokens",

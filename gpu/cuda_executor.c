@@ -479,11 +479,16 @@ static int begin_step_impl(cuda_exec *c, const step_batch *b, int upload)
                                 "ceil(seq_len / block_size) <= block_table_stride %d, got q_len %d, "
                                 "seq_len %d", (int)s, (int)b->block_table_stride, (int)q, (int)len);
         const int32_t *table = b->block_tables + (size_t)s * (size_t)b->block_table_stride;
+        /* null entries (dropped behind the sliding window) only wholly below
+         * the first query's lowest key: the kernels never load those */
+        const int32_t p0 = len - q, w = b->sliding_window;
+        const int64_t lo = w > 0 && p0 - w + 1 > 0 ? p0 - w + 1 : 0;
         for (int64_t k = 0; k < nblk; k++)
-            if (table[k] < 0)
+            if (table[k] < 0 && (k + 1) * b->block_size > lo)
                 return pg_error_set(&c->err, PG_EINVAL,
                                     "cuda begin_step: sequence %d: block table entry %d: expected a "
-                                    "block id >= 0, got %d", (int)s, (int)k, (int)table[k]);
+                                    "block id >= 0 (it holds positions the queries read, from %d on), "
+                                    "got %d", (int)s, (int)k, (int)lo, (int)table[k]);
         /* the kernels derive a query's position as seq_len - q_len + i (the
          * chunk is the tail of the context), rope and the CPU read positions */
         for (int32_t i = 0; i < q; i++) {

@@ -170,7 +170,8 @@ void run_workload(const workload *w, const run_cfg *c, run_result *out)
         nb = per * (w->n < 2000 ? w->n : 2000);
     }
     fake_backend_params fp = {.vocab_size = HARNESS_VOCAB, .num_blocks = nb,
-                              .block_size = c->block_size, .window = 4, .salt = 77};
+                              .block_size = c->block_size, .window = 4, .salt = 77,
+                              .attn_window = c->attn_window};
     fake_backend *f = fake_backend_create(&fp);
     assert_non_null(f);
     engine_params ep = engine_params_default();
@@ -184,6 +185,7 @@ void run_workload(const workload *w, const run_cfg *c, run_result *out)
     if (c->watermark != 0.0f) ep.watermark = c->watermark < 0.0f ? 0.0f : c->watermark;
     ep.check_invariants = true;
     ep.fan_out_always = c->fan_out_always;
+    ep.sliding_window = c->sliding_window;
     ep.eos_token_ids = harness_eos;
     ep.n_eos_token_ids = 1;
     engine_backend be = fake_backend_iface(f);

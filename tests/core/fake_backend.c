@@ -259,11 +259,33 @@ static int fake_forward(void *ctx, const step_batch *b, float *logits, pg_error 
         const int32_t *bt = &b->block_tables[(size_t)s * (size_t)b->block_table_stride];
         uint64_t h = mix(f->p.salt ^ (uint64_t)(len - 1));
         uint64_t ph = FAKE_PREFIX_ROOT;
+        /* sliding window: the first query token reads from lo on, so may a
+         * table drop blocks wholly below lo (null entries); none above */
+        int32_t first_q = len - (b->query_start[s + 1] - b->query_start[s]);
+        int32_t lo = f->p.attn_window > 0 && first_q - f->p.attn_window + 1 > 0
+                         ? first_q - f->p.attn_window + 1 : 0;
+        if (f->p.attn_window > 0) {
+            /* blocks held now against the bound of the window: the blocks
+             * touching [lo, len) (ceil(W/B) + 1 + the chunk's) */
+            int32_t held = 0, ql = len - first_q;
+            for (int32_t k = 0; k < (len + bs - 1) / bs; k++) held += bt[k] >= 0;
+            int32_t bound = (f->p.attn_window - 1 + ql + bs - 1) / bs + 1;
+            if (held > f->c.max_held_blocks) f->c.max_held_blocks = held;
+            if (held - bound > f->c.max_held_over_bound) f->c.max_held_over_bound = held - bound;
+        }
         for (int32_t pos = 0; pos < len; pos++) {
-            const fake_slot *sl = &f->store[bt[pos / bs] * bs + pos % bs];
-            f->c.slot_reads++;
             int32_t want = expected_token(f, sids[s], pos);
             ph = prefix_step(ph, want);
+            if (bt[pos / bs] < 0) {
+                if (pos >= lo || (pos / bs + 1) * bs > lo)
+                    return fail(f, err, "seq %llx: block table entry %d is null but holds "
+                                "position %d (the queries read from %d on)",
+                                (unsigned long long)sids[s], (int)(pos / bs), (int)pos, (int)lo);
+                f->c.null_entries_skipped++;
+                continue;
+            }
+            const fake_slot *sl = &f->store[bt[pos / bs] * bs + pos % bs];
+            f->c.slot_reads++;
             if (sl->writer < 0)
                 return fail(f, err, "seq %llx reads position %d from a never written slot",
                             (unsigned long long)sids[s], (int)pos);

@@ -39,11 +39,20 @@ typedef struct fake_backend_params {
     int32_t num_blocks;
     int32_t block_size;
     int32_t window;        /* tokens hashed into the logits (>= 1) */
+    int32_t attn_window;   /* 0: every block table entry below seq_len must be a
+                              block; W >= window: a sliding-window model, entries
+                              wholly below a sequence's first query - W + 1 may be
+                              null (-1) and are skipped */
     uint64_t salt;         /* changes the "model" */
 } fake_backend_params;
 
 typedef struct fake_backend_counts {
     uint64_t steps, tokens, slot_writes, slot_reads, block_copies;
+    uint64_t null_entries_skipped; /* slots of null (dropped) entries not read */
+    /* attn_window > 0: the most blocks one sequence's table held in a step,
+     * and the most by which that exceeded ceil((W - 1 + q_len) / B) + 1 (the
+     * blocks touching what its queries read; <= 0 when nothing else is held) */
+    int32_t max_held_blocks, max_held_over_bound;
 } fake_backend_counts;
 
 fake_backend *fake_backend_create(const fake_backend_params *p);

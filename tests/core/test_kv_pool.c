@@ -396,6 +396,72 @@ static void test_free_after_cached_and_epoch(void **state)
     kv_pool_destroy(p);
 }
 
+
+/* Sliding window: kv_pool_drop_before nulls the leading entries wholly
+ * below lo and drops their references; a block a fork still names stays
+ * referenced, a freed one stays in the prefix cache (evictable) and a
+ * later hit still finds the whole chain while it is cached, but stops at
+ * the first evicted block. The last hashed block is kept for the chain. */
+static void test_drop_before_window(void **state)
+{
+    (void)state;
+    const int32_t bs = 4;
+    kv_pool *p = make_pool(12, bs, true);
+    int32_t ids[22];
+    fill_ids(ids, 22, 300);
+    int32_t a = new_table(p);
+    assert_int_equal(kv_pool_allocate(p, a, NULL, 0, 18, NULL, NULL), PG_OK); /* 5 blocks */
+    kv_pool_commit(p, a, ids, 18); /* 4 full blocks hashed and cached */
+    int32_t n, a_blocks[5];
+    memcpy(a_blocks, kv_pool_table_blocks(p, a, &n), sizeof a_blocks);
+    int32_t f = new_table(p);
+    assert_int_equal(kv_pool_fork(p, a, f), PG_OK);
+    assert_int_equal(kv_pool_table_held(p, a), 5);
+    /* lo = 9: blocks 0 and 1 (positions 0..7) hold only positions < 9 */
+    assert_int_equal(kv_pool_drop_before(p, a, 9), 2);
+    assert_int_equal(kv_pool_drop_before(p, a, 9), 0); /* idempotent */
+    check(p);
+    const int32_t *t = kv_pool_table_blocks(p, a, &n);
+    assert_int_equal(n, 5);
+    assert_int_equal(t[0], -1);
+    assert_int_equal(t[1], -1);
+    assert_int_equal(t[2], a_blocks[2]);
+    assert_int_equal(kv_pool_table_held(p, a), 3);
+    assert_int_equal(kv_pool_block_ref(p, a_blocks[0]), 1); /* the fork's */
+    /* lo past everything: the last hashed block (3) stays for the chain */
+    assert_int_equal(kv_pool_drop_before(p, a, 18), 1);
+    assert_int_equal(kv_pool_table_held(p, a), 2);
+    /* the fork drops too: blocks 0, 1 are free now, still cached */
+    assert_int_equal(kv_pool_drop_before(p, f, 9), 2);
+    check(p);
+    assert_int_equal(kv_pool_block_ref(p, a_blocks[0]), 0);
+    assert_true(kv_pool_block_cached(p, a_blocks[0]));
+    kv_pool_metrics m;
+    kv_pool_get_metrics(p, &m);
+    assert_int_equal(m.blocks_in_use, 3); /* a: 3, 4; f: 2, 3, 4 (shared) */
+    /* a hit walks the chain over the dropped (evictable) blocks */
+    int32_t hits[4];
+    assert_int_equal(kv_pool_match_prefix(p, ids, 4, hits), 4);
+    assert_int_equal(hits[0], a_blocks[0]);
+    /* a grows after the drop: new blocks chain to the kept hashed block */
+    assert_int_equal(kv_pool_allocate(p, a, NULL, 0, 4, NULL, NULL), PG_OK);
+    kv_pool_commit(p, a, ids, 22);
+    check(p);
+    assert_int_equal(kv_pool_match_prefix(p, ids, 5, hits), 5);
+    /* evict the freed blocks: the chain stops at block 0, nothing is hit */
+    int32_t g = new_table(p);
+    assert_int_equal(kv_pool_allocate(p, g, NULL, 0, 4 * kv_pool_num_free(p), NULL, NULL), PG_OK);
+    assert_false(kv_pool_block_cached(p, a_blocks[0]) && kv_pool_block_cached(p, a_blocks[1]));
+    assert_int_equal(kv_pool_match_prefix(p, ids, 5, hits), kv_pool_block_cached(p, a_blocks[0]) ? 1 : 0);
+    kv_pool_table_delete(p, g);
+    kv_pool_table_delete(p, f);
+    kv_pool_table_delete(p, a);
+    check(p);
+    kv_pool_get_metrics(p, &m);
+    assert_int_equal(m.blocks_in_use, 0);
+    kv_pool_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -408,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_contiguous_reservation),
         cmocka_unit_test(test_random_walk_keeps_invariants),
         cmocka_unit_test(test_free_after_cached_and_epoch),
+        cmocka_unit_test(test_drop_before_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

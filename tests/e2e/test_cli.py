@@ -316,6 +316,29 @@ def case_logprobs():
     for c in content:
         check(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"]
               and c["top_logprobs"][0]["logprob"] == c["logprob"], f"chat top_logprobs: {c}")
+    check(json.loads(lines_of(out)[0])["response"]["body"]["prompt_logprobs"] is None,
+          "chat without prompt_logprobs: null")
+    # chat API with prompt_logprobs (vLLM: on the response, serving_chat.py at
+    # 99c5632f): the same numbers as the jsonl record of the same messages
+    msgs = [{"role": "user", "content": "The dog ran"}]
+    body = {"model": "stories260K", "messages": msgs, "max_tokens": 3, "prompt_logprobs": 2}
+    line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n"
+    jl = json.dumps({"messages": msgs, "max_tokens": 3, "prompt_logprobs": 2}) + "\n"
+    tmpl = ["--chat-template", os.path.join(SAMPLES, "chatml.jinja")]
+    rc, out, err = gen(tmpl, stdin_bytes=line.encode())
+    check(rc == 0, f"chat prompt_logprobs: exit {rc} {err.decode()[-300:]}")
+    resp = json.loads(lines_of(out)[0])["response"]["body"]
+    plp = resp["prompt_logprobs"]
+    rc, out, err = gen(tmpl, stdin_bytes=jl.encode())
+    check(rc == 0, f"chat jsonl prompt_logprobs: exit {rc} {err.decode()[-300:]}")
+    ref = json.loads(lines_of(out)[0])["prompt_logprobs"]
+    check(isinstance(plp, list) and len(plp) == resp["usage"]["prompt_tokens"] == len(ref) and plp[0] is None,
+          f"chat prompt_logprobs: one entry per prompt token, the first null: {plp} / {ref}")
+    for i in range(1, len(plp)):
+        got = [(int(k), v["logprob"]) for k, v in plp[i].items()]
+        want = [(e[0], e[1]) for e in ref[i]]
+        check(got == want and 2 <= len(got) <= 3 and all(v["rank"] >= 1 for v in plp[i].values()),
+              f"chat prompt_logprobs entry {i}: {plp[i]} vs {ref[i]}")
 
 
 
@@ -662,6 +685,45 @@ def case_progress():
     rc, out, err = gen([], stdin_bytes=three)
     check(rc == 0 and len(lines_of(out)) == 3, f"--quiet run: exit {rc}")
     check(err == b"", f"--quiet printed {err[:200]!r}")
+
+
+def case_sliding_window_free():
+    """stories260K as a MistralForCausalLM with sliding_window 24: freeing
+    the KV blocks behind the window (default) and keeping them
+    (--keep-out-of-window-blocks) give byte-identical outputs, through a
+    tiny pool (preemption), chunked prefill and n > 1, with the pool checked
+    after every step; and a request whose full length does not fit the pool
+    runs only with freeing (its window's blocks fit)."""
+    with tempfile.TemporaryDirectory() as d:
+        cfg = json.load(open(os.path.join(MODEL, "config.json")))
+        cfg.update({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                    "sliding_window": 24})
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            os.symlink(os.path.join(MODEL, f), os.path.join(d, f))
+        reqs = [{"prompt": "Once upon a time", "max_tokens": 150, "temperature": 0.9, "seed": 3,
+                 "n": 3, "ignore_eos": True},
+                {"prompt": "The little dog " * 12, "max_tokens": 120, "ignore_eos": True,
+                 "logprobs": 1},
+                {"prompt": "Lily had a red ball.", "max_tokens": 200, "temperature": 0.7,
+                 "seed": 9, "ignore_eos": True}]
+        inp = "".join(json.dumps(r) + "\n" for r in reqs).encode()
+        outs = []
+        for extra in ([], ["--keep-out-of-window-blocks"]):
+            rc, out, err = run(["-m", d, "-q", "--num-kv-blocks", "56", "--block-size", "4",
+                                "--max-num-batched-tokens", "16", "--check-invariants"] + extra,
+                               stdin_bytes=inp)
+            check(rc == 0, f"exit {rc}: {err.decode()[-2000:]} {out.decode()[:2000]}")
+            outs.append(out)
+        check(outs[0] == outs[1], "outputs differ with and without freeing out-of-window blocks")
+        one = (json.dumps({"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True})
+               + "\n").encode()
+        small = ["-m", d, "-q", "--num-kv-blocks", "20", "--block-size", "4", "--max-num-batched-tokens", "16"]
+        rc, out, err = run(small, stdin_bytes=one)
+        check(rc == 0 and b'"error"' not in out, f"freeing on, 20 blocks: {out.decode()[:500]}")
+        rc, out, err = run(small + ["--keep-out-of-window-blocks"], stdin_bytes=one)
+        check(b"needs" in out and b"KV blocks" in out, f"freeing off, 20 blocks: {out.decode()[:500]}")
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}

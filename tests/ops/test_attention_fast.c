@@ -331,6 +331,15 @@ static void fast_vs_ref_kv(cpu_kv kv)
         ops_batch ob;
         ops_batch_build(&ob, ac->seqs, ac->S, ac->bs, 10, &rng);
         ob.b.sliding_window = ac->window;
+        /* with a window, the blocks wholly behind each sequence's first
+         * query's window are null (-1), as the engine drops them: both
+         * versions must accept them and never read them */
+        for (int32_t s = 0; ac->window > 0 && s < ac->S; s++) {
+            const int32_t p0 = ob.positions[ob.query_start[s]], lo = p0 - ac->window + 1;
+            int32_t *table = ob.block_tables + (size_t)s * ob.b.block_table_stride;
+            for (int32_t k = 0; (k + 1) * ac->bs <= lo; k++)
+                table[k] = -1;
+        }
         const int32_t T = ob.b.num_tokens, width = (ac->nh + 2 * ac->nkv) * ac->hd, ow = ac->nh * ac->hd;
         const size_t nq = (size_t)T * width, nc = (size_t)ob.num_blocks * ac->bs * ac->nkv * ac->hd;
         const size_t no = (size_t)T * ow;

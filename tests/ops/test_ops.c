@@ -438,12 +438,34 @@ typedef struct attn_case {
     int32_t window; /* step_batch.sliding_window: 0 = full causal */
 } attn_case;
 
-static void case_attention_one(executor *ex, double tol, pg_test_rng *rng, const attn_case *ac)
+/* Sets to -1 the entries of sequence s's table wholly below the lowest key
+ * its first query reads; returns the index of the block holding that key. */
+static int32_t attn_null_behind(ops_batch *ob, int32_t s, int32_t window)
+{
+    const int32_t bs = ob->b.block_size, p0 = ob->positions[ob->query_start[s]];
+    const int32_t lo = p0 - window + 1 > 0 ? p0 - window + 1 : 0;
+    int32_t *table = ob->block_tables + (size_t)s * ob->b.block_table_stride;
+    for (int32_t k = 0; (k + 1) * bs <= lo; k++)
+        table[k] = -1;
+    return lo / bs;
+}
+
+/* null_behind: null (-1) the table entries wholly behind every sequence's
+ * window (blocks the engine dropped), then check that a null entry inside
+ * the window is refused. */
+static void case_attention_one(executor *ex, double tol, pg_test_rng *rng, const attn_case *ac,
+                               int null_behind)
 {
     const int32_t nh = ac->nh, nkv = ac->nkv, hd = ac->hd, bs = ac->bs, G = nh / nkv;
     ops_batch ob;
     ops_batch_build(&ob, ac->seqs, ac->S, bs, 10, rng);
     ob.b.sliding_window = ac->window;
+    int32_t n_null = 0;
+    if (null_behind)
+        for (int32_t s = 0; s < ac->S; s++)
+            n_null += attn_null_behind(&ob, s, ac->window);
+    if (null_behind)
+        assert_true(n_null > 0); /* the case drops something */
     const int32_t T = ob.b.num_tokens, width = (nh + 2 * nkv) * hd, kvw = nkv * hd;
     const size_t nq = (size_t)T * width, nc = (size_t)ob.num_blocks * bs * kvw, no = (size_t)T * nh * hd;
     float *qkv = hbuf(nq), *kc = hbuf(nc), *vc = hbuf(nc), *out = hbuf(no);
@@ -501,6 +523,18 @@ static void case_attention_one(executor *ex, double tol, pg_test_rng *rng, const
         }
     }
     ops_check_close(out, ref, no, tol * 4.0, what);
+    if (null_behind) {
+        /* a null entry where a query reads is a corrupt table: refused (by
+         * begin_step on CUDA, by the attention's checks on the CPU), never
+         * read as garbage */
+        int32_t k = attn_null_behind(&ob, ac->S - 1, ac->window);
+        ob.block_tables[(size_t)(ac->S - 1) * ob.b.block_table_stride + (size_t)k] = -1;
+        int rc = ex->op->begin_step(ex, &ob.b);
+        if (rc == 0)
+            rc = ex->op->attention(ex, dout, dq, dk, dv, nh, nkv, hd, scale, &ob.b);
+        if (rc != PG_EINVAL)
+            fail_msg("%s: a null block table entry inside the window: expected PG_EINVAL, got %d", what, rc);
+    }
     ex->op->free(ex, dq);
     ex->op->free(ex, dk);
     ex->op->free(ex, dv);
@@ -544,7 +578,18 @@ static void case_attention(executor *ex, double tol, pg_test_rng *rng)
         {4, 2, 32, 16, 3, {{600, 1}, {300, 40}, {50, 50}}, 100},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-        case_attention_one(ex, tol, rng, &cases[c]);
+        case_attention_one(ex, tol, rng, &cases[c], 0);
+    /* blocks dropped behind the window (null entries): decode, chunked
+     * prefill starting past the window, block size 1, window < block */
+    const attn_case null_cases[] = {
+        {4, 2, 64, 16, 4, {{40, 1}, {70, 9}, {33, 1}, {100, 30}}, 16},
+        {8, 2, 64, 8, 3, {{17, 1}, {30, 5}, {64, 20}}, 7},
+        {2, 1, 16, 1, 3, {{7, 1}, {20, 3}, {20, 1}}, 5},
+        {4, 4, 32, 16, 2, {{600, 1}, {300, 40}}, 100},
+        {2, 2, 16, 16, 2, {{40, 1}, {50, 2}}, 3},
+    };
+    for (size_t c = 0; c < sizeof null_cases / sizeof null_cases[0]; c++)
+        case_attention_one(ex, tol, rng, &null_cases[c], 1);
 }
 
 static void test_attention(void **state)
