@@ -69,7 +69,8 @@ def peer_figures(row):
 
 
 def run_batched_bench(binary, gguf, prompt, gen, batches, threads):
-    cmd = [binary, "-m", gguf, "-c", str(max(batches) * (prompt + gen) + 16), "-b", "2048", "-ub", "512",
+    # context: every sequence its P + G cells plus slack (llama.cpp may split it per sequence)
+    cmd = [binary, "-m", gguf, "-c", str(max(batches) * (prompt + gen + 16)), "-b", "2048", "-ub", "512",
            "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(str(b) for b in batches),
            "-t", str(threads), "-tb", str(threads), "-ngl", "0"]
     print("  $ " + " ".join(cmd), flush=True)

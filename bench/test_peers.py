@@ -57,6 +57,45 @@ class ParserTest(unittest.TestCase):
             peers.parse_batched_bench(SAMPLE.replace("|   102.89 |", "|"))
 
 
+class SectionTest(unittest.TestCase):
+    """peers.py end to end against a stand-in llama-batched-bench that
+    prints SAMPLE and records its arguments."""
+
+    def test_ratios(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "llama-batched-bench")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\necho \"$@\" >> %s/args\ncat <<'EOF'\n%sEOF\n" % (d, SAMPLE))
+            os.chmod(fake, 0o755)
+            gguf = os.path.join(d, "m.gguf")
+            open(gguf, "wb").close()
+            rows = [{"weights": w, "kv": kv, "batches": [
+                {"batch": 1, "decode_tok_s": 2 * 102.89, "gen_tok_s": 1.0},
+                {"batch": 64, "decode_tok_s": 594.92, "gen_tok_s": 64 * 128 / 21.570 / 2}]}
+                for w in ("f32", "bf16", "int8") for kv in ("f32", "bf16")]
+            res = os.path.join(d, "results.json")
+            with open(res, "w") as f:
+                json.dump({"storage": {"prompt_len": 128, "output_len": 128, "threads": 2, "rows": rows}}, f)
+            out = os.path.join(d, "peers.json")
+            import subprocess
+            p = subprocess.run([sys.executable, os.path.join(os.path.dirname(peers.__file__), "peers.py"),
+                                "--llama-batched-bench", fake, "--results", res, "--gguf", "bf16=" + gguf,
+                                "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("no --gguf q8_0=FILE given: skipped", p.stdout)
+            with open(os.path.join(d, "args")) as f:
+                args = f.read().split()
+            for flag, val in (("-npp", "128"), ("-ntg", "128"), ("-npl", "1,64"), ("-t", "2"), ("-m", gguf)):
+                self.assertEqual(args[args.index(flag) + 1], val)
+            with open(out) as f:
+                rep = json.load(f)
+            self.assertEqual([r["gguf_type"] for r in rep["rows"]], ["bf16"])
+            r = rep["rows"][0]["pagedgen"]["bf16"]
+            self.assertAlmostEqual(r["ratio_b1_decode"], 2.0)
+            self.assertAlmostEqual(r["ratio_decode"], 1.0)
+            self.assertAlmostEqual(r["ratio_gen"], 0.5)
+
+
 def read_gguf(path):
     """Independent minimal reader: (version, metadata dict, tensor infos,
     data offset)."""
