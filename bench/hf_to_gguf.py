@@ -20,6 +20,7 @@ reference quantizer). 1-D tensors (the norms) stay f32, as llama.cpp's own
 converter writes them.
 
 Usage: hf_to_gguf.py MODEL_DIR OUT.gguf --type f32|bf16|q8_0 [--tokenizer tokenizer.json]
+(q8_0: a matrix whose rows are not whole blocks of 32 stays f32, as in llama.cpp's converter.)
 """
 import argparse
 import json
@@ -95,8 +96,13 @@ def quantize_q8_0(a):
     return blocks.tobytes()
 
 
-def tensor_bytes(a, wtype):
+def tensor_bytes(a, wtype, name):
     if a.ndim == 1 or wtype == "f32":
+        return 0, np.ascontiguousarray(a, dtype="<f4").tobytes()
+    if wtype == "q8_0" and a.shape[-1] % QK8_0:
+        # as llama.cpp's own converter does: such a tensor stays unquantized
+        print(f"hf_to_gguf: {name}: rows of {a.shape[-1]} are not whole blocks of {QK8_0}: kept as f32",
+              file=sys.stderr)
         return 0, np.ascontiguousarray(a, dtype="<f4").tobytes()
     if wtype == "bf16":
         return GGML_TYPE["bf16"], to_bf16_bits(a).tobytes()
@@ -239,7 +245,7 @@ def convert(model_dir, out_path, wtype, tokenizer_path):
         a = w[hf_name]
         if rope_heads is not None:
             a = hf_to_meta_rope(a, rope_heads)
-        gtype, data = tensor_bytes(a, wtype)
+        gtype, data = tensor_bytes(a, wtype, hf_name)
         g.add_tensor(gguf_name, a.shape, gtype, data)
 
     put("token_embd.weight", "model.embed_tokens.weight")
@@ -268,10 +274,14 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("out")
     ap.add_argument("--type", choices=sorted(GGML_TYPE), default="f32", help="weight type (default f32)")
-    ap.add_argument("--tokenizer", default=default_tok,
-                    help="tokenizer.json whose vocabulary to embed (default: shared llama2)")
+    ap.add_argument("--tokenizer", help="tokenizer.json whose vocabulary to embed (default: MODEL_DIR's, "
+                    "else ../shared/tokenizers/llama2; a minimal vocabulary if its size differs)")
     a = ap.parse_args()
-    convert(a.model_dir, a.out, a.type, a.tokenizer)
+    tok = a.tokenizer
+    if tok is None:  # the checkpoint's own, else the llama2 one (the synthetic models have none)
+        own = os.path.join(a.model_dir, "tokenizer.json")
+        tok = own if os.path.exists(own) else default_tok
+    convert(a.model_dir, a.out, a.type, tok)
 
 
 if __name__ == "__main__":
