@@ -1,0 +1,288 @@
+#!/usr/bin/python3
+"""hf_to_gguf: writes a Hugging Face Llama checkpoint (config.json +
+model.safetensors, F32 or BF16) as a GGUF v3 file for llama.cpp, so that
+`scripts/bench --peers` compares llama.cpp and pagedgen on the same weights.
+
+Our own code (numpy only); the format is GGUF v3 as documented in ggml's
+docs/gguf.md. What llama.cpp expects beyond the container:
+  - tensor names token_embd / blk.N.attn_q ... / output_norm / output;
+  - q and k rows in Meta's interleaved RoPE order (pairs (2i, 2i+1) of a head
+    rotate together), while HF stores rotate-half order (i, i + d/2): the
+    inverse of the permutation HF's conversion applies is undone here;
+  - a vocabulary (tokenizer.ggml.*): the llama2 tokenizer.json when its size
+    matches the checkpoint's vocab_size, else a minimal one (<unk>, <s>,
+    </s>, the 256 byte tokens, then placeholders), enough to load and run
+    llama-batched-bench, which feeds token ids, not text.
+
+Weight types: f32, bf16 (the float's top 16 bits, round to nearest even) or
+q8_0 (blocks of 32 along a row: f16 scale max|x|/127 + 32 int8, llama.cpp's
+reference quantizer). 1-D tensors (the norms) stay f32, as llama.cpp's own
+converter writes them.
+
+Usage: hf_to_gguf.py MODEL_DIR OUT.gguf --type f32|bf16|q8_0 [--tokenizer tokenizer.json]
+(q8_0: a matrix whose rows are not whole blocks of 32 stays f32, as in llama.cpp's converter.)
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+ALIGNMENT = 32
+
+# gguf metadata value types
+T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
+# ggml tensor types and the matching general.file_type (llama_ftype)
+GGML_TYPE = {"f32": 0, "q8_0": 8, "bf16": 30}
+FILE_TYPE = {"f32": 0, "q8_0": 7, "bf16": 32}
+QK8_0 = 32
+# tokenizer.ggml.token_type values (llama_token_type)
+TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_BYTE = 1, 2, 3, 6
+
+
+def read_safetensors(path):
+    """name -> float32 array (F32 and BF16 tensors)."""
+    with open(path, "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(hlen))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + hlen)
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = info["data_offsets"]
+        raw = data[lo:hi]
+        if info["dtype"] == "F32":
+            a = raw.view("<f4")
+        elif info["dtype"] == "BF16":
+            a = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            sys.exit(f"hf_to_gguf: {path}: tensor {name}: dtype {info['dtype']} not supported (F32, BF16)")
+        out[name] = np.asarray(a, dtype=np.float32).reshape(info["shape"])
+    return out
+
+
+def hf_to_meta_rope(w, n_heads):
+    """Rows of one q/k projection from HF rotate-half order back to Meta's
+    interleaved order: within each head, row r of half h (r < d/2) goes to
+    2r + h."""
+    rows, cols = w.shape
+    d = rows // n_heads
+    return w.reshape(n_heads, 2, d // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def to_bf16_bits(a):
+    u = np.ascontiguousarray(a, dtype="<f4").view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # round to nearest even
+    return u.astype("<u2")
+
+
+def quantize_q8_0(a):
+    """Rows of `a` (last dim a multiple of 32) as Q8_0 blocks: 2-byte f16
+    scale d = max|x|/127, then 32 int8 round(x/d)."""
+    if a.shape[-1] % QK8_0:
+        raise ValueError(f"row length {a.shape[-1]} is not a multiple of {QK8_0}")
+    x = np.ascontiguousarray(a, dtype=np.float32).reshape(-1, QK8_0)
+    d = np.abs(x).max(axis=1) / 127.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.round(x * inv[:, None]).astype(np.int8)  # numpy rounds half to even, roundf away: ties are rare
+    blocks = np.empty(x.shape[0], dtype=[("d", "<f2"), ("qs", "i1", (QK8_0,))])
+    blocks["d"] = d.astype(np.float16)
+    blocks["qs"] = q
+    return blocks.tobytes()
+
+
+def tensor_bytes(a, wtype, name):
+    if a.ndim == 1 or wtype == "f32":
+        return 0, np.ascontiguousarray(a, dtype="<f4").tobytes()
+    if wtype == "q8_0" and a.shape[-1] % QK8_0:
+        # as llama.cpp's own converter does: such a tensor stays unquantized
+        print(f"hf_to_gguf: {name}: rows of {a.shape[-1]} are not whole blocks of {QK8_0}: kept as f32",
+              file=sys.stderr)
+        return 0, np.ascontiguousarray(a, dtype="<f4").tobytes()
+    if wtype == "bf16":
+        return GGML_TYPE["bf16"], to_bf16_bits(a).tobytes()
+    return GGML_TYPE["q8_0"], quantize_q8_0(a)
+
+
+def load_vocab(tokenizer_path, vocab_size):
+    """(tokens, scores, token_types): the llama2 tokenizer.json's vocabulary
+    if it has exactly vocab_size entries, else a minimal one."""
+    if tokenizer_path and os.path.exists(tokenizer_path):
+        with open(tokenizer_path, encoding="utf-8") as f:
+            vocab = json.load(f)["model"]["vocab"]
+        if len(vocab) == vocab_size:
+            tokens = [None] * vocab_size
+            for piece, i in vocab.items():
+                tokens[i] = piece
+            if None not in tokens:
+                return tokens, *score_and_type(tokens)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"tok{i}" for i in range(len(tokens), vocab_size)]
+    return tokens[:vocab_size], *score_and_type(tokens[:vocab_size])
+
+
+def score_and_type(tokens):
+    """sentencepiece-style scores (earlier pieces merge first) and types."""
+    scores, types = [], []
+    for i, t in enumerate(tokens):
+        if t == "<unk>":
+            types.append(TOK_UNKNOWN)
+        elif t in ("<s>", "</s>"):
+            types.append(TOK_CONTROL)
+        elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            types.append(TOK_BYTE)
+        else:
+            types.append(TOK_NORMAL)
+        scores.append(0.0 if types[-1] != TOK_NORMAL else -float(i))
+    return scores, types
+
+
+class GGUFWriter:
+    """Collects metadata and tensors, then writes header, infos, data."""
+
+    def __init__(self):
+        self.kv = []  # encoded key/value pairs
+        self.tensors = []  # (name, numpy shape, ggml type, bytes)
+
+    @staticmethod
+    def _str(s):
+        b = s.encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+
+    def add(self, key, vtype, value):
+        enc = self._str(key) + struct.pack("<I", vtype)
+        if vtype == T_STRING:
+            enc += self._str(value)
+        elif vtype == T_UINT32:
+            enc += struct.pack("<I", value)
+        elif vtype == T_FLOAT32:
+            enc += struct.pack("<f", value)
+        elif vtype == T_BOOL:
+            enc += struct.pack("<B", 1 if value else 0)
+        else:
+            raise ValueError(f"scalar type {vtype}")
+        self.kv.append(enc)
+
+    def add_array(self, key, etype, values):
+        enc = self._str(key) + struct.pack("<IIQ", T_ARRAY, etype, len(values))
+        if etype == T_STRING:
+            enc += b"".join(self._str(v) for v in values)
+        elif etype == T_FLOAT32:
+            enc += np.asarray(values, dtype="<f4").tobytes()
+        elif etype == T_INT32:
+            enc += np.asarray(values, dtype="<i4").tobytes()
+        else:
+            raise ValueError(f"array type {etype}")
+        self.kv.append(enc)
+
+    def add_tensor(self, name, shape, ggml_type, data):
+        self.tensors.append((name, tuple(shape), ggml_type, data))
+
+    def write(self, path):
+        with open(path, "wb") as f:
+            f.write(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(self.tensors), len(self.kv)))
+            for enc in self.kv:
+                f.write(enc)
+            offset = 0
+            for name, shape, gtype, data in self.tensors:
+                # dims innermost first (ggml's ne[0] is the row length)
+                f.write(self._str(name) + struct.pack("<I", len(shape)))
+                f.write(struct.pack(f"<{len(shape)}Q", *reversed(shape)))
+                f.write(struct.pack("<IQ", gtype, offset))
+                offset += (len(data) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+            f.write(b"\0" * (-f.tell() % ALIGNMENT))
+            for _, _, _, data in self.tensors:
+                f.write(data)
+                f.write(b"\0" * (-len(data) % ALIGNMENT))
+
+
+def convert(model_dir, out_path, wtype, tokenizer_path):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    if cfg.get("model_type", "llama") != "llama":
+        sys.exit(f"hf_to_gguf: {model_dir}/config.json: model_type {cfg.get('model_type')!r}, only llama")
+    w = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    n_layers, n_heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_heads)
+    dim, vocab_size = cfg["hidden_size"], cfg["vocab_size"]
+    head_dim = cfg.get("head_dim", dim // n_heads)
+
+    g = GGUFWriter()
+    g.add("general.architecture", T_STRING, "llama")
+    g.add("general.name", T_STRING, os.path.basename(os.path.normpath(model_dir)))
+    g.add("general.alignment", T_UINT32, ALIGNMENT)
+    g.add("general.file_type", T_UINT32, FILE_TYPE[wtype])
+    g.add("llama.context_length", T_UINT32, cfg["max_position_embeddings"])
+    g.add("llama.embedding_length", T_UINT32, dim)
+    g.add("llama.block_count", T_UINT32, n_layers)
+    g.add("llama.feed_forward_length", T_UINT32, cfg["intermediate_size"])
+    g.add("llama.attention.head_count", T_UINT32, n_heads)
+    g.add("llama.attention.head_count_kv", T_UINT32, n_kv)
+    g.add("llama.attention.key_length", T_UINT32, head_dim)
+    g.add("llama.attention.value_length", T_UINT32, head_dim)
+    g.add("llama.rope.dimension_count", T_UINT32, head_dim)
+    g.add("llama.rope.freq_base", T_FLOAT32, float(cfg.get("rope_theta", 10000.0)))
+    g.add("llama.attention.layer_norm_rms_epsilon", T_FLOAT32, float(cfg.get("rms_norm_eps", 1e-5)))
+    g.add("llama.vocab_size", T_UINT32, vocab_size)
+    tokens, scores, types = load_vocab(tokenizer_path, vocab_size)
+    g.add("tokenizer.ggml.model", T_STRING, "llama")
+    g.add_array("tokenizer.ggml.tokens", T_STRING, tokens)
+    g.add_array("tokenizer.ggml.scores", T_FLOAT32, scores)
+    g.add_array("tokenizer.ggml.token_type", T_INT32, types)
+    g.add("tokenizer.ggml.bos_token_id", T_UINT32, int(cfg.get("bos_token_id", 1)))
+    g.add("tokenizer.ggml.eos_token_id", T_UINT32, int(cfg.get("eos_token_id", 2)))
+    g.add("tokenizer.ggml.unknown_token_id", T_UINT32, 0)
+    g.add("tokenizer.ggml.add_bos_token", T_BOOL, True)
+
+    def put(gguf_name, hf_name, rope_heads=None):
+        if hf_name not in w:
+            sys.exit(f"hf_to_gguf: {model_dir}/model.safetensors: tensor {hf_name} missing")
+        a = w[hf_name]
+        if rope_heads is not None:
+            a = hf_to_meta_rope(a, rope_heads)
+        gtype, data = tensor_bytes(a, wtype, hf_name)
+        g.add_tensor(gguf_name, a.shape, gtype, data)
+
+    put("token_embd.weight", "model.embed_tokens.weight")
+    for i in range(n_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        put(b + "attn_norm.weight", p + "input_layernorm.weight")
+        put(b + "attn_q.weight", p + "self_attn.q_proj.weight", n_heads)
+        put(b + "attn_k.weight", p + "self_attn.k_proj.weight", n_kv)
+        put(b + "attn_v.weight", p + "self_attn.v_proj.weight")
+        put(b + "attn_output.weight", p + "self_attn.o_proj.weight")
+        put(b + "ffn_norm.weight", p + "post_attention_layernorm.weight")
+        put(b + "ffn_gate.weight", p + "mlp.gate_proj.weight")
+        put(b + "ffn_up.weight", p + "mlp.up_proj.weight")
+        put(b + "ffn_down.weight", p + "mlp.down_proj.weight")
+    put("output_norm.weight", "model.norm.weight")
+    if not cfg.get("tie_word_embeddings", False) and "lm_head.weight" in w:
+        put("output.weight", "lm_head.weight")
+    g.write(out_path)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    default_tok = os.path.join(os.environ.get("PAGEDGEN_SHARED", os.path.join(here, "..", "..", "shared")),
+                               "tokenizers", "llama2", "tokenizer.json")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    ap.add_argument("--type", choices=sorted(GGML_TYPE), default="f32", help="weight type (default f32)")
+    ap.add_argument("--tokenizer", help="tokenizer.json whose vocabulary to embed (default: MODEL_DIR's, "
+                    "else ../shared/tokenizers/llama2; a minimal vocabulary if its size differs)")
+    a = ap.parse_args()
+    tok = a.tokenizer
+    if tok is None:  # the checkpoint's own, else the llama2 one (the synthetic models have none)
+        own = os.path.join(a.model_dir, "tokenizer.json")
+        tok = own if os.path.exists(own) else default_tok
+    convert(a.model_dir, a.out, a.type, tok)
+
+
+if __name__ == "__main__":
+    main()

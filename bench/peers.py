@@ -1,0 +1,181 @@
+#!/usr/bin/python3
+"""peers: the "peers" section of scripts/bench (issue 13) — llama.cpp's
+llama-batched-bench on the shapes pagedgen_bench's storage section just ran
+(same synthetic 110m weights as GGUF, same threads, prompt / output length
+and batch sizes, read from its results.json), and pagedgen ÷ llama.cpp per
+storage type:
+
+    pagedgen f32 weights  vs llama.cpp F32 GGUF
+    pagedgen bf16 weights vs llama.cpp BF16 GGUF
+    pagedgen int8 weights vs llama.cpp Q8_0 GGUF
+
+pagedgen's rows are those with a bf16 KV cache (llama.cpp's default cache is
+f16: both 16 bits) and, beside them, f32 KV. Columns: batch-1 decode tok/s,
+batch-B decode tok/s (llama.cpp's S_TG t/s) and batch-B generated tok/s
+including prefill (B * TG / T s, what pagedgen_bench calls gen t/s).
+
+stdlib only. Nothing is downloaded: the binary and the GGUF files are paths
+the user gives (bench/hf_to_gguf.py writes the GGUFs from our checkpoint).
+
+Usage: peers.py --llama-batched-bench PATH --results results.json
+                [--gguf f32=F] [--gguf bf16=F] [--gguf q8_0=F] [--out peers.json]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# pagedgen weight storage type -> the GGUF type it is compared with
+PAIRS = (("f32", "f32"), ("bf16", "bf16"), ("int8", "q8_0"))
+
+
+def parse_batched_bench(text):
+    """Rows of llama-batched-bench's markdown table as dicts keyed by its
+    column names (PP, TG, B, N_KV, T_PP s, S_PP t/s, T_TG s, S_TG t/s, T s,
+    S t/s), numbers as floats. Columns are found by name, so a reordering or
+    an added column does not break it; lines that are not table rows are
+    ignored."""
+    header, rows = None, []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if header is None:
+            if "PP" in cells and "TG" in cells and "B" in cells:
+                header = cells
+            continue
+        if all(set(c) <= set("-: ") for c in cells):
+            continue  # the |---|---| separator
+        if len(cells) != len(header):
+            raise ValueError(f"llama-batched-bench row has {len(cells)} cells, header {len(header)}: {line}")
+        try:
+            rows.append({h: float(c) for h, c in zip(header, cells)})
+        except ValueError as e:
+            raise ValueError(f"llama-batched-bench row not numeric: {line}") from e
+    if header is None:
+        raise ValueError("no llama-batched-bench table (a line '| PP | TG | B | ...') in its output")
+    for need in ("PP", "TG", "B", "T_TG s", "S_TG t/s", "T s"):
+        if need not in header:
+            raise ValueError(f"llama-batched-bench table has no column '{need}': {header}")
+    return rows
+
+
+def peer_figures(row):
+    """decode tok/s and generated tok/s incl. prefill from one table row."""
+    b, tg = row["B"], row["TG"]
+    return {"decode_tok_s": row["S_TG t/s"], "gen_tok_s": b * tg / row["T s"] if row["T s"] > 0 else 0.0}
+
+
+def run_batched_bench(binary, gguf, prompt, gen, batches, threads):
+    # context: every sequence its P + G cells plus slack (llama.cpp may split it per sequence)
+    cmd = [binary, "-m", gguf, "-c", str(max(batches) * (prompt + gen + 16)), "-b", "2048", "-ub", "512",
+           "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(str(b) for b in batches),
+           "-t", str(threads), "-tb", str(threads), "-ngl", "0"]
+    print("  $ " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        tail = "\n".join((p.stderr or p.stdout).splitlines()[-15:])
+        raise RuntimeError(f"{binary} exited with {p.returncode}:\n{tail}")
+    return cmd, parse_batched_bench(p.stdout + "\n" + p.stderr)
+
+
+def pagedgen_rows(results):
+    """storage rows of results.json: (weights, kv) -> {batch: figures}."""
+    st = results.get("storage")
+    if not st:
+        raise ValueError("results.json has no storage section (run pagedgen_bench with it)")
+    out = {}
+    for r in st["rows"]:
+        out[(r["weights"], r["kv"])] = {b["batch"]: b for b in r["batches"]}
+    return st, out
+
+
+def ratio(a, b):
+    return a / b if a and b else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-batched-bench", required=True, metavar="PATH")
+    ap.add_argument("--gguf", action="append", default=[], metavar="TYPE=FILE",
+                    help="a GGUF of the same model: f32=, bf16= or q8_0= (repeat)")
+    ap.add_argument("--results", required=True, help="pagedgen_bench's results.json of this run")
+    ap.add_argument("--out", help="write the figures and ratios here as JSON")
+    a = ap.parse_args()
+
+    ggufs = {}
+    for spec in a.gguf:
+        t, _, path = spec.partition("=")
+        if t not in dict((g, p) for p, g in PAIRS).keys() or not path:
+            sys.exit(f"peers: --gguf {spec}: want f32=FILE, bf16=FILE or q8_0=FILE")
+        if not os.path.isfile(path):
+            sys.exit(f"peers: --gguf {spec}: no such file")
+        ggufs[t] = path
+    if not os.access(a.llama_batched_bench, os.X_OK):
+        sys.exit(f"peers: {a.llama_batched_bench}: not an executable")
+    with open(a.results) as f:
+        results = json.load(f)
+    try:
+        st, pg = pagedgen_rows(results)
+    except (ValueError, KeyError) as e:
+        sys.exit(f"peers: {a.results}: {e}")
+    P, G, threads = st["prompt_len"], st["output_len"], st["threads"]
+    batches = sorted(next(iter(pg.values())).keys())
+    bmax = batches[-1]
+
+    print(f"\n== peers (issue 13): llama.cpp llama-batched-bench on the storage section's shapes: "
+          f"prompt {P} / output {G}, batch {' and '.join(map(str, batches))}, {threads} threads")
+    report = {"prompt_len": P, "output_len": G, "threads": threads, "batches": batches,
+              "llama_batched_bench": os.path.abspath(a.llama_batched_bench), "rows": []}
+    hdr = ("  %-24s | %11s %12s %12s | %8s %8s %8s" %
+           ("pagedgen vs llama.cpp", "b1 decode/s", f"b{bmax} decode/s", f"b{bmax} gen t/s",
+            "b1 dec", f"b{bmax} dec", f"b{bmax} gen"))
+    lines = []
+    for pg_type, gg_type in PAIRS:
+        if gg_type not in ggufs:
+            lines.append(f"  ({pg_type} vs {gg_type}: no --gguf {gg_type}=FILE given: skipped)")
+            continue
+        try:
+            cmd, rows = run_batched_bench(a.llama_batched_bench, ggufs[gg_type], P, G, batches, threads)
+        except (RuntimeError, ValueError, OSError) as e:
+            print(f"peers: {gg_type}: {e}", file=sys.stderr)
+            return 1
+        peer = {}
+        for r in rows:
+            if int(r["PP"]) == P and int(r["TG"]) == G:
+                peer[int(r["B"])] = peer_figures(r)
+        if any(b not in peer for b in batches):
+            print(f"peers: {gg_type}: llama-batched-bench printed no row for every batch {batches}",
+                  file=sys.stderr)
+            return 1
+        fig = lambda d: (d[batches[0]]["decode_tok_s"], d[bmax]["decode_tok_s"], d[bmax]["gen_tok_s"])
+        lc = fig(peer)
+        lines.append("  %-24s | %11.1f %12.1f %12.1f |" % (f"llama.cpp {gg_type} (f16 kv)", *lc))
+        entry = {"gguf_type": gg_type, "gguf": os.path.abspath(ggufs[gg_type]), "command": cmd,
+                 "llama_cpp": {str(b): peer[b] for b in batches}, "pagedgen": {}}
+        for kv in ("bf16", "f32"):
+            if (pg_type, kv) not in pg:
+                continue
+            p = fig(pg[(pg_type, kv)])
+            r = tuple(ratio(x, y) for x, y in zip(p, lc))
+            lines.append("  %-24s | %11.1f %12.1f %12.1f | %7.2fx %7.2fx %7.2fx" %
+                         (f"pagedgen {pg_type} ({kv} kv)", *p, *r))
+            entry["pagedgen"][kv] = {"b1_decode_tok_s": p[0], "decode_tok_s": p[1], "gen_tok_s": p[2],
+                                     "ratio_b1_decode": r[0], "ratio_decode": r[1], "ratio_gen": r[2]}
+        report["rows"].append(entry)
+    print(hdr)
+    for ln in lines:
+        print(ln)
+    print(f"  (ratios: pagedgen / llama.cpp on the same weights and shapes, this run; gen t/s: "
+          f"B x {G} generated tokens / wall time incl. prefill)")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

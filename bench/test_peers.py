@@ -1,0 +1,255 @@
+#!/usr/bin/python3
+"""Tests of the peers section's Python: the llama-batched-bench table parser
+(bench/peers.py, on a fixed sample of its output) and the GGUF writer
+(bench/hf_to_gguf.py: a tiny checkpoint written as GGUF and read back by an
+independent reader here). The GGUF tests need numpy: without it they skip,
+and the whole file exits 77 (meson's skip) when nothing could run."""
+import json
+import os
+import struct
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
+
+try:
+    import numpy as np
+    import hf_to_gguf
+except ImportError:
+    np = None
+
+# llama-batched-bench's stdout (llama.cpp 2025-2026), log lines around it
+SAMPLE = """\
+llama_context: n_ctx_per_seq = 16400
+main: n_kv_max = 16400, n_batch = 2048, n_ubatch = 512, flash_attn = 0, is_pp_shared = 0, n_gpu_layers = 0, n_threads = 2, n_threads_batch = 2
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   128 |    128 |    1 |    256 |    0.164 |   780.49 |    1.244 |   102.89 |    1.408 |   181.82 |
+|   128 |    128 |   64 |  16384 |    7.800 |  1050.26 |   13.770 |   594.92 |   21.570 |   759.57 |
+
+llama_perf_context_print:        load time =     120.00 ms
+"""
+
+
+class ParserTest(unittest.TestCase):
+    def test_sample(self):
+        rows = peers.parse_batched_bench(SAMPLE)
+        self.assertEqual(len(rows), 2)
+        self.assertEqual((rows[0]["PP"], rows[0]["TG"], rows[0]["B"], rows[0]["N_KV"]), (128, 128, 1, 256))
+        self.assertAlmostEqual(rows[1]["S_TG t/s"], 594.92)
+        f = peers.peer_figures(rows[1])
+        self.assertAlmostEqual(f["decode_tok_s"], 594.92)
+        self.assertAlmostEqual(f["gen_tok_s"], 64 * 128 / 21.570)
+
+    def test_columns_by_name(self):
+        swapped = SAMPLE.replace("|    PP |     TG |", "|     TG |    PP |")
+        self.assertEqual(peers.parse_batched_bench(swapped)[0]["TG"], 128)
+
+    def test_errors(self):
+        with self.assertRaisesRegex(ValueError, "no llama-batched-bench table"):
+            peers.parse_batched_bench("error: failed to load model\n")
+        with self.assertRaisesRegex(ValueError, "not numeric"):
+            peers.parse_batched_bench(SAMPLE.replace("102.89", "n/a"))
+        with self.assertRaisesRegex(ValueError, "cells"):
+            peers.parse_batched_bench(SAMPLE.replace("|   102.89 |", "|"))
+
+
+class SectionTest(unittest.TestCase):
+    """peers.py end to end against a stand-in llama-batched-bench that
+    prints SAMPLE and records its arguments."""
+
+    def test_ratios(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "llama-batched-bench")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\necho \"$@\" >> %s/args\ncat <<'EOF'\n%sEOF\n" % (d, SAMPLE))
+            os.chmod(fake, 0o755)
+            gguf = os.path.join(d, "m.gguf")
+            open(gguf, "wb").close()
+            rows = [{"weights": w, "kv": kv, "batches": [
+                {"batch": 1, "decode_tok_s": 2 * 102.89, "gen_tok_s": 1.0},
+                {"batch": 64, "decode_tok_s": 594.92, "gen_tok_s": 64 * 128 / 21.570 / 2}]}
+                for w in ("f32", "bf16", "int8") for kv in ("f32", "bf16")]
+            res = os.path.join(d, "results.json")
+            with open(res, "w") as f:
+                json.dump({"storage": {"prompt_len": 128, "output_len": 128, "threads": 2, "rows": rows}}, f)
+            out = os.path.join(d, "peers.json")
+            import subprocess
+            p = subprocess.run([sys.executable, os.path.join(os.path.dirname(peers.__file__), "peers.py"),
+                                "--llama-batched-bench", fake, "--results", res, "--gguf", "bf16=" + gguf,
+                                "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("no --gguf q8_0=FILE given: skipped", p.stdout)
+            with open(os.path.join(d, "args")) as f:
+                args = f.read().split()
+            for flag, val in (("-npp", "128"), ("-ntg", "128"), ("-npl", "1,64"), ("-t", "2"), ("-m", gguf)):
+                self.assertEqual(args[args.index(flag) + 1], val)
+            with open(out) as f:
+                rep = json.load(f)
+            self.assertEqual([r["gguf_type"] for r in rep["rows"]], ["bf16"])
+            r = rep["rows"][0]["pagedgen"]["bf16"]
+            self.assertAlmostEqual(r["ratio_b1_decode"], 2.0)
+            self.assertAlmostEqual(r["ratio_decode"], 1.0)
+            self.assertAlmostEqual(r["ratio_gen"], 0.5)
+
+
+def read_gguf(path):
+    """Independent minimal reader: (version, metadata dict, tensor infos,
+    data offset)."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from("<" + fmt, buf, pos)
+        pos += struct.calcsize("<" + fmt)
+        return v if len(v) > 1 else v[0]
+
+    def string():
+        nonlocal pos
+        n = take("Q")
+        s = buf[pos:pos + n].decode()
+        pos += n
+        return s
+
+    scalar = {4: "I", 5: "i", 6: "f", 7: "B"}
+
+    def value(t):
+        if t == 8:
+            return string()
+        if t == 9:
+            et, n = take("I"), take("Q")
+            return [value(et) for _ in range(n)]
+        return take(scalar[t])
+
+    assert buf[:4] == b"GGUF"
+    pos = 4
+    version, n_t, n_kv = take("I"), take("Q"), take("Q")
+    meta = {}
+    for _ in range(n_kv):
+        k = string()
+        meta[k] = value(take("I"))
+    infos = {}
+    for _ in range(n_t):
+        name = string()
+        nd = take("I")
+        dims = [take("Q") for _ in range(nd)]
+        infos[name] = (dims, take("I"), take("Q"))
+    align = meta.get("general.alignment", 32)
+    return version, meta, infos, buf, (pos + align - 1) // align * align
+
+
+@unittest.skipIf(np is None, "numpy missing")
+class GGUFTest(unittest.TestCase):
+    DIM, HEADS, KV_HEADS, FF, VOCAB, LAYERS = 64, 4, 2, 96, 300, 2
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        d = self.tmp.name
+        rng = np.random.default_rng(1)
+        hd = self.DIM // self.HEADS
+        shapes = {"model.embed_tokens.weight": (self.VOCAB, self.DIM), "model.norm.weight": (self.DIM,),
+                  "lm_head.weight": (self.VOCAB, self.DIM)}
+        for i in range(self.LAYERS):
+            p = f"model.layers.{i}."
+            shapes.update({p + "input_layernorm.weight": (self.DIM,),
+                           p + "post_attention_layernorm.weight": (self.DIM,),
+                           p + "self_attn.q_proj.weight": (self.DIM, self.DIM),
+                           p + "self_attn.k_proj.weight": (self.KV_HEADS * hd, self.DIM),
+                           p + "self_attn.v_proj.weight": (self.KV_HEADS * hd, self.DIM),
+                           p + "self_attn.o_proj.weight": (self.DIM, self.DIM),
+                           p + "mlp.gate_proj.weight": (self.FF, self.DIM),
+                           p + "mlp.up_proj.weight": (self.FF, self.DIM),
+                           p + "mlp.down_proj.weight": (self.DIM, self.FF)})
+        self.w = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+        header, off = {}, 0
+        for n, a in self.w.items():
+            header[n] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+            off += a.nbytes
+        h = json.dumps(header).encode()
+        with open(os.path.join(d, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h)
+            for a in self.w.values():
+                f.write(a.tobytes())
+        cfg = {"model_type": "llama", "hidden_size": self.DIM, "intermediate_size": self.FF,
+               "num_hidden_layers": self.LAYERS, "num_attention_heads": self.HEADS,
+               "num_key_value_heads": self.KV_HEADS, "vocab_size": self.VOCAB,
+               "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+               "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def convert(self, wtype):
+        out = os.path.join(self.tmp.name, f"m-{wtype}.gguf")
+        hf_to_gguf.convert(self.tmp.name, out, wtype, None)
+        return read_gguf(out)
+
+    def tensor(self, infos, buf, data_off, name, nbytes):
+        dims, gtype, off = infos[name]
+        return dims, gtype, buf[data_off + off:data_off + off + nbytes]
+
+    def test_f32_header_and_rope_order(self):
+        version, meta, infos, buf, data_off = self.convert("f32")
+        self.assertEqual(version, 3)
+        self.assertEqual(meta["general.architecture"], "llama")
+        self.assertEqual(meta["llama.block_count"], self.LAYERS)
+        self.assertEqual(meta["llama.attention.head_count_kv"], self.KV_HEADS)
+        self.assertEqual(len(meta["tokenizer.ggml.tokens"]), self.VOCAB)
+        self.assertEqual(meta["tokenizer.ggml.tokens"][3], "<0x00>")
+        self.assertEqual(meta["tokenizer.ggml.token_type"][1], 3)
+        self.assertEqual(len(infos), 3 + 9 * self.LAYERS)
+        for _, _, off in infos.values():
+            self.assertEqual(off % 32, 0)
+        dims, gtype, raw = self.tensor(infos, buf, data_off, "token_embd.weight", self.VOCAB * self.DIM * 4)
+        self.assertEqual((dims, gtype), ([self.DIM, self.VOCAB], 0))
+        np.testing.assert_array_equal(np.frombuffer(raw, "<f4").reshape(self.VOCAB, self.DIM),
+                                      self.w["model.embed_tokens.weight"])
+        # k: Meta row 2j + h of a head is HF row h * hd/2 + j (rotate-half)
+        hd = self.DIM // self.HEADS
+        n = self.KV_HEADS * hd
+        _, _, raw = self.tensor(infos, buf, data_off, "blk.1.attn_k.weight", n * self.DIM * 4)
+        meta_k = np.frombuffer(raw, "<f4").reshape(n, self.DIM)
+        hf_k = self.w["model.layers.1.self_attn.k_proj.weight"]
+        for head in range(self.KV_HEADS):
+            for j in range(hd // 2):
+                for half in range(2):
+                    np.testing.assert_array_equal(meta_k[head * hd + 2 * j + half],
+                                                  hf_k[head * hd + half * (hd // 2) + j])
+        _, gtype, _ = self.tensor(infos, buf, data_off, "blk.0.attn_norm.weight", 0)
+        self.assertEqual(gtype, 0)
+
+    def test_bf16_and_q8_0(self):
+        _, meta, infos, buf, data_off = self.convert("bf16")
+        self.assertEqual(meta["general.file_type"], 32)
+        n = self.FF * self.DIM
+        _, gtype, raw = self.tensor(infos, buf, data_off, "blk.0.ffn_up.weight", n * 2)
+        self.assertEqual(gtype, 30)
+        back = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(self.FF, self.DIM)
+        ref = self.w["model.layers.0.mlp.up_proj.weight"]
+        np.testing.assert_allclose(back, ref, rtol=2 ** -8)
+
+        _, meta, infos, buf, data_off = self.convert("q8_0")
+        self.assertEqual(meta["general.file_type"], 7)
+        n_blocks = n // 32
+        _, gtype, raw = self.tensor(infos, buf, data_off, "blk.0.ffn_up.weight", n_blocks * 34)
+        self.assertEqual(gtype, 8)
+        blocks = np.frombuffer(raw, dtype=[("d", "<f2"), ("qs", "i1", (32,))])
+        deq = (blocks["d"].astype(np.float32)[:, None] * blocks["qs"]).reshape(self.FF, self.DIM)
+        amax = np.abs(ref.reshape(-1, 32)).max(axis=1).reshape(self.FF, self.DIM // 32)
+        tol = np.repeat(amax / 127 * 0.51 + amax * 2 ** -10, 32, axis=1)
+        self.assertTrue(np.all(np.abs(deq - ref) <= tol))
+        self.assertEqual(int(np.abs(blocks["qs"]).max()), 127)
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=1).result
+    if not result.wasSuccessful():
+        sys.exit(1)
+    sys.exit(77 if np is None and result.testsRun == len(result.skipped) else 0)
