@@ -170,6 +170,17 @@ static void *store_weights(cpu_wt t, const float *w, size_t n, float *wq)
     return p;
 }
 
+/* The column kernel of each variant (NULL where this build has none). */
+static void column_kernels(cpu_gemm_cols_fn fns[N_VARIANTS])
+{
+    fns[0] = cpu_gemm_cols_generic;
+    fns[1] = fns[2] = NULL;
+#if defined(PG_GEMM_X86)
+    fns[1] = cpu_gemm_cols_avx2;
+    fns[2] = cpu_gemm_cols_avx512;
+#endif
+}
+
 /* The column kernels called directly on arbitrary column ranges (the split
  * the pool makes never changes a value, and neither does a variant), for
  * every weight storage type: bf16 and int8 weights give, bit for bit, the
@@ -178,11 +189,8 @@ static void *store_weights(cpu_wt t, const float *w, size_t n, float *wq)
 static void test_kernels_on_column_ranges(void **state)
 {
     (void)state;
-    cpu_gemm_cols_fn fns[N_VARIANTS] = {cpu_gemm_cols_generic, NULL, NULL};
-#if defined(PG_GEMM_X86)
-    fns[1] = cpu_gemm_cols_avx2;
-    fns[2] = cpu_gemm_cols_avx512;
-#endif
+    cpu_gemm_cols_fn fns[N_VARIANTS];
+    column_kernels(fns);
     pg_test_rng rng = {99};
     for (int it = 0; it < 90; it++) {
         const cpu_wt wt = (cpu_wt)(it % CPU_WT_COUNT);
@@ -225,11 +233,8 @@ static void test_kernels_on_column_ranges(void **state)
 static void test_batch1_tile_matches_canonical(void **state)
 {
     (void)state;
-    cpu_gemm_cols_fn fns[N_VARIANTS] = {cpu_gemm_cols_generic, NULL, NULL};
-#if defined(PG_GEMM_X86)
-    fns[1] = cpu_gemm_cols_avx2;
-    fns[2] = cpu_gemm_cols_avx512;
-#endif
+    cpu_gemm_cols_fn fns[N_VARIANTS];
+    column_kernels(fns);
     pg_test_rng rng = {2024};
     const int32_t Ks[] = {5, 32, 47, 96, 800};
     long checked = 0;
