@@ -160,7 +160,7 @@ static void test_eviction_order_is_lru_and_removes_entries(void **state)
     kv_pool_commit(p, a, ids, 5);
     kv_pool_table_delete(p, a); /* 2 cached to the tail, the partial one to the head */
     check(p);
-    int32_t hits[4];
+    int32_t hits[5];
     assert_int_equal(kv_pool_match_prefix(p, ids, 2, hits), 2);
     /* taking 2 fresh blocks uses the never-cached ones first: cache intact */
     int32_t b = new_table(p);
@@ -440,7 +440,7 @@ static void test_drop_before_window(void **state)
     kv_pool_get_metrics(p, &m);
     assert_int_equal(m.blocks_in_use, 3); /* a: 3, 4; f: 2, 3, 4 (shared) */
     /* a hit walks the chain over the dropped (evictable) blocks */
-    int32_t hits[4];
+    int32_t hits[5];
     assert_int_equal(kv_pool_match_prefix(p, ids, 4, hits), 4);
     assert_int_equal(hits[0], a_blocks[0]);
     /* a grows after the drop: new blocks chain to the kept hashed block */
