@@ -1,7 +1,8 @@
 /* window_bench: KV blocks saved by freeing blocks behind a sliding window
  * (engine_params.sliding_window; vLLM's SlidingWindowManager), on a model
- * whose config sets a window (a Mistral-shaped synthetic model: see
- * bench/README or ARCHITECTURE.md for the command that makes one).
+ * whose config sets a window, e.g. a synthetic 15m model made a Mistral
+ * with a 256-token window (cli/README.md, "sliding-window model", gives the
+ * two commands that write it).
  *
  * Two measurements, each with freeing on and off (same outputs):
  *   1. one request generating --output tokens: peak KV blocks in use;
