@@ -129,21 +129,39 @@ int cpu_op_rope(cpu_exec *ce, float *qkv, const float *inv_freq, int32_t nh, int
 
 /* ---- kv_write ------------------------------------------------------------ */
 
+typedef struct kv_write_job {
+    cpu_exec *ce;
+    void *k_cache, *v_cache;
+    const float *qkv;
+    int32_t nh, nkv, hd;
+    const step_batch *b;
+} kv_write_job;
+/* a static share of the tokens; each token's K and V rows are written by
+ * one worker (the slots were checked before: every row goes to its own slot) */
+static void kv_write_worker(void *ctx, int32_t worker, int32_t n_workers)
+{
+    const kv_write_job *j = ctx;
+    const int64_t row = (int64_t)(j->nh + 2 * j->nkv) * j->hd, kvw = (int64_t)j->nkv * j->hd;
+    const size_t eb = cpu_kv_bytes(j->ce->kv);
+    int64_t lo, hi;
+    cpu_pool_range(j->b->num_tokens, worker, n_workers, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t slot = j->b->slots[t];
+        const float *src = j->qkv + t * row + (int64_t)j->nh * j->hd;
+        /* f32: a copy; bf16 / f16: round to nearest even */
+        cpu_kv_store(j->ce->kv, (char *)j->k_cache + (size_t)(slot * kvw) * eb, src, kvw);
+        cpu_kv_store(j->ce->kv, (char *)j->v_cache + (size_t)(slot * kvw) * eb, src + kvw, kvw);
+    }
+}
 int cpu_op_kv_write(cpu_exec *ce, void *k_cache, void *v_cache, const float *qkv, int32_t nh,
                     int32_t nkv, int32_t hd, const step_batch *b)
 {
-    const int64_t row = (int64_t)(nh + 2 * nkv) * hd, kvw = (int64_t)nkv * hd;
-    const size_t eb = cpu_kv_bytes(ce->kv);
-    for (int32_t t = 0; t < b->num_tokens; t++) {
-        int64_t slot = b->slots[t];
-        if (slot < 0)
+    for (int32_t t = 0; t < b->num_tokens; t++)
+        if (b->slots[t] < 0)
             return cpu_exec_fail(ce, PG_EINVAL, "kv_write: token %d: expected slot >= 0, got %lld",
-                                 (int)t, (long long)slot);
-        const float *src = qkv + t * row + (int64_t)nh * hd;
-        /* f32: a copy; bf16 / f16: round to nearest even */
-        cpu_kv_store(ce->kv, (char *)k_cache + (size_t)(slot * kvw) * eb, src, kvw);
-        cpu_kv_store(ce->kv, (char *)v_cache + (size_t)(slot * kvw) * eb, src + kvw, kvw);
-    }
+                                 (int)t, (long long)b->slots[t]);
+    kv_write_job job = {ce, k_cache, v_cache, qkv, nh, nkv, hd, b};
+    cpu_pool_run(ce->pool, ops_workers(ce, (double)b->num_tokens * nkv * hd * 2.0), kv_write_worker, &job);
     return PG_OK;
 }
 

@@ -455,6 +455,45 @@ static void test_widen_16bit(void **state)
     }
 }
 
+/* cpu_kv_store (what kv_write writes into a 16-bit cache) against
+ * weights/dtype.c's scalar conversions: every high half (so every sign,
+ * exponent, NaN and inf) under the low halves that decide rounding: 0,
+ * the ties 0x8000 (to even: the kept lsb 0 or 1 both occur over the high
+ * halves), one below and above them, 0xffff (a carry through the
+ * mantissa into the exponent, up to inf past the largest finite), and a
+ * few random ones. Bit for bit, NaNs included. */
+static void test_narrow_16bit(void **state)
+{
+    (void)state;
+    enum { N_LOW = 10 };
+    static const uint32_t fixed_low[6] = {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu};
+    pg_test_rng rng = {4242};
+    float *src = fbuf(65536u * N_LOW);
+    uint16_t *got = calloc(65536u * N_LOW, sizeof *got);
+    assert_non_null(got);
+    for (uint32_t hi = 0; hi < 65536u; hi++)
+        for (uint32_t j = 0; j < N_LOW; j++) {
+            const uint32_t lo = j < 6 ? fixed_low[j] : (uint32_t)(pg_test_rng_next(&rng) & 0xffffu);
+            const uint32_t bits = hi << 16 | lo;
+            memcpy(&src[hi * N_LOW + j], &bits, sizeof bits);
+        }
+    const cpu_kv kinds[2] = {CPU_KV_BF16, CPU_KV_F16};
+    for (int k = 0; k < 2; k++) {
+        cpu_kv_store(kinds[k], got, src, (int64_t)65536 * N_LOW);
+        for (size_t i = 0; i < 65536u * N_LOW; i++) {
+            const uint16_t want = kinds[k] == CPU_KV_BF16 ? pg_f32_to_bf16(src[i]) : pg_f32_to_f16(src[i]);
+            if (got[i] != want) {
+                uint32_t bits;
+                memcpy(&bits, &src[i], sizeof bits);
+                fail_msg("cpu_kv_store %s(0x%08x) = 0x%04x, expected 0x%04x", cpu_kv_name(kinds[k]), bits,
+                         (unsigned)got[i], (unsigned)want);
+            }
+        }
+    }
+    free(src);
+    free(got);
+}
+
 /* A decode token's output does not change when its own sequence is
  * prefilled at once or token by token (executor.h "Determinism"). */
 static void test_prefill_equals_decode(void **state)
@@ -505,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_hsum16),
         cmocka_unit_test(test_fast_vs_ref),
         cmocka_unit_test(test_widen_16bit),
+        cmocka_unit_test(test_narrow_16bit),
         cmocka_unit_test(test_prefill_equals_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
