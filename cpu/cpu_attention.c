@@ -258,9 +258,27 @@ static inline __attribute__((always_inline)) void attn_prefetch_block(const void
             __builtin_prefetch(base + (int64_t)r * kvw * (int64_t)eb + (int64_t)o, 0, 3);
 }
 
+/* Row stride of a narrow item's scores (attn_item), and the floats of a
+ * chunk's score area (either layout). */
+static inline int64_t attn_narrow_stride(int32_t max_seq_len)
+{
+    return ((int64_t)max_seq_len + CM_LANES - 1) / CM_LANES * CM_LANES + CM_LANES;
+}
+static inline int64_t attn_e_floats(int32_t max_seq_len, int32_t nhp)
+{
+    const int64_t wide = (int64_t)max_seq_len * nhp, narrow = (ATTN_HSUM16_MIN_HEADS - 1) * attn_narrow_stride(max_seq_len);
+    return wide > narrow ? wide : narrow;
+}
+
 /* One item: token t, kv heads [g0, g1), query heads h0 .. h0+nhi-1 (local
  * index hi = h - h0). buf: this chunk's scratch,
- *   e     [max_seq_len][nhp]  scores, then exp(s - max), lanes = heads
+ *   e     [max_seq_len][nhp]  scores, then exp(s - max), lanes = heads;
+ *         an item of fewer than ATTN_HSUM16_MIN_HEADS heads (a decode item
+ *         of one kv head) keeps them [nhi][Lp] instead, Lp = max_seq_len
+ *         rounded up to 16, plus 16 (a store of 16 rows from the last one
+ *         stays in its head's row; attn_e_floats): its softmax then runs 16 rows of one head per
+ *         vector, every lane used (cm_exp is lane-wise, the max exact and z
+ *         summed in j order either way: the same bits)
  *   qp    [nh][hdp]           q, zero-padded
  *   o     [nh][hdp]           output accumulators
  *   inv_z [nhp]
@@ -275,7 +293,9 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
     const int32_t s = j->ce->tok_seq[t], n_ctx = b->positions[t] + 1, lo = attn_lo(b, b->positions[t]);
     const int32_t *table = b->block_tables + (int64_t)s * b->block_table_stride;
     const int32_t h0 = g0 * G, nhi = (g1 - g0) * G;
-    float *e = buf, *qp = e + (int64_t)b->max_seq_len * nhp, *o = qp + (int64_t)j->nh * hdp;
+    const int narrow = nhi < ATTN_HSUM16_MIN_HEADS;
+    const int64_t Lp = attn_narrow_stride(b->max_seq_len);
+    float *e = buf, *qp = e + attn_e_floats(b->max_seq_len, nhp), *o = qp + (int64_t)j->nh * hdp;
     float *inv_z = o + (int64_t)j->nh * hdp;
 
     const float *q = j->qkv + (int64_t)t * (j->nh + 2 * nkv) * hd + (int64_t)h0 * hd;
@@ -309,14 +329,9 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
                         acc[i] = i < nr ? attn_dot_lanes(qp + (int64_t)hi * hdp, j->k_cache,
                                                          kb + (r + i) * kvw + (int64_t)(hi / G) * hd, nv, rem, kvt)
                                         : cm_zero();
-                    float sc[CM_LANES];
-                    cm_store(sc, cm_hsum16(acc) * j->scale);
-                    for (int32_t i = 0; i < nr; i++)
-                        e[(int64_t)(c0 + r + i) * nhp + hi] = sc[i];
+                    /* rows c0 + r .. + 15 of head hi (past nr: written, never read) */
+                    cm_store(e + hi * Lp + c0 + r, cm_hsum16(acc) * j->scale);
                 }
-                for (int32_t i = 0; i < nr; i++)
-                    for (int32_t hi = nhi; hi < CM_LANES; hi++)
-                        e[(int64_t)(c0 + r + i) * nhp + hi] = 0.0f;
             }
             continue;
         }
@@ -339,9 +354,23 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
     for (int32_t d = 0; d < ATTN_PF_BLOCKS; d++)
         attn_prefetch_block(j->v_cache, table, lo / bs + d, bs, n_ctx, kvw, (int64_t)g0 * hd, run_bytes, eb);
 
-    /* softmax over j for 16 heads at a time: max, e = exp(s - max), z summed
-     * in j order */
-    for (int32_t hg = 0; hg < nhi; hg += CM_LANES) {
+    /* softmax: max, e = exp(s - max), z summed in j order; narrow: one head
+     * at a time, 16 rows per vector */
+    for (int32_t hi = 0; narrow && hi < nhi; hi++) {
+        float *eh = e + hi * Lp;
+        float mx = eh[lo];
+        for (int32_t c = lo + 1; c < n_ctx; c++)
+            mx = eh[c] > mx ? eh[c] : mx;
+        const cm_v16f mxv = cm_splat(mx);
+        for (int32_t c = lo; c < n_ctx; c += CM_LANES) /* past n_ctx: inside Lp, unused */
+            cm_store(eh + c, cm_exp(cm_load_part(eh + c, n_ctx - c < CM_LANES ? n_ctx - c : CM_LANES) - mxv));
+        float z = 0.0f;
+        for (int32_t c = lo; c < n_ctx; c++)
+            z += eh[c];
+        inv_z[hi] = 1.0f / z;
+    }
+    /* wide: 16 heads per vector, one row at a time */
+    for (int32_t hg = 0; !narrow && hg < nhi; hg += CM_LANES) {
         cm_v16f mx = cm_load(e + (int64_t)lo * nhp + hg);
         for (int32_t c = lo + 1; c < n_ctx; c++)
             mx = cm_max(mx, cm_load(e + (int64_t)c * nhp + hg));
@@ -361,9 +390,10 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
         attn_prefetch_block(j->v_cache, table, blk + ATTN_PF_BLOCKS, bs, n_ctx, kvw, (int64_t)g0 * hd, run_bytes, eb);
         for (int32_t r = c0 < lo ? lo - c0 : 0; r < rows; r++) {
             const int64_t vr = vb + r * kvw;
-            const float *er = e + (int64_t)(c0 + r) * nhp;
-            for (int32_t hi = 0; hi < nhi; hi++)
-                attn_axpy(o + (int64_t)hi * hdp, er[hi], j->v_cache, vr + (int64_t)(hi / G) * hd, nv, rem, kvt);
+            for (int32_t hi = 0; hi < nhi; hi++) {
+                const float ej = narrow ? e[hi * Lp + c0 + r] : e[(int64_t)(c0 + r) * nhp + hi];
+                attn_axpy(o + (int64_t)hi * hdp, ej, j->v_cache, vr + (int64_t)(hi / G) * hd, nv, rem, kvt);
+            }
         }
     }
 
@@ -517,7 +547,7 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
                     .nh = nh, .nkv = nkv, .hd = hd, .scale = scale, .b = b, .hsplit = hsplit};
     job.hdp = (hd + CM_LANES - 1) / CM_LANES * CM_LANES;
     job.nhp = (nh + CM_LANES - 1) / CM_LANES * CM_LANES;
-    job.chunk_floats = ((size_t)b->max_seq_len + 1) * (size_t)job.nhp + 2 * (size_t)nh * (size_t)job.hdp;
+    job.chunk_floats = (size_t)attn_e_floats(b->max_seq_len, job.nhp) + (size_t)job.nhp + 2 * (size_t)nh * (size_t)job.hdp;
     const int32_t per_worker = (n_chunks + ce->n_threads - 1) / ce->n_threads;
     rc = cpu_exec_scratch(ce, (size_t)per_worker * job.chunk_floats);
     if (rc)
