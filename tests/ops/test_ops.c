@@ -602,7 +602,8 @@ static void test_attention(void **state)
 
 static void case_silu_mul(executor *ex, double tol, pg_test_rng *rng)
 {
-    const int32_t shapes[][2] = {{1, 1}, {1, 17}, {3, 256}, {9, 1000}, {64, 2048}};
+    /* {1, 2048}, {1, 3001}: one row split across the pool; {9, 1000}: splits inside a row */
+    const int32_t shapes[][2] = {{1, 1}, {1, 17}, {3, 256}, {9, 1000}, {1, 2048}, {1, 3001}, {64, 2048}};
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         const int32_t T = shapes[c][0], I = shapes[c][1];
         const size_t n_in = (size_t)T * 2 * I, n = (size_t)T * I;
