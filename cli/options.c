@@ -19,7 +19,7 @@ enum {
     OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM, OPT_ENFORCE_EAGER,
     OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
-    OPT_QUANT,
+    OPT_QUANT, OPT_PROFILE_OPS,
 };
 
 static const struct option generate_opts[] = {
@@ -67,6 +67,7 @@ static const struct option generate_opts[] = {
     {"unordered", no_argument, NULL, OPT_UNORDERED},
     {"resume", no_argument, NULL, OPT_RESUME},
     {"metrics", no_argument, NULL, OPT_METRICS},
+    {"profile-ops", no_argument, NULL, OPT_PROFILE_OPS},
     {"quiet", no_argument, NULL, 'q'},
     {"log-interval", required_argument, NULL, OPT_LOG_INTERVAL},
     {"shard", required_argument, NULL, OPT_SHARD},
@@ -210,6 +211,9 @@ static const char *const generate_help[] = {
 "                             append the rest [default: off]\n"
 "      --metrics              add per-request timings and a real \"created\" time\n"
 "                             (output is then no longer byte-reproducible) [default: off]\n"
+"      --profile-ops          cpu: time every op of the forward and print, after the\n"
+"                             summary, each op's share of the prefill and of the\n"
+"                             decode steps on stderr [default: off]\n"
 "  -q, --quiet                no progress and no summary on stderr [default: off]\n"
 "      --log-interval SEC     progress line period when stderr is not a terminal\n"
 "                             [default: 10]\n"
@@ -708,6 +712,7 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
     case OPT_TRUNCATE_MAX_TOKENS: o->truncate_max_tokens = true; break;
     case OPT_RESUME: o->resume = true; break;
     case OPT_METRICS: o->metrics = true; break;
+    case OPT_PROFILE_OPS: o->profile_ops = true; break;
     case 'q': o->quiet = true; break;
     case OPT_LOG_INTERVAL:
         rc = cli_parse_double(arg, 0.05, 86400.0, "--log-interval", &o->log_interval_s, err);

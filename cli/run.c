@@ -61,6 +61,7 @@ typedef struct run_state {
     bool eof;
     int exit_code;        /* a fatal code once set (IO, MODEL) */
     pg_error err;
+    op_profile prof;              /* --profile-ops: the model's op times */
 } run_state;
 
 static void fail(run_state *s, int code, const char *what)
@@ -501,6 +502,13 @@ static int load_model(run_state *s)
         fail(s, rc == PG_EUNSUPPORTED || rc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, "device");
         return -1;
     }
+    if (o->profile_ops && strcmp(s->ex->name, "cpu") != 0) {
+        /* an op returns before it has run there: the times would be launch times */
+        pg_error_set(&s->err, PG_EINVAL, "--profile-ops times the ops of the cpu executor; the %s "
+                     "executor runs them asynchronously (profile it with Nsight Systems)", s->ex->name);
+        fail(s, CLI_EXIT_USAGE, NULL);
+        return -1;
+    }
     if (st_open(&s->weights, o->model_dir, &s->err) != PG_OK) {
         fail(s, CLI_EXIT_MODEL, NULL);
         return -1;
@@ -512,6 +520,8 @@ static int load_model(run_state *s)
         fail(s, CLI_EXIT_MODEL, o->model_dir);
         return -1;
     }
+    if (o->profile_ops)
+        model_set_op_profile(s->mdl, &s->prof);
     /* The weights now live on the executor; the mapping is not needed. */
     st_close(s->weights);
     s->weights = NULL;
@@ -711,6 +721,8 @@ int cli_run_generate(const cli_options *o)
     }
     engine_get_stats(s->eng, &stats);
     cli_progress_summary(s->progress, &s->counts, &stats, interrupted);
+    if (o->profile_ops) /* asked for by name: printed under --quiet too */
+        op_profile_print(&s->prof, stderr, "pagedgen: ");
     if (interrupted && s->exit_code == CLI_EXIT_OK)
         s->exit_code = CLI_EXIT_INTERRUPTED;
 done:;

@@ -67,6 +67,9 @@ struct model {
     void *rows_x;                 /* [Smax][H] act    gathered residual rows */
     void *rows_mlp;               /* [Smax][H] act    gathered last mlp_out rows */
     void *rows_out;               /* [Smax][H] act    final-normed rows */
+
+    op_profile *prof;             /* borrowed, NULL: no timing (model_set_op_profile) */
+    int prof_kind;                /* OPP_PREFILL or OPP_DECODE: the step being run */
 };
 
 /* ---- sizes ---------------------------------------------------------------- */
@@ -453,6 +456,24 @@ static int op_failed(model *m, int rc, const char *op, int32_t layer, pg_error *
     return pg_error_set(err, rc, "model forward: %s: %s", op, m->ex->op->last_error(m->ex));
 }
 
+/* --profile-ops (op_profile.h): the clock before an op when profiling
+ * (else 0), and its time added to the op's total after it. */
+static double prof_begin(const model *m)
+{
+    return m->prof ? op_profile_now() : 0.0;
+}
+
+static void prof_end(model *m, op_profile_op op, double t0)
+{
+    if (m->prof)
+        m->prof->seconds[m->prof_kind][op] += op_profile_now() - t0;
+}
+
+void model_set_op_profile(model *m, op_profile *p)
+{
+    m->prof = p;
+}
+
 /* One decoder layer over all T rows. On entry m->x holds the residual
  * stream and, for l > 0, m->proj the previous layer's mlp_out (not yet
  * added); on return the same holds for layer l + 1. *failed names the op
@@ -469,40 +490,63 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     const float scale = 1.0f / sqrtf((float)hd);
     char *k_plane = (char *)m->kv + (size_t)(2 * l) * m->plane_elems * ex->kv_bytes;
     char *v_plane = k_plane + m->plane_elems * ex->kv_bytes;
+    double t0;
     int rc;
 
     /* layer 0: normed = rmsnorm(x); later: x += mlp_out (in proj), normed = rmsnorm(x) */
     *failed = "input rmsnorm";
+    t0 = prof_begin(m);
     if ((rc = op->rmsnorm(ex, m->normed, l == 0 ? NULL : m->x, l == 0 ? m->x : m->proj,
                           ly->attn_norm, T, H, eps)))
         return rc;
+    prof_end(m, OPP_INPUT_NORM, t0);
     *failed = "qkv matmul";
+    t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->qkv, m->normed, ly->w_qkv, T, m->QKV, H)))
         return rc;
+    prof_end(m, OPP_QKV, t0);
     *failed = "rope";
+    t0 = prof_begin(m);
     if ((rc = op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b)))
         return rc;
+    prof_end(m, OPP_ROPE, t0);
     *failed = "kv_write";
+    t0 = prof_begin(m);
     if ((rc = op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b)))
         return rc;
+    prof_end(m, OPP_KV_WRITE, t0);
     *failed = "attention";
+    t0 = prof_begin(m);
     if ((rc = op->attention(ex, m->attn, m->qkv, k_plane, v_plane, nh, nkv, hd, scale, b)))
         return rc;
+    prof_end(m, OPP_ATTENTION, t0);
     *failed = "o matmul";
+    t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->proj, m->attn, ly->w_o, T, H, m->Q)))
         return rc;
+    prof_end(m, OPP_O, t0);
     /* x += attn_o; normed = rmsnorm(x) */
     *failed = "post-attention rmsnorm";
+    t0 = prof_begin(m);
     if ((rc = op->rmsnorm(ex, m->normed, m->x, m->proj, ly->mlp_norm, T, H, eps)))
         return rc;
+    prof_end(m, OPP_POST_NORM, t0);
     *failed = "gate_up matmul";
+    t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->gate_up, m->normed, ly->w_gate_up, T, 2 * I, H)))
         return rc;
+    prof_end(m, OPP_GATE_UP, t0);
     *failed = "silu_mul";
+    t0 = prof_begin(m);
     if ((rc = op->silu_mul(ex, m->mlp, m->gate_up, T, I)))
         return rc;
+    prof_end(m, OPP_SILU_MUL, t0);
     *failed = "down matmul";
-    return op->matmul(ex, m->proj, m->mlp, ly->w_down, T, H, I); /* mlp_out */
+    t0 = prof_begin(m);
+    if ((rc = op->matmul(ex, m->proj, m->mlp, ly->w_down, T, H, I))) /* mlp_out */
+        return rc;
+    prof_end(m, OPP_DOWN, t0);
+    return PG_OK;
 }
 
 /* The L sampling rows only: gather x and the last mlp_out, then
@@ -535,10 +579,17 @@ static int forward_ops(model *m, const step_batch *b, float *logits, pg_error *e
     executor *ex = m->ex;
     const char *failed = "begin_step";
     int32_t layer = -1;
+    if (m->prof) {
+        m->prof_kind = b->num_tokens > b->num_seqs ? OPP_PREFILL : OPP_DECODE;
+        m->prof->steps[m->prof_kind]++;
+        m->prof->tokens[m->prof_kind] += b->num_tokens;
+    }
     rc = ex->op->begin_step(ex, b);
     if (!rc) {
         failed = "embed";
+        const double t0 = prof_begin(m);
         rc = ex->op->embed(ex, m->x, m->embed, m->H, m->V, b);
+        prof_end(m, OPP_EMBED, t0);
     }
     for (int32_t l = 0; !rc && l < m->NL; l++) {
         layer = l;
@@ -546,7 +597,9 @@ static int forward_ops(model *m, const step_batch *b, float *logits, pg_error *e
     }
     if (!rc && b->num_logits > 0) { /* L = 0: a step that only fills the cache */
         layer = -1;
+        const double t0 = prof_begin(m);
         rc = forward_head(m, b, logits, &failed);
+        prof_end(m, OPP_HEAD, t0);
     }
     if (rc)
         return op_failed(m, rc, failed, layer, err);

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "engine.h"
 #include "executor.h"
+#include "op_profile.h"
 #include "pg_error.h"
 #include "safetensors.h"
 
@@ -63,6 +64,11 @@ int model_forward(model *m, const step_batch *b, float *logits, pg_error *err);
 /* Copies KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in every layer
  * (copy-on-write). PG_EINVAL, nothing copied, for an id outside the pool. */
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err);
+
+/* Times every op of every later forward into p (borrowed; NULL stops):
+ * op_profile.h. Meaningful on an executor whose ops complete before they
+ * return (the CPU); on CUDA the ops are asynchronous. */
+void model_set_op_profile(model *m, op_profile *p);
 
 /* The engine backend over this model (borrows m). */
 engine_backend model_backend(model *m);

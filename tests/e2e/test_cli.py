@@ -9,6 +9,7 @@ it the case is skipped (exit 77), or fails when CI=true.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -685,6 +686,44 @@ def case_progress():
     rc, out, err = gen([], stdin_bytes=three)
     check(rc == 0 and len(lines_of(out)) == 3, f"--quiet run: exit {rc}")
     check(err == b"", f"--quiet printed {err[:200]!r}")
+
+
+def case_profile_ops():
+    """--profile-ops: the same records as without it, and a table on stderr
+    (printed under --quiet too) with every op of the forward for the steps
+    with prefill and the decode steps: times >= 0, shares summing to 100%,
+    token counts that add up to every token the run computed."""
+    names = ["embed", "input rmsnorm", "qkv matmul", "rope", "kv_write", "attention", "o matmul",
+             "post rmsnorm", "gate_up matmul", "silu_mul", "down matmul", "head (norm, lm_head)"]
+    inp, exp, flags, code = SAMPLE_RUNS[1]
+    want = open(os.path.join(SAMPLES, exp), "rb").read()
+    rc, out, err = gen(["-i", os.path.join(SAMPLES, inp), "--profile-ops"] + flags)
+    check(rc == code, f"exit {rc}: {err.decode()[-1000:]}")
+    check(out == want, "--profile-ops changed the records")
+    text = err.decode()
+    for kind in ("steps with prefill", "decode steps"):
+        m = re.search(r"pagedgen: op profile, " + kind + r": (\d+) steps, (\d+) tokens, ([0-9.]+) ms", text)
+        check(m is not None, f"no {kind!r} table in {text[:600]!r}")
+        check(int(m.group(1)) > 0 and int(m.group(2)) >= int(m.group(1)), f"{kind}: counts {m.groups()}")
+        block = text[m.end():].split("pagedgen: op profile", 1)[0]
+        share = 0.0
+        for name in names:
+            row = re.search(r"pagedgen:   " + re.escape(name) + r" +([0-9.]+) ms +([0-9.]+) us/token +([0-9.]+)%", block)
+            check(row is not None, f"{kind}: no row for {name!r}")
+            share += float(row.group(3))
+        check(abs(share - 100.0) < 0.5, f"{kind}: shares sum to {share}")
+    check("tokens:" not in text, "the summary is printed under --quiet")
+    # without --quiet: the profiled tokens are every token the forward ran,
+    # the prompt tokens computed plus every generated token but each
+    # output's last (it is sampled, never fed back)
+    rc, out, err = run(["-m", MODEL, "-i", os.path.join(SAMPLES, inp), "--profile-ops"] + flags)
+    text = err.decode()
+    m = re.search(r"tokens: (\d+) prompt \(computed\), (\d+) generated", text)
+    check(rc == code and m is not None, f"exit {rc}, no summary: {text[-600:]!r}")
+    outputs = sum(len(r.get("outputs", [])) for r in map(json.loads, lines_of(out)))
+    profiled = sum(int(x) for x in re.findall(r"op profile, [a-z ]+: \d+ steps, (\d+) tokens", text))
+    want_tokens = int(m.group(1)) + int(m.group(2)) - outputs
+    check(profiled == want_tokens, f"profiled {profiled} tokens, expected {want_tokens}")
 
 
 def case_sliding_window_free():
