@@ -95,6 +95,42 @@ class SectionTest(unittest.TestCase):
             self.assertAlmostEqual(r["ratio_decode"], 1.0)
             self.assertAlmostEqual(r["ratio_gen"], 0.5)
 
+    def test_rounds_keep_best(self):
+        """rounds from results.json: llama.cpp runs that many times per type
+        and each figure keeps its best round (as pagedgen's do)."""
+        with tempfile.TemporaryDirectory() as d:
+            fast = SAMPLE.replace("|   102.89 |", "|   205.78 |")
+            self.assertNotEqual(fast, SAMPLE)
+            fake = os.path.join(d, "llama-batched-bench")
+            with open(fake, "w") as f:  # the second call prints the faster table
+                f.write("#!/bin/sh\necho x >> %s/calls\nif [ $(wc -l < %s/calls) -ge 2 ]; then\n"
+                        "cat <<'EOF'\n%sEOF\nelse\ncat <<'EOF'\n%sEOF\nfi\n" % (d, d, fast, SAMPLE))
+            os.chmod(fake, 0o755)
+            gguf = os.path.join(d, "m.gguf")
+            open(gguf, "wb").close()
+            rows = [{"weights": "bf16", "kv": "bf16", "batches": [
+                {"batch": 1, "decode_tok_s": 205.78, "gen_tok_s": 1.0},
+                {"batch": 64, "decode_tok_s": 594.92, "gen_tok_s": 64 * 128 / 21.570}]}]
+            res = os.path.join(d, "results.json")
+            with open(res, "w") as f:
+                json.dump({"storage": {"prompt_len": 128, "output_len": 128, "threads": 2, "rounds": 2,
+                                       "rows": rows}}, f)
+            out = os.path.join(d, "peers.json")
+            import subprocess
+            p = subprocess.run([sys.executable, os.path.join(os.path.dirname(peers.__file__), "peers.py"),
+                                "--llama-batched-bench", fake, "--results", res, "--gguf", "bf16=" + gguf,
+                                "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("best of 2 interleaved rounds", p.stdout)
+            with open(os.path.join(d, "calls")) as f:
+                self.assertEqual(len(f.read().split()), 2)
+            with open(out) as f:
+                rep = json.load(f)
+            self.assertEqual(rep["rounds"], 2)
+            r = rep["rows"][0]["pagedgen"]["bf16"]
+            self.assertAlmostEqual(r["ratio_b1_decode"], 1.0)  # the faster round's 205.78
+            self.assertAlmostEqual(r["ratio_gen"], 1.0)
+
 
 def read_gguf(path):
     """Independent minimal reader: (version, metadata dict, tensor infos,
