@@ -57,6 +57,14 @@ class ParserTest(unittest.TestCase):
             peers.parse_batched_bench(SAMPLE.replace("|   102.89 |", "|"))
 
 
+def run_peers(fake, results, gguf_spec, out):
+    """peers.py as scripts/bench runs it, with a stand-in binary"""
+    import subprocess
+    return subprocess.run([sys.executable, os.path.join(os.path.dirname(peers.__file__), "peers.py"),
+                           "--llama-batched-bench", fake, "--results", results, "--gguf", gguf_spec,
+                           "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 class SectionTest(unittest.TestCase):
     """peers.py end to end against a stand-in llama-batched-bench that
     prints SAMPLE and records its arguments."""
@@ -77,10 +85,7 @@ class SectionTest(unittest.TestCase):
             with open(res, "w") as f:
                 json.dump({"storage": {"prompt_len": 128, "output_len": 128, "threads": 2, "rows": rows}}, f)
             out = os.path.join(d, "peers.json")
-            import subprocess
-            p = subprocess.run([sys.executable, os.path.join(os.path.dirname(peers.__file__), "peers.py"),
-                                "--llama-batched-bench", fake, "--results", res, "--gguf", "bf16=" + gguf,
-                                "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            p = run_peers(fake, res, "bf16=" + gguf, out)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("no --gguf q8_0=FILE given: skipped", p.stdout)
             with open(os.path.join(d, "args")) as f:
@@ -116,10 +121,7 @@ class SectionTest(unittest.TestCase):
                 json.dump({"storage": {"prompt_len": 128, "output_len": 128, "threads": 2, "rounds": 2,
                                        "rows": rows}}, f)
             out = os.path.join(d, "peers.json")
-            import subprocess
-            p = subprocess.run([sys.executable, os.path.join(os.path.dirname(peers.__file__), "peers.py"),
-                                "--llama-batched-bench", fake, "--results", res, "--gguf", "bf16=" + gguf,
-                                "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            p = run_peers(fake, res, "bf16=" + gguf, out)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("best of 2 interleaved rounds", p.stdout)
             with open(os.path.join(d, "calls")) as f:
