@@ -276,9 +276,10 @@ static inline int64_t attn_e_floats(int32_t max_seq_len, int32_t nhp)
  *         an item of fewer than ATTN_HSUM16_MIN_HEADS heads (a decode item
  *         of one kv head) keeps them [nhi][Lp] instead, Lp = max_seq_len
  *         rounded up to 16, plus 16 (a store of 16 rows from the last one
- *         stays in its head's row; attn_e_floats): its softmax then runs 16 rows of one head per
- *         vector, every lane used (cm_exp is lane-wise, the max exact and z
- *         summed in j order either way: the same bits)
+ *         stays in its head's row; attn_e_floats): its softmax then runs
+ *         16 rows of one head per vector, every lane used (cm_exp is
+ *         lane-wise, the max exact and z summed in j order either way: the
+ *         same bits)
  *   qp    [nh][hdp]           q, zero-padded
  *   o     [nh][hdp]           output accumulators
  *   inv_z [nhp]

@@ -104,7 +104,8 @@ size_t cpu_kv_bytes(cpu_kv t)
  * a carry into the exponent rounding up to inf). kv_write converts every
  * K and V element a step writes; called once per element through another
  * library, the conversion was 15% of a 110m prefill and 8% of a batch-64
- * decode step (tests/ops test_kv_store_bf16 compares the two). */
+ * decode step (tests/ops/test_attention_fast.c test_narrow_16bit compares
+ * the two). */
 static inline uint16_t kv_bf16_rne(uint32_t x)
 {
     const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
