@@ -98,31 +98,13 @@ size_t cpu_kv_bytes(cpu_kv t)
     return t == CPU_KV_F32 ? 4u : 2u;
 }
 
-/* pg_f32_to_bf16 (weights/dtype.c) written without a branch, so that the
- * loop in cpu_kv_store vectorizes: the same bits for every input (NaN:
- * sign and top payload kept, quiet bit forced; else round to nearest even,
- * a carry into the exponent rounding up to inf). kv_write converts every
- * K and V element a step writes; called once per element through another
- * library, the conversion was 15% of a 110m prefill and 8% of a batch-64
- * decode step (tests/ops/test_attention_fast.c test_narrow_16bit compares
- * the two). */
-static inline uint16_t kv_bf16_rne(uint32_t x)
-{
-    const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-    const uint32_t nan = (x >> 16) | 0x0040u;
-    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
-}
-
 void cpu_kv_store(cpu_kv t, void *dst, const float *src, int64_t n)
 {
     uint16_t *d = dst;
     switch (t) {
     case CPU_KV_BF16:
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t x;
-            memcpy(&x, &src[i], sizeof x);
-            d[i] = kv_bf16_rne(x);
-        }
+        for (int64_t i = 0; i < n; i++) /* inline: vectorizes (dtype.h) */
+            d[i] = pg_f32_to_bf16(src[i]);
         break;
     case CPU_KV_F16:
         for (int64_t i = 0; i < n; i++)

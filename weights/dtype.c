@@ -84,17 +84,6 @@ float pg_bf16_to_f32(uint16_t b)
     return bits_f32((uint32_t)b << 16);
 }
 
-uint16_t pg_f32_to_bf16(float f)
-{
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u) /* NaN: keep sign and top payload, force quiet */
-        return (uint16_t)((x >> 16) | 0x0040u);
-    /* RNE: add 0x7FFF plus the lowest kept bit; a carry into the exponent is
-     * the correct rounding (up to inf for values past bf16's max). */
-    uint32_t lsb = (x >> 16) & 1u;
-    return (uint16_t)((x + 0x7FFFu + lsb) >> 16);
-}
-
 uint16_t pg_f32_to_f16(float f)
 {
     uint32_t x = f32_bits(f);

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef enum st_dtype {
     ST_F32 = 0,
@@ -34,8 +35,20 @@ int st_dtype_is_float_weight(st_dtype t);
 float pg_f16_to_f32(uint16_t h);
 /* bfloat16 -> binary32, exact (it is the top half of the f32 bits). */
 float pg_bf16_to_f32(uint16_t b);
-/* binary32 -> bfloat16, round to nearest even; NaN stays a (quiet) NaN. */
-uint16_t pg_f32_to_bf16(float f);
+/* binary32 -> bfloat16, round to nearest even; NaN stays a (quiet) NaN
+ * (sign and top payload kept, quiet bit forced). RNE: add 0x7FFF plus the
+ * lowest kept bit; a carry into the exponent is the correct rounding (up to
+ * inf past bf16's max). Inline and without a branch, so that a loop over a
+ * row (the CPU's kv_write, cpu_wt.c) vectorizes: called once per element
+ * through this library it was 15% of a 110m prefill. */
+static inline uint16_t pg_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    const uint32_t nan = (x >> 16) | 0x0040u;
+    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
 /* binary32 -> binary16, round to nearest even; overflow -> inf. */
 uint16_t pg_f32_to_f16(float f);
 

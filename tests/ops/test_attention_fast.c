@@ -455,8 +455,9 @@ static void test_widen_16bit(void **state)
     }
 }
 
-/* cpu_kv_store (what kv_write writes into a 16-bit cache) against
- * weights/dtype.c's scalar conversions: every high half (so every sign,
+/* cpu_kv_store (what kv_write writes into a 16-bit cache) against the
+ * scalar conversions of weights/dtype.h, one call per element (their own
+ * values are pinned case by case in tests/weights test_dtype): every high half (so every sign,
  * exponent, NaN and inf) under the low halves that decide rounding: 0,
  * the ties 0x8000 (to even: the kept lsb 0 or 1 both occur over the high
  * halves), one below and above them, 0xffff (a carry through the
