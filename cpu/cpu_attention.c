@@ -227,6 +227,15 @@ static inline __attribute__((always_inline)) void attn_axpy(float *o, float e, c
  * DRAM (a third of a batch-1 int8 decode step in perf at 400 tokens of
  * context). A hint only: no value changes. */
 #define ATTN_PF_BLOCKS 2
+/* The hints fetch into L2 (prefetcht2), not L1: a narrow walk issues a hint
+ * for every line of its run, and L1 has far fewer miss buffers than L2, so
+ * hints into L1 stalled on them and left few lines in flight. Measured on a
+ * 2-core Zen 4 (30 GB/s), 110m, batch-1 decode at 128-256 tokens of
+ * context, --profile-ops, A/B runs interleaved: attention with a bf16 cache
+ * 1050-1160 -> 303-307 us/token (with int8 weights 1019-1116 -> 334-399),
+ * with an f32 cache 1037-1090 -> 712-732; at batch 64 (whole runs) decode
+ * unchanged within noise, prefill 64-76 -> 57-58. */
+#define ATTN_PF_LOCALITY 1
 /* An item of all kv heads reads each block as one contiguous run
  * (bs * nkv * hd elements), which the hardware prefetcher streams by
  * itself; a hint per line then only competed with the loads for the miss
@@ -250,12 +259,12 @@ static inline __attribute__((always_inline)) void attn_prefetch_block(const void
     const char *base = (const char *)c + ((int64_t)table[blk] * bs * kvw + g_off) * (int64_t)eb;
     if (run_bytes == (size_t)kvw * eb) {
         for (int32_t o = 0; o < ATTN_PF_WHOLE_RUN_LINES; o++)
-            __builtin_prefetch(base + (int64_t)o * 64, 0, 3);
+            __builtin_prefetch(base + (int64_t)o * 64, 0, ATTN_PF_LOCALITY);
         return;
     }
     for (int32_t r = 0; r < rows; r++)
         for (size_t o = 0; o < run_bytes; o += 64)
-            __builtin_prefetch(base + (int64_t)r * kvw * (int64_t)eb + (int64_t)o, 0, 3);
+            __builtin_prefetch(base + (int64_t)r * kvw * (int64_t)eb + (int64_t)o, 0, ATTN_PF_LOCALITY);
 }
 
 /* Row stride of a narrow item's scores (attn_item), and the floats of a
