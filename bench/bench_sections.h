@@ -1,7 +1,9 @@
-/* bench_sections: the sections of pagedgen_bench (machine ceilings,
- * throughput, paged vs contiguous, scaling, prefix sharing and parallel
- * sampling) over the run state that main() fills from the command line.
- * Each section prints its table to stdout and adds its object to c->j;
+/* bench_sections: the sections of pagedgen_bench — one file each,
+ * bench_sec_<name>.c: machine ceilings, throughput, paged vs contiguous,
+ * scaling, prefix sharing and parallel sampling, storage types — over the
+ * run state that main() fills from the command line, and the helpers they
+ * share (bench_sections.c). Each section prints its table to stdout and adds
+ * its object to c->j;
  * sections return 0, or nonzero when a model failed to load or a run failed
  * (failed checks are counted in c->checks_failed instead).
  */
@@ -9,10 +11,13 @@
 #define PG_BENCH_SECTIONS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
+#include "bench_engine.h"
 #include "bench_machine.h"
 #include "bench_report.h"
+#include "bench_workload.h"
 
 #define BENCH_MAX_PATH 1024
 
@@ -38,11 +43,45 @@ bool bench_file_exists(const char *path);
 /* --only: true when section `name` is to run. */
 bool bench_section_on(const bench_ctx *c, const char *name);
 
+/* ---- shared by the sections (bench_sections.c) ---- */
+
+static inline int32_t bench_ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+/* The folder of model `name` ("15m", "110m", "gqa-110m", "stories260K"). */
+void bench_model_path(const bench_ctx *c, const char *name, char *out, size_t cap);
+/* Counts and prints a failed check (c->checks_failed). */
+void bench_check(bench_ctx *c, bool ok, const char *what);
+/* max_position_embeddings of model `name` from its config.json into *ctx;
+ * *ctx = 0 when the model is missing (bench_load then reports the skip). */
+int bench_config_ctx(const bench_ctx *c, const char *name, int32_t *ctx);
+/* Loads model `name`, or reports why not (*skipped: a missing synthetic model). */
+int bench_load(bench_ctx *c, const char *name, bench_model *bm, int32_t num_blocks,
+               int32_t max_num_seqs, bool *skipped);
+/* Draws spec s for bm's context and vocabulary; 0, or -1 (out of memory). */
+int bench_make_workload(const bench_model *bm, const bench_workload_spec *s, bench_workload *w);
+/* Runs w with rp; on failure says which workload on which model failed. */
+int bench_run_or_report(bench_model *bm, const bench_workload *w, const bench_run_params *rp,
+                        bench_result *r);
+/* Makes spec s's workload, runs it into *out and frees it — unless keep is
+ * given and the run succeeded: then *keep holds it and the caller frees it. */
+int bench_run_workload(bench_model *bm, const bench_workload_spec *s, const bench_run_params *rp,
+                       bench_result *out, bench_workload *keep);
+/* Runs w with rp[0] then rp[1], stopping at the first failure. */
+int bench_run_pair(bench_model *bm, const bench_workload *w, const bench_run_params rp[2],
+                   bench_result r[2]);
+/* A short untimed run: page faults, pool start-up and caches out of the way. */
+int bench_warm_up(bench_model *bm);
+void bench_json_workload(bench_json *j, const char *key, const bench_workload *w);
+void bench_json_result(bench_json *j, const char *key, const bench_result *r,
+                       const bench_run_params *rp);
+void bench_json_model(bench_json *j, const bench_model *bm);
+
+/* ---- the sections (bench_sec_<name>.c) ---- */
+
 void bench_section_machine(bench_ctx *c); /* measures c->mach */
 int bench_section_throughput(bench_ctx *c);
 int bench_section_paged(bench_ctx *c);
 int bench_section_scaling(bench_ctx *c);
 int bench_section_prefix(bench_ctx *c);   /* + parallel sampling */
-int bench_section_storage(bench_ctx *c);  /* bench_storage.c: f32/bf16/int8 weights x f32/bf16 kv */
+int bench_section_storage(bench_ctx *c);  /* f32/bf16/int8 weights x f32/bf16 kv */
 
 #endif /* PG_BENCH_SECTIONS_H */

@@ -14,7 +14,7 @@
  *               parallel sampling vs 4 independent requests (blocks saved).
  *   storage     Issue 13: 110m with f32 / bf16 / int8 weights x f32 / bf16
  *               KV cache at batch 1 and 64, ratios to f32/f32 in the same
- *               run, the batch-1 bytes-per-token roofline (bench_storage.c).
+ *               run, the batch-1 bytes-per-token roofline (bench_sec_storage.c).
  *
  * The engine is driven directly (prompts as token ids, EOS ignored, greedy
  * unless said otherwise, fixed seeds, a warm-up run per model). Figures go

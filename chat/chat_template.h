@@ -6,7 +6,7 @@
  * strftime_now). The Jinja interpreter lives in chat/jinja_*; this module
  * finds the template, builds the variables from a chat request and calls it.
  *
- * Depends on weights/json and common/ only: no tokenizer, no engine.
+ * Depends on common/ (json, file_io) only: no tokenizer, no engine.
  */
 #ifndef PG_CHAT_TEMPLATE_H
 #define PG_CHAT_TEMPLATE_H

@@ -12,7 +12,7 @@
  *                    | {"type": "text"}                   (OpenAI)
  * null means not set. Two constraints on one request are an error, as is
  * "grammar" / guided_grammar (EBNF is not supported). Pure: the schema is
- * only carried as text here; the engine compiles it (core/grammar.h).
+ * only carried as text here; the engine compiles it (structured/grammar.h).
  */
 #ifndef PG_CLI_REQUEST_STRUCTURED_H
 #define PG_CLI_REQUEST_STRUCTURED_H

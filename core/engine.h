@@ -20,7 +20,7 @@
 #include "sampling_params.h"
 #include "step_batch.h"
 
-typedef struct tokenizer tokenizer; /* weights/tokenizer.h */
+typedef struct tokenizer tokenizer; /* tokenizer/tokenizer.h */
 
 /* What the engine needs from a model (plain data; engine_create copies the
  * struct, ctx is borrowed and passed back to every call). Both functions

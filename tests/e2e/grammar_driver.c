@@ -1,4 +1,4 @@
-/* grammar_driver: core/grammar as a line filter, for test_grammar_diff.py.
+/* grammar_driver: structured/grammar as a line filter, for test_grammar_diff.py.
  * Each input line: KIND \t SRC \t S1 \t S2 ... where KIND is a
  * grammar_kind number and SRC, Si are JSON string literals (the constraint
  * text, the candidate outputs). Each output line: 'E' + the compile error,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Differential tests of core/grammar against independent references
+"""Differential tests of structured/grammar against independent references
 (suite e2e), stdlib only.
 
 usage: test_grammar_diff.py GRAMMAR_DRIVER CASE [SEED [COUNT]]

@@ -38,7 +38,7 @@ def gen(args, stdin_bytes=None, timeout=600):
     return p.returncode, p.stdout, p.stderr
 
 
-# ---- the validator (independent of core/grammar) ------------------------------
+# ---- the validator (independent of structured/grammar) ------------------------------
 
 FORMATS = {
     "date": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",

@@ -1,4 +1,4 @@
-/* bench_storage: the "storage" section of pagedgen_bench (issue 13) — the
+/* bench_sec_storage: the "storage" section of pagedgen_bench (issue 13) — the
  * 110m model with its weights stored as f32, bf16 and int8 and its KV cache
  * as f32 and bf16, at batch 1 and 64 (prompt 128 / output 128, greedy,
  * EOS ignored), beside the batch-1 roofline: the bytes one decode step

@@ -1,4 +1,4 @@
-/* tests/core/test_grammar: the constrained-decoding automaton (core/grammar).
+/* tests/structured/test_grammar: the constrained-decoding automaton (structured/grammar).
  *
  * - languages: hand-written strings each constraint must accept / refuse
  *   (regex, JSON schema of every supported kind, choice, json_object);
