@@ -1,7 +1,7 @@
 /* device: which executor runs the model, how many KV blocks it gets, and
  * the model created with them.
  *
- * KV pool sizing (README "Engine flags and the KV cache"), in this order:
+ * KV pool sizing (cli/README.md "Engine flags and the KV cache"), in this order:
  *   --num-kv-blocks N        exactly N blocks;
  *   --kv-cache-memory SIZE   floor(SIZE / bytes per block);
  *   default, cpu             40% of MemAvailable, or what the weights leave

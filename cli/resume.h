@@ -1,6 +1,6 @@
 /* resume: what an earlier (interrupted) run already wrote to -o FILE.
  *
- * Rules (README "Resuming"): a request is answered when the file holds a
+ * Rules (cli/README.md "Resuming"): a request is answered when the file holds a
  * result record with its id (jsonl "id", openai "custom_id") or an error
  * record with its line number (error records count as answered: output is a
  * pure function of the input, so the same line fails the same way; delete
