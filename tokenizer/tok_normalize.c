@@ -10,8 +10,8 @@
  * classes and composition exclusions of the whole UCD, which change with
  * every Unicode release; utf8proc is small (one C file, no dependencies),
  * made for exactly this, passes Unicode's NormalizationTest.txt and is
- * regenerated from each new UCD. ICU would do too but is a 30 MB
- * dependency for one function. Version skew (tokenizer/README.md): HF
+ * regenerated from each new UCD. ICU would do too but is a 36 MB
+ * dependency (libicu72) for one function. Version skew (tokenizer/README.md): HF
  * tokenizers normalizes with the Rust crate unicode-normalization-alignments
  * 0.1.12 (Unicode 9.0.0); Debian bookworm's utf8proc 2.8.0 is Unicode
  * 15.0.0. By Unicode's normalization stability policy the two agree on
