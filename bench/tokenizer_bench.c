@@ -1,5 +1,7 @@
-/* tokenizer_bench: load time and encode/decode speed of the four reference
- * tokenizers (../shared/tokenizers/{llama2,codellama-7b,mistral-7b,llama3}).
+/* tokenizer_bench: load time and encode/decode speed of the five reference
+ * tokenizers (../shared/tokenizers/{llama2,codellama-7b,mistral-7b,llama3,
+ * qwen3}; qwen3 is llama3's shape — Split regex + ByteLevel — plus an NFC
+ * normalizer run by utf8proc on every piece).
  *
  * Corpus: the 363 texts of goldens/tokenize-llama2.jsonl (prose, code,
  * numbers, whitespace runs, many scripts, emoji, special-token spellings)
@@ -9,7 +11,8 @@
  *     words, so this also exercises the heap merge on long words),
  *   - "prompts": every text its own call (prompt-like sizes).
  * The ceiling printed beside is memcpy bandwidth on the same buffer. All
- * times are process CPU time (one thread).
+ * times are process CPU time (one thread). The last row, qwen3-no-NFC, is
+ * qwen3 with its normalizer removed: the difference is NFC's cost.
  *
  *   build/bench/tokenizer_bench [shared_dir]   (meson: `meson test --benchmark tokenizer`)
  */
@@ -103,6 +106,76 @@ static int build_corpus(const char *shared, corpus *c)
     return 0;
 }
 
+/* Encodes the corpus as one document and as prompts, decodes it, prints
+ * one row. */
+static int run_row(const char *name, tokenizer *t, double load_ms, const corpus *c)
+{
+    int32_t *ids;
+    size_t n_ids;
+    pg_error err;
+    /* warm-up, then the document */
+    tok_encode(t, c->all, c->all_len / 16, false, &ids, &n_ids, &err);
+    free(ids);
+    double t0 = now_s();
+    if (tok_encode(t, c->all, c->all_len, false, &ids, &n_ids, &err)) {
+        fprintf(stderr, "tokenizer_bench: %s: %s\n", name, err.msg);
+        return 1;
+    }
+    double doc_s = now_s() - t0;
+    /* decode the document's ids */
+    char *text;
+    size_t tl;
+    t0 = now_s();
+    tok_decode(t, ids, n_ids, false, &text, &tl, &err);
+    double dec_s = now_s() - t0;
+    free(text);
+    free(ids);
+    /* prompts: each text on its own, the whole set several times */
+    size_t bytes = 0;
+    t0 = now_s();
+    for (int r = 0; r < 8; r++)
+        for (size_t i = 0; i < c->n; i++) {
+            tok_encode(t, c->all + c->off[i], c->len[i], true, &ids, &n_ids, &err);
+            free(ids);
+            bytes += c->len[i];
+        }
+    double pr_s = now_s() - t0;
+    tok_encode(t, c->all, c->all_len, false, &ids, &n_ids, &err);
+    printf("%-14s %9.1f %10.2f %12.3f %14.2f %12.1f\n", name, load_ms,
+           (double)c->all_len / doc_s / 1e6, (double)n_ids / (double)c->all_len,
+           (double)bytes / pr_s / 1e6, (double)tl / dec_s / 1e6);
+    free(ids);
+    return 0;
+}
+
+/* qwen3's tokenizer.json with its normalizer object replaced by null: the
+ * same tokenizer without NFC, to show what the normalizer costs. */
+static tokenizer *load_without_normalizer(const char *dir, double *load_ms)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    size_t len;
+    char *json = read_all(path, &len);
+    char *key = json ? strstr(json, "\"normalizer\":") : NULL;
+    char *open = key ? strchr(key, '{') : NULL;
+    char *close = open ? strchr(open, '}') : NULL; /* {"type": "NFC"}: nothing nested */
+    if (!close) {
+        free(json);
+        return NULL;
+    }
+    memcpy(open, "null", 4);
+    memmove(open + 4, close + 1, len - (size_t)(close + 1 - json) + 1);
+    len -= (size_t)(close + 1 - open) - 4;
+    tokenizer *t = NULL;
+    pg_error err;
+    double t0 = now_s();
+    if (tok_load_from_memory(&t, json, len, NULL, 0, path, &err))
+        fprintf(stderr, "tokenizer_bench: %s\n", err.msg);
+    *load_ms = (now_s() - t0) * 1e3;
+    free(json);
+    return t;
+}
+
 int main(int argc, char **argv)
 {
     const char *shared = argc > 1 ? argv[1] : getenv("PAGEDGEN_SHARED");
@@ -121,10 +194,10 @@ int main(int argc, char **argv)
            (double)c.all_len / 1e6, memcpy_gbs);
     printf("%-14s %9s %10s %12s %14s %12s\n", "tokenizer", "load_ms", "doc_MB/s", "tokens/byte",
            "prompts_MB/s", "decode_MB/s");
-    static const char *const names[] = {"llama2", "codellama-7b", "mistral-7b", "llama3"};
+    static const char *const names[] = {"llama2", "codellama-7b", "mistral-7b", "llama3", "qwen3"};
     int rc = 0;
-    for (size_t k = 0; k < 4; k++) {
-        char dir[4096];
+    char dir[4096];
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         snprintf(dir, sizeof dir, "%s/tokenizers/%s", shared, names[k]);
         tokenizer *t;
         pg_error err;
@@ -134,45 +207,16 @@ int main(int argc, char **argv)
             rc = 1;
             continue;
         }
-        double load_ms = (now_s() - t0) * 1e3;
-        int32_t *ids;
-        size_t n_ids;
-        /* warm-up, then the document */
-        tok_encode(t, c.all, c.all_len / 16, false, &ids, &n_ids, &err);
-        free(ids);
-        t0 = now_s();
-        if (tok_encode(t, c.all, c.all_len, false, &ids, &n_ids, &err)) {
-            fprintf(stderr, "tokenizer_bench: %s: %s\n", names[k], err.msg);
-            rc = 1;
-            tok_free(t);
-            continue;
-        }
-        double doc_s = now_s() - t0;
-        /* decode the document's ids */
-        char *text;
-        size_t tl;
-        t0 = now_s();
-        tok_decode(t, ids, n_ids, false, &text, &tl, &err);
-        double dec_s = now_s() - t0;
-        free(text);
-        free(ids);
-        /* prompts: each text on its own, the whole set several times */
-        size_t bytes = 0;
-        t0 = now_s();
-        for (int r = 0; r < 8; r++)
-            for (size_t i = 0; i < c.n; i++) {
-                tok_encode(t, c.all + c.off[i], c.len[i], true, &ids, &n_ids, &err);
-                free(ids);
-                bytes += c.len[i];
-            }
-        double pr_s = now_s() - t0;
-        tok_encode(t, c.all, c.all_len, false, &ids, &n_ids, &err);
-        printf("%-14s %9.1f %10.2f %12.3f %14.2f %12.1f\n", names[k], load_ms,
-               (double)c.all_len / doc_s / 1e6, (double)n_ids / (double)c.all_len,
-               (double)bytes / pr_s / 1e6, (double)tl / dec_s / 1e6);
-        free(ids);
+        rc |= run_row(names[k], t, (now_s() - t0) * 1e3, &c);
         tok_free(t);
     }
+    double load_ms;
+    tokenizer *t = load_without_normalizer(dir, &load_ms); /* dir: qwen3's */
+    if (t)
+        rc |= run_row("qwen3-no-NFC", t, load_ms, &c);
+    else
+        rc = 1;
+    tok_free(t);
     free(copy);
     free(c.all);
     free(c.off);

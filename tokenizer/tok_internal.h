@@ -2,7 +2,8 @@
  * tok_*.c files (one pipeline stage per file). Nothing here is public API.
  *
  * Encoding follows Hugging Face tokenizers' pipeline:
- *   added-token split (raw text) -> normalizer per piece -> added-token split
+ *   added-token split (raw text) -> normalizer per piece (Prepend/Replace/
+ *   Strip, NFC & co. via utf8proc) -> added-token split
  *   (normalized tokens) -> pre-tokenizer (Sequence of Split/ByteLevel/
  *   Metaspace/Digits, run depth-first) -> BPE per word -> post-processor.
  * Every table is built at load; encode/decode only read them (a tokenizer
@@ -110,9 +111,10 @@ typedef struct tok_trie {
 } tok_trie;
 
 /* ---- normalizer (tok_normalize.c) ---- */
-enum tok_norm_kind { TOK_NORM_PREPEND, TOK_NORM_REPLACE, TOK_NORM_STRIP };
+enum tok_norm_kind { TOK_NORM_PREPEND, TOK_NORM_REPLACE, TOK_NORM_STRIP, TOK_NORM_UNICODE };
 typedef struct tok_norm {
     enum tok_norm_kind kind;
+    int form;                    /* unicode: utf8proc_option_t flags (NFC, NFD, NFKC, NFKD) */
     char *a; size_t a_len;       /* prepend text / replace pattern (string) */
     char *b; size_t b_len;       /* replace content */
     pcre2_code *re;              /* replace pattern (regex), else NULL */
@@ -208,6 +210,7 @@ typedef struct tok_enc {
     size_t n, cap;
     pcre2_match_data *md;
     tok_buf norm_buf, norm_tmp;
+    int32_t *ucs; size_t ucs_cap;       /* NFC & co.: code points (utf8proc_int32_t) */
     tok_buf depth_buf[TOK_MAX_PRE + 1];
     tok_buf map_buf[TOK_MAX_PRE + 1];   /* ByteLevel: the mapped word */
     pcre2_match_context *mctx;          /* with a JIT stack, when regexes exist */

@@ -2,7 +2,8 @@
  * SplitDelimiterBehaviors, invert), ByteLevel (add_prefix_space, GPT-2
  * regex, bytes -> printable chars), Metaspace (replacement, prepend_scheme,
  * split), Digits, and Sequence of them. Regexes run with PCRE2 in UTF+UCP
- * mode (JIT when available), standing in for HF's Oniguruma.
+ * mode (JIT when available), standing in for HF's Oniguruma, with \s and
+ * \S rewritten to Oniguruma's meaning (oniguruma_spaces below).
  *
  * A Sequence is run depth-first: stage k splits its piece and hands every
  * sub-piece to stage k+1; after the last stage each word goes to BPE. So no
@@ -16,6 +17,45 @@
 static const char gpt2_re[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/* HF runs these patterns with Oniguruma, whose \s in UTF-8 is Unicode's
+ * White_Space property (oniguruma src/make_unicode_property_data.py:
+ * dic['Space'] = dic['White_Space']; CR_Space in unicode_property_data.c).
+ * PCRE2's \s under PCRE2_UCP (10.42) is \h + \v, which adds U+180E
+ * MONGOLIAN VOWEL SEPARATOR (a format character since Unicode 6.3). So
+ * \s and \S become \p{White_Space} and \P{White_Space}, in and outside
+ * classes; everything else is copied (a \Q...\E quote verbatim). Returns
+ * a malloc'd pattern (*out_len bytes) or NULL when out of memory. */
+static char *oniguruma_spaces(const char *pat, size_t len, size_t *out_len)
+{
+    size_t cap = 1;
+    for (size_t i = 0; i < len; i++)
+        cap += pat[i] == '\\' ? 16 : 1;
+    char *o = malloc(cap), *w = o;
+    if (!o)
+        return NULL;
+    bool quoted = false;
+    for (size_t i = 0; i < len; i++) {
+        if (pat[i] != '\\' || i + 1 == len) {
+            *w++ = pat[i];
+            continue;
+        }
+        char c = pat[++i];
+        if (quoted && c == 'E')
+            quoted = false;
+        else if (!quoted && c == 'Q')
+            quoted = true;
+        if (!quoted && (c == 's' || c == 'S')) {
+            memcpy(w, c == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15);
+            w += 15;
+        } else {
+            *w++ = '\\';
+            *w++ = c;
+        }
+    }
+    *out_len = (size_t)(w - o);
+    return o;
+}
+
 pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, const char *label,
                               pg_error *err)
 {
@@ -23,7 +63,14 @@ pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, const c
     PCRE2_SIZE eo;
     /* PCRE2_LITERAL admits UTF but not UCP */
     uint32_t opt = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opt, &ec, &eo, NULL);
+    size_t tl = len;
+    char *tp = literal ? NULL : oniguruma_spaces(pat, len, &tl);
+    if (!literal && !tp) {
+        pg_error_set(err, PG_ENOMEM, "%s: out of memory", label);
+        return NULL;
+    }
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(tp ? tp : pat), tl, opt, &ec, &eo, NULL);
+    free(tp);
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof msg);

@@ -57,6 +57,7 @@ static void enc_free(tok_enc *e)
     pcre2_jit_stack_free(e->jit);
     tok_buf_free(&e->norm_buf);
     tok_buf_free(&e->norm_tmp);
+    free(e->ucs);
     for (int k = 0; k <= TOK_MAX_PRE; k++) {
         tok_buf_free(&e->depth_buf[k]);
         tok_buf_free(&e->map_buf[k]);

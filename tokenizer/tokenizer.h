@@ -1,8 +1,9 @@
-/* tokenizer: a Hugging Face tokenizer.json (BPE), as the Llama families use
- * it — the SentencePiece flavour (Prepend/Replace "▁" normalizer or Metaspace,
- * byte_fallback) and the byte-level flavour (ByteLevel + Split regex run with
- * PCRE2) — with added/special tokens, the TemplateProcessing post-processor,
- * the matching decoder, and an incremental decoder for generation.
+/* tokenizer: a Hugging Face tokenizer.json (BPE), as the Llama and Qwen
+ * families use it — the SentencePiece flavour (Prepend/Replace "▁" normalizer
+ * or Metaspace, byte_fallback) and the byte-level flavour (ByteLevel + Split
+ * regex run with PCRE2, Qwen's NFC normalizer run with utf8proc) — with
+ * added/special tokens, the TemplateProcessing post-processor, the matching
+ * decoder, and an incremental decoder for generation (tokenizer/README.md).
  * Behaviour is Hugging Face's (goldens: ../shared/goldens/tokenize-*.jsonl).
  */
 #ifndef PG_TOKENIZER_H
@@ -19,7 +20,7 @@ typedef struct tokenizer tokenizer; /* opaque, immutable after load: shareable a
 /* Loads DIR/tokenizer.json (+ DIR/tokenizer_config.json when present, for
  * bos/eos, add_bos_token/add_eos_token and clean_up_tokenization_spaces).
  * On error *out is NULL and the message names the file and the field;
- * unsupported components (Unigram/WordPiece models, NFKC, ...) give
+ * unsupported components (Unigram/WordPiece models, Lowercase, ...) give
  * PG_EUNSUPPORTED. Free with tok_free. */
 int tok_load(tokenizer **out, const char *dir, pg_error *err);
 /* Same from memory (pure; fuzz target). config_json may be NULL. */
@@ -63,7 +64,9 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_specia
  * a ByteFallback run of <0xHH> tokens that is not valid UTF-8 gives one
  * U+FFFD per byte, Rust tokenizers' rule; ByteLevel bytes are decoded like
  * String::from_utf8_lossy). Ids without a piece (out of range) are skipped,
- * as HF skips them. Added tokens go through the decoder like any piece.
+ * as HF skips them. Added tokens go through the decoder like any piece;
+ * skip_special drops only those marked special (Qwen's <think>, <tool_call>
+ * are added tokens that are not special: they stay).
  * *text is malloc'd and NUL-terminated; *len excludes the NUL. */
 int tok_decode(const tokenizer *t, const int32_t *ids, size_t n_ids, bool skip_special,
                char **text, size_t *len, pg_error *err);

@@ -1,10 +1,10 @@
 /* test_tokenizer: the tokenizer against Hugging Face's own tokenizations
  * (../shared/goldens/tokenize-*.jsonl, made by transformers.js; the *-pyref
- * files by Python transformers), the stories260K prompts and greedy
- * completion (decoded through the incremental decoder), the stream
- * invariant on random id sequences, and a few hand-made tokenizers for the
- * parts the goldens do not reach (Metaspace, Split behaviours, invalid
- * byte runs). */
+ * files by Python transformers: ids, tokens, both decodes), the stories260K
+ * prompts and greedy completion (decoded through the incremental decoder),
+ * the stream invariant on random id sequences, and a few hand-made
+ * tokenizers for the parts the goldens do not reach (Metaspace, Split
+ * behaviours, invalid byte runs, the Unicode normalization forms, \s). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <utf8proc.h>
 
 #include "json.h"
 #include "test_support.h"
@@ -140,6 +141,37 @@ static int check_golden(tokenizer *t, const char *file, const char *ids_key)
             }
             free(got);
         }
+        /* tokens = the vocabulary strings of ids_no_special; the pyref files
+         * have none, and their tokens are those of ids or (llama_encoded)
+         * of the ids without BOS */
+        int tk = json_obj_get(&d, 0, "tokens");
+        int32_t *tids = nns >= 0 ? ns : exp, *plain = NULL;
+        long ntids = nns >= 0 ? nns : ne;
+        if (json_is_array(&d, tk) && nns < 0 && json_size(&d, tk) != ne) {
+            size_t np;
+            assert_int_equal(tok_encode(t, text, tl, false, &plain, &np, &err), 0);
+            tids = plain;
+            ntids = (long)np;
+        }
+        if (json_is_array(&d, tk) && ntids >= 0) {
+            bool same = json_size(&d, tk) == ntids;
+            int i = tk + 1;
+            for (long k = 0; same && k < ntids; k++, i = json_skip(&d, i)) {
+                char *want;
+                size_t wl;
+                assert_int_equal(json_get_string(&d, i, &want, &wl, NULL), 0);
+                const char *piece = tok_piece(t, tids[k]);
+                same = piece && strlen(piece) == wl && memcmp(piece, want, wl) == 0;
+                if (!same)
+                    mismatch(&st, file, st.lines, "tokens", text, NULL, 0, NULL, 0, want,
+                             piece ? piece : "(none)");
+                free(want);
+            }
+            if (!same && json_size(&d, tk) != ntids)
+                mismatch(&st, file, st.lines, "tokens (count)", text, NULL, 0, NULL, 0, "", "");
+            good = good && same;
+        }
+        free(plain);
         /* decoded = decode(ids_no_special, skip_special=false, no cleanup) */
         size_t dl;
         char *dec = get_str(&d, "decoded", &dl);
@@ -238,6 +270,56 @@ static void test_llama3(void **state)
     int bad = check_golden(t, "tokenize-llama3.jsonl", "ids");
     /* pyref: Llama 3.2 adds BOS; this revision does not: compare without */
     bad += check_golden(t, "tokenize-llama3-pyref.jsonl", "no-such-field");
+    tok_free(t);
+    assert_int_equal(bad, 0);
+}
+
+/* Qwen3: NFC normalizer, Split regex with single digits + ByteLevel, no
+ * BOS, and added tokens of which only the first 14 are special: <think>,
+ * <tool_call> & co. stay in decode(skip_special_tokens=true). */
+static void test_qwen3(void **state)
+{
+    (void)state;
+    tokenizer *t = load_dir("tokenizers/qwen3");
+    assert_int_equal(tok_vocab_size(t), 151669);
+    assert_int_equal(tok_bos_id(t), -1);
+    assert_int_equal(tok_eos_id(t), 151645); /* <|im_end|> */
+    assert_false(tok_cleanup_default(t));
+    assert_true(tok_is_special(t, 151643));  /* <|endoftext|> */
+    assert_true(tok_is_special(t, 151656));  /* <|video_pad|> */
+    assert_false(tok_is_special(t, 151657)); /* <tool_call> */
+    assert_false(tok_is_special(t, 151667)); /* <think> */
+    assert_string_equal(tok_piece(t, 151668), "</think>");
+    int bad = check_golden(t, "tokenize-qwen3.jsonl", "ids");
+
+    /* <|im_start|> and <|im_end|> go, <think> and <tool_call> stay */
+    static const char chat[] = "<|im_start|>assistant\n<think>\n2+2</think>\n\n"
+                               "<tool_call>x</tool_call><|im_end|>";
+    int32_t *ids;
+    size_t n;
+    pg_error err;
+    assert_int_equal(tok_encode(t, chat, sizeof chat - 1, true, &ids, &n, &err), 0);
+    assert_int_equal(ids[0], 151644);
+    assert_int_equal(ids[n - 1], 151645);
+    char *o;
+    size_t ol;
+    assert_int_equal(tok_decode(t, ids, n, true, &o, &ol, &err), 0);
+    assert_string_equal(o, "assistant\n<think>\n2+2</think>\n\n<tool_call>x</tool_call>");
+    free(o);
+    assert_int_equal(tok_decode(t, ids, n, false, &o, &ol, &err), 0);
+    assert_string_equal(o, chat);
+    free(o);
+    free(ids);
+
+    /* NFC before the pre-tokenizer: e + U+0301 is é; digits one by one */
+    int32_t *a, *b;
+    size_t na, nb;
+    assert_int_equal(tok_encode(t, "caf\x65\xCC\x81 2024", 11, false, &a, &na, &err), 0);
+    assert_int_equal(tok_encode(t, "caf\xC3\xA9 2024", 10, false, &b, &nb, &err), 0);
+    assert_true(ids_eq(a, na, b, nb));
+    assert_int_equal(na, 7); /* "caf", "é", " ", "2", "0", "2", "4" */
+    free(a);
+    free(b);
     tok_free(t);
     assert_int_equal(bad, 0);
 }
@@ -403,6 +485,9 @@ static void test_stream_random(void **state)
     t = load_dir("tokenizers/llama3");
     stream_random(t, 8, 400);
     tok_free(t);
+    t = load_dir("tokenizers/qwen3");
+    stream_random(t, 9, 400);
+    tok_free(t);
 }
 
 /* ---- hand-made tokenizers ---- */
@@ -535,6 +620,168 @@ static void test_split_bytelevel(void **state)
     tok_free(t);
 }
 
+/* A byte-level tokenizer without merges: every byte of the normalized,
+ * pre-tokenized text is its own id (the byte's value), so encode shows
+ * exactly what the normalizer and the pre-tokenizer made of a text. pre is
+ * a pre-tokenizer run before ByteLevel (or NULL); <X> (id 256) is an added
+ * token matched in the raw text. */
+static tokenizer *byte_tok(const char *normalizer, const char *pre)
+{
+    size_t cap = 16384;
+    char *json = malloc(cap);
+    assert_non_null(json);
+    int w = snprintf(json, cap,
+                     "{\"added_tokens\":[{\"id\":256,\"content\":\"<X>\",\"special\":true,"
+                     "\"normalized\":false}],\"normalizer\":%s,\"pre_tokenizer\":{\"type\":"
+                     "\"Sequence\",\"pretokenizers\":[%s%s{\"type\":\"ByteLevel\","
+                     "\"add_prefix_space\":false,\"use_regex\":false}]},\"post_processor\":null,"
+                     "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"vocab\":{",
+                     normalizer, pre ? pre : "", pre ? "," : "");
+    for (unsigned b = 0; b < 256; b++) {
+        /* GPT-2 bytes_to_unicode */
+        unsigned cp = b <= 32 ? 256 + b : (b >= 127 && b <= 160) ? 256 + 33 + (b - 127)
+                    : b == 173 ? 256 + 67 : b;
+        w += snprintf(json + w, cap - (size_t)w, "%s\"\\u%04x\":%u", b ? "," : "", cp, b);
+    }
+    snprintf(json + w, cap - (size_t)w, "},\"merges\":[]}}");
+    tokenizer *t = mem_tok(json);
+    free(json);
+    return t;
+}
+
+/* encode(in) gives the bytes of out as ids (256: <X>, written "<X>" in out) */
+static void expect_bytes(tokenizer *t, const char *in, size_t in_len, const char *out, size_t out_len)
+{
+    int32_t exp[256];
+    size_t ne = 0;
+    for (size_t i = 0; i < out_len; i++) {
+        if (i + 3 <= out_len && memcmp(out + i, "<X>", 3) == 0) {
+            exp[ne++] = 256;
+            i += 2;
+        } else {
+            exp[ne++] = (unsigned char)out[i];
+        }
+    }
+    int32_t *got;
+    size_t ng;
+    pg_error err;
+    assert_int_equal(tok_encode(t, in, in_len, false, &got, &ng, &err), 0);
+    if (!ids_eq(exp, ne, got, ng)) {
+        fprintf(stderr, "text \"%.*s\"\n", (int)in_len, in);
+        print_ids("expected", exp, ne);
+        print_ids("got     ", got, ng);
+        fail();
+    }
+    free(got);
+}
+#define EXPECT_BYTES(t, in, out) expect_bytes(t, in, sizeof in - 1, out, sizeof out - 1)
+
+/* The Unicode normalizers (utf8proc): composition, canonical reordering,
+ * Hangul, composition exclusions and singletons, U+0000 inside a text,
+ * one normalization per piece between added tokens, NFD/NFKC/NFKD. */
+static void test_unicode_normalizers(void **state)
+{
+    (void)state;
+    tokenizer *t = byte_tok("{\"type\":\"NFC\"}", NULL);
+    EXPECT_BYTES(t, "plain ascii", "plain ascii");                 /* the fast path */
+    EXPECT_BYTES(t, "caf\x65\xCC\x81", "caf\xC3\xA9");            /* e + U+0301 -> U+00E9 */
+    EXPECT_BYTES(t, "\xC3\xA9\xC3\xB1", "\xC3\xA9\xC3\xB1");       /* already NFC */
+    EXPECT_BYTES(t, "\xE2\x84\xAB", "\xC3\x85");                  /* U+212B ANGSTROM SIGN -> U+00C5 */
+    /* a + U+0307 (ccc 230) + U+0323 (ccc 220): reordered, then a + U+0323 = U+1EA1 */
+    EXPECT_BYTES(t, "a\xCC\x87\xCC\xA3", "\xE1\xBA\xA1\xCC\x87");
+    /* Hangul jamo L V T -> U+AC01 */
+    EXPECT_BYTES(t, "\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8", "\xEA\xB0\x81");
+    /* U+0958 is a composition exclusion: decomposed, never recomposed */
+    EXPECT_BYTES(t, "\xE0\xA5\x98", "\xE0\xA4\x95\xE0\xA4\xBC");
+    EXPECT_BYTES(t, "\xE0\xA4\x95\xE0\xA4\xBC", "\xE0\xA4\x95\xE0\xA4\xBC");
+    /* U+0000 is text, not an end */
+    EXPECT_BYTES(t, "a\0e\xCC\x81", "a\0\xC3\xA9");
+    /* pieces between added tokens are normalized one by one (HF splits
+     * non-normalized added tokens out of the raw text first) */
+    EXPECT_BYTES(t, "e<X>\xCC\x81", "e<X>\xCC\x81");
+    /* a mark alone, and a mark before a Latin-1 letter (no fast path) */
+    EXPECT_BYTES(t, "\xCC\x81\xC3\xA9", "\xCC\x81\xC3\xA9");
+    tok_free(t);
+
+    t = byte_tok("{\"type\":\"NFD\"}", NULL);
+    EXPECT_BYTES(t, "\xC3\xA9", "e\xCC\x81");
+    EXPECT_BYTES(t, "\xEF\xAC\x81", "\xEF\xAC\x81"); /* U+FB01 fi: no canonical decomposition */
+    tok_free(t);
+    t = byte_tok("{\"type\":\"NFKC\"}", NULL);
+    EXPECT_BYTES(t, "\xEF\xAC\x81 \xC2\xA0x\xC2\xB2", "fi  x2"); /* fi ligature, NBSP, superscript 2 */
+    EXPECT_BYTES(t, "e\xCC\x81", "\xC3\xA9");
+    tok_free(t);
+    t = byte_tok("{\"type\":\"NFKD\"}", NULL);
+    EXPECT_BYTES(t, "\xE2\x84\xAB\xEF\xAC\x81", "A\xCC\x8A" "fi");
+    tok_free(t);
+    /* in a Sequence, after a Replace */
+    t = byte_tok("{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Replace\",\"pattern\":"
+                 "{\"String\":\"E\"},\"content\":\"e\"},{\"type\":\"NFC\"}]}",
+                 NULL);
+    EXPECT_BYTES(t, "E\xCC\x81", "\xC3\xA9");
+    tok_free(t);
+    /* the other normalizers are still refused by name */
+    tokenizer *bad = NULL;
+    pg_error err = {{0}};
+    static const char lower[] = "{\"normalizer\":{\"type\":\"Lowercase\"},\"model\":{\"type\":\"BPE\","
+                                "\"vocab\":{\"a\":0},\"merges\":[]}}";
+    assert_int_equal(tok_load_from_memory(&bad, lower, sizeof lower - 1, NULL, 0, "m", &err),
+                     PG_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "normalizer type 'Lowercase' is not supported"));
+}
+
+/* tok_normalize skips utf8proc for NFC when every byte is below 0xCC (code
+ * points below U+0300). Checked here on utf8proc's own data: no such code
+ * point has a combining class or changes under NFC, and none is a
+ * non-first part of any character's canonical decomposition (so none can
+ * compose with what precedes it). */
+static void test_nfc_fast_path_claim(void **state)
+{
+    (void)state;
+    for (utf8proc_int32_t cp = 0; cp < 0x300; cp++) {
+        assert_int_equal(utf8proc_get_property(cp)->combining_class, 0);
+        utf8proc_uint8_t in[4], *out = NULL;
+        utf8proc_ssize_t n = utf8proc_encode_char(cp, in);
+        utf8proc_ssize_t r = utf8proc_map(in, n, &out, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        assert_true(r == n && memcmp(in, out, (size_t)n) == 0);
+        free(out);
+    }
+    int decomposing = 0;
+    for (utf8proc_int32_t cp = 0; cp < 0x110000; cp++) {
+        if (cp >= 0xD800 && cp < 0xE000)
+            continue;
+        utf8proc_int32_t buf[32];
+        int last = 0;
+        utf8proc_ssize_t r = utf8proc_decompose_char(cp, buf, 32, UTF8PROC_DECOMPOSE, &last);
+        assert_true(r >= 1 && r <= 32);
+        for (utf8proc_ssize_t k = 1; k < r; k++)
+            assert_true(buf[k] >= 0x300);
+        decomposing += r > 1;
+    }
+    assert_true(decomposing > 10000); /* the decompositions (Hangul included) were there */
+}
+
+/* \s and \S mean Unicode White_Space, as in Oniguruma (HF's regex engine):
+ * U+180E MONGOLIAN VOWEL SEPARATOR is not a space (PCRE2's own \s says it
+ * is), U+0085 NEXT LINE is. */
+static void test_regex_whitespace(void **state)
+{
+    (void)state;
+    tokenizer *t = byte_tok("null", "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+\"},"
+                                    "\"behavior\":\"Removed\",\"invert\":false}");
+    EXPECT_BYTES(t, "a\xE1\xA0\x8E" "b\xC2\x85" "c\xE3\x80\x80" "d\t e", "a\xE1\xA0\x8E" "bcde");
+    tok_free(t);
+    t = byte_tok("null", "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[^\\\\S\\\\n]+\"},"
+                         "\"behavior\":\"Removed\",\"invert\":false}");
+    EXPECT_BYTES(t, "a\xE1\xA0\x8E\n \xC2\x85" "b", "a\xE1\xA0\x8E\nb");
+    tok_free(t);
+    /* a quoted \s is a literal backslash and s */
+    t = byte_tok("null", "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\Q\\\\s\\\\E\"},"
+                         "\"behavior\":\"Removed\",\"invert\":false}");
+    EXPECT_BYTES(t, "a\\sb c", "ab c");
+    tok_free(t);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -631,11 +878,15 @@ int main(void)
         cmocka_unit_test(test_sequence_nesting),
         cmocka_unit_test(test_metaspace_bytefallback),
         cmocka_unit_test(test_split_bytelevel),
+        cmocka_unit_test(test_unicode_normalizers),
+        cmocka_unit_test(test_nfc_fast_path_claim),
+        cmocka_unit_test(test_regex_whitespace),
         cmocka_unit_test(test_stories260k),
         cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_codellama),
         cmocka_unit_test(test_mistral),
         cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_stream_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
