@@ -20,6 +20,7 @@ enum {
     OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
     OPT_QUANT, OPT_PROFILE_OPS,
+    OPT_GENERATION_CONFIG, OPT_REASONING_PARSER,
 };
 
 static const struct option generate_opts[] = {
@@ -50,6 +51,8 @@ static const struct option generate_opts[] = {
     {"enforce-eager", no_argument, NULL, OPT_ENFORCE_EAGER},
     {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
     {"chat-template-date", required_argument, NULL, OPT_CHAT_DATE},
+    {"reasoning-parser", required_argument, NULL, OPT_REASONING_PARSER},
+    {"generation-config", required_argument, NULL, OPT_GENERATION_CONFIG},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
     {"temperature", required_argument, NULL, OPT_TEMPERATURE},
     {"top-p", required_argument, NULL, OPT_TOP_P},
@@ -129,6 +132,9 @@ static const char *const generate_help[] = {
 "                             [default: $SOURCE_DATE_EPOCH when set, else the clock\n"
 "                             (UTC): then a template that prints the date makes the\n"
 "                             output depend on the day of the run]\n"
+"      --reasoning-parser P   qwen3|deepseek_r1: split the <think>...</think> part of\n"
+"                             each chat reply off into the message's \"reasoning\"\n"
+"                             (vLLM's --reasoning-parser) [default: none]\n"
 "\n"
 ,
 "Engine (vLLM names):\n"
@@ -182,6 +188,11 @@ static const char *const generate_help[] = {
 "\n"
 ,
 "Default sampling (for lines that do not set their own; vLLM semantics):\n"
+"      --generation-config G  auto|vllm: auto takes the defaults below from the\n"
+"                             model's generation_config.json (temperature, top_p,\n"
+"                             top_k, min_p, repetition_penalty, max_new_tokens);\n"
+"                             vllm ignores them (its eos ids still count), as vLLM's\n"
+"                             --generation-config vllm [default: auto]\n"
 "      --max-tokens N         tokens to generate, -1 = until eos or the context is\n"
 "                             full [default: 256]\n"
 "      --temperature X        0 = greedy [default: generation_config.json's, else 1;\n"
@@ -238,9 +249,10 @@ static const char *const generate_help[] = {
 "frequency_penalty, repetition_penalty, logprobs}. A chat line has \"messages\"\n"
 "instead of a prompt, plus add_generation_prompt (default true),\n"
 "continue_final_message, chat_template_kwargs, tools, documents,\n"
-"max_completion_tokens, logprobs (true/false) and top_logprobs; without\n"
-"max_tokens it runs to the end of the context (vLLM's chat default) unless\n"
-"--max-tokens is given. openai lines: /v1/completions and /v1/chat/completions.\n"
+"max_completion_tokens, logprobs (true/false), top_logprobs, include_reasoning;\n"
+"without max_tokens it runs to the end of the context (vLLM's chat default)\n"
+"unless --max-tokens is given. openai lines: /v1/completions and\n"
+"/v1/chat/completions.\n"
 "The request index counts non-blank lines from 0. A bad line gets an error\n"
 "record and the run goes on.\n"
 "\n"
@@ -366,6 +378,7 @@ void cli_options_init(cli_options *o)
     o->log_interval_s = 10.0;
     o->shard_k = 0;
     o->shard_n = 1;
+    o->generation_config_defaults = true; /* --generation-config auto */
 }
 
 const char *cli_format_name(cli_format f)
@@ -719,6 +732,15 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         break;
     case OPT_SHARD: rc = parse_shard(arg, &o->shard_k, &o->shard_n, err); break;
     case OPT_NO_SPECIAL: o->no_special = true; break;
+    case OPT_REASONING_PARSER: rc = cli_reasoning_parser_parse(arg, &o->reasoning_parser, err); break;
+    case OPT_GENERATION_CONFIG:
+        if (strcmp(arg, "auto") == 0)
+            o->generation_config_defaults = true;
+        else if (strcmp(arg, "vllm") == 0)
+            o->generation_config_defaults = false;
+        else
+            return pg_error_set(err, PG_EINVAL, "--generation-config: expected auto or vllm, got '%s'", arg);
+        break;
     case OPT_CHAT_TEMPLATE: o->chat_template_path = arg; break;
     case OPT_CHAT_DATE:
         rc = cli_parse_date(arg, &o->chat_date_unix, err);

@@ -11,6 +11,7 @@
 
 #include "engine.h"
 #include "pg_error.h"
+#include "reasoning.h"
 #include "sampling_params.h"
 
 #define CLI_MAX_STOP 64            /* --stop may be given this many times */
@@ -108,6 +109,11 @@ typedef struct cli_options {
     sampling_params sampling;      /* values of the flags in sampling_set */
     const char *stop[CLI_MAX_STOP];
     int32_t n_stop;
+    /* --generation-config auto (true, the default): generation_config.json's
+     * sampling keys are the defaults under the flags; vllm (false): they are
+     * not read for sampling (vLLM's get_diff_sampling_param returns {}), its
+     * eos ids still are */
+    bool generation_config_defaults;
 
     /* output and run control */
     bool include_prompt, unordered, resume, metrics, quiet;
@@ -122,6 +128,7 @@ typedef struct cli_options {
     const char *chat_template_path;/* --chat-template FILE: always wins over the tokenizer's */
     bool has_chat_date;            /* --chat-template-date given */
     int64_t chat_date_unix;        /* its day at 12:00:00 UTC, seconds since the epoch */
+    cli_reasoning_parser reasoning_parser; /* --reasoning-parser (generate); NONE = off */
 
     /* tokenize */
     bool no_special;

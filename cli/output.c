@@ -80,6 +80,25 @@ static void put_text(json_buf *b, const seq_output *s)
         json_buf_puts(b, "null");
 }
 
+/* --reasoning-parser: the split of a chat output's text (cli/reasoning.h);
+ * the request's include_reasoning false drops the reasoning, as vLLM's
+ * serving_chat does after extract_reasoning. */
+static void split_reasoning(const cli_output_ctx *c, const cli_pending *p, const seq_output *s,
+                            cli_reasoning_split *sp)
+{
+    cli_reasoning_split_text(c->reasoning, s->text, s->text_len, !p->thinking_disabled, sp);
+    if (p->exclude_reasoning)
+        sp->has_reasoning = false;
+}
+
+static void put_part(json_buf *b, const seq_output *s, bool has, size_t off, size_t len)
+{
+    if (has)
+        json_buf_string(b, s->text + off, len);
+    else
+        json_buf_puts(b, "null");
+}
+
 /* vLLM v1's logprob dict of one generated token: the sampled token first
  * ("Sampler puts the sampled logprob in first", vllm/v1/engine/logprobs.py),
  * then the top k in order, the sampled one not repeated (a dict keyed by
@@ -547,9 +566,24 @@ static void body_chat(json_buf *b, const cli_output_ctx *c, const cli_pending *p
         const seq_output *s = &o->outputs[k];
         json_buf_printf(b, "%s{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", k ? "," : "",
                         (int)s->index);
-        put_text(b, s);
-        json_buf_puts(b, ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,"
-                         "\"tool_calls\":[],\"reasoning_content\":null},\"logprobs\":");
+        if (c->reasoning == CLI_REASONING_NONE || !s->text) {
+            put_text(b, s);
+            json_buf_puts(b, ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,"
+                             "\"tool_calls\":[],\"reasoning_content\":null},\"logprobs\":");
+        } else {
+            /* with a reasoning parser the message carries vLLM's current
+             * field name, "reasoning" (ChatMessage in
+             * vllm/entrypoints/openai/chat_completion/protocol.py at
+             * 002032ee; "reasoning_content" until vLLM PR #27752 renamed
+             * it, removed by PR #33402) */
+            cli_reasoning_split sp;
+            split_reasoning(c, p, s, &sp);
+            put_part(b, s, sp.has_content, sp.content_off, sp.content_len);
+            json_buf_puts(b, ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,"
+                             "\"tool_calls\":[],\"reasoning\":");
+            put_part(b, s, sp.has_reasoning, sp.reasoning_off, sp.reasoning_len);
+            json_buf_puts(b, "},\"logprobs\":");
+        }
         if (s->token_logprobs)
             put_logprobs_chat(b, c, s);
         else
@@ -603,6 +637,16 @@ void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *
         const seq_output *s = &o->outputs[k];
         json_buf_printf(b, "%s{\"index\":%d,\"text\":", k ? "," : "", (int)s->index);
         put_text(b, s);
+        if (p->chat && c->reasoning != CLI_REASONING_NONE && s->text) {
+            /* a jsonl chat line with --reasoning-parser: text stays the
+             * whole output (as token_ids); the split beside it */
+            cli_reasoning_split sp;
+            split_reasoning(c, p, s, &sp);
+            json_buf_puts(b, ",\"reasoning\":");
+            put_part(b, s, sp.has_reasoning, sp.reasoning_off, sp.reasoning_len);
+            json_buf_puts(b, ",\"content\":");
+            put_part(b, s, sp.has_content, sp.content_off, sp.content_len);
+        }
         json_buf_puts(b, ",\"token_ids\":");
         put_ids(b, s->token_ids, s->n_tokens);
         json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));

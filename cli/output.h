@@ -18,6 +18,7 @@
 #include "json.h"
 #include "options.h"
 #include "pg_error.h"
+#include "reasoning.h"
 
 typedef struct tokenizer tokenizer;
 
@@ -33,6 +34,10 @@ typedef struct cli_output_ctx {
      * stop_token_ids in vLLM (update_from_generation_config), so a stop by
      * one of them names it. -1 = every eos id gives null. */
     int32_t primary_eos;
+    /* --reasoning-parser: chat outputs are split into reasoning + content
+     * (openai: the message's "content" and "reasoning"; jsonl: "reasoning"
+     * and "content" beside "text"). NONE: records as before. */
+    cli_reasoning_parser reasoning;
 } cli_output_ctx;
 
 /* What the CLI keeps of a request while the engine runs it (the engine's
@@ -42,6 +47,8 @@ typedef struct cli_pending {
     int64_t index, line;
     bool chat;                   /* a chat request: openai lines get a chat.completion body */
     bool echo, echo_only;        /* openai completions echo (see cli_request) */
+    bool thinking_disabled;      /* chat: enable_thinking falsy (see cli_request) */
+    bool exclude_reasoning;      /* chat: include_reasoning false */
     char *id_json;               /* owned */
     char *prompt;                /* owned, only with --include-prompt (NULL for id prompts;
                                     a chat request's rendered prompt) */

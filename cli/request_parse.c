@@ -566,6 +566,29 @@ static int read_model(pctx *c, int v)
 
 /* ---- chat requests ------------------------------------------------------------ */
 
+/* Python's bool() of a JSON value: false, null, 0, "", [] and {} are false. */
+static bool py_truthy(const json_doc *d, int i)
+{
+    size_t n = 0;
+    if (json_is_null(d, i))
+        return false;
+    if (json_is_bool(d, i)) {
+        bool b = false;
+        pg_error e;
+        return json_get_bool(d, i, &b, &e) == PG_OK && b;
+    }
+    if (json_is_number(d, i)) {
+        double x = 0.0;
+        pg_error e;
+        return json_get_double(d, i, &x, &e) != PG_OK || x != 0.0;
+    }
+    if (json_is_string(d, i)) {
+        json_raw(d, i, &n); /* without the quotes; escapes still escaped */
+        return n > 0;
+    }
+    return json_size(d, i) > 0; /* an array or object */
+}
+
 /* A chat field that must be of one JSON type or null (the template reads it;
  * its contents are the renderer's to check). */
 static int chat_typed(pctx *c, const char *field, int v, bool (*is)(const json_doc *, int),
@@ -630,6 +653,20 @@ static int parse_chat(pctx *c, int obj, bool openai)
                 cfm_true = b;
         } else if (json_str_eq(d, key, "chat_template_kwargs")) {
             rc = chat_typed(c, "chat_template_kwargs", v, json_is_object, "an object");
+            if (rc == PG_OK && json_is_object(d, v)) {
+                /* --reasoning-parser qwen3 reads enable_thinking with
+                 * Python truthiness (qwen3_reasoning_parser.py:
+                 * chat_kwargs.get("enable_thinking", True)) */
+                int et = json_obj_get(d, v, "enable_thinking");
+                r->thinking_disabled = et >= 0 && !py_truthy(d, et);
+            }
+        } else if (json_str_eq(d, key, "include_reasoning")) {
+            /* vLLM's ChatCompletionRequest.include_reasoning (default
+             * true): false drops the parsed reasoning from the message */
+            bool b = true;
+            if (!json_is_null(d, v))
+                rc = get_bool(c, "include_reasoning", v, &b);
+            r->exclude_reasoning = !b;
         } else if (json_str_eq(d, key, "tools") || json_str_eq(d, key, "documents")) {
             rc = chat_typed(c, json_str_eq(d, key, "tools") ? "tools" : "documents", v, json_is_array,
                             "an array");

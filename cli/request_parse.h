@@ -85,6 +85,10 @@ typedef struct cli_request {
     int32_t *stop_token_ids;
     size_t n_stop_token_ids;
     cli_structured structured;  /* structured outputs; sp.structured points into it */
+    /* Chat lines, for --reasoning-parser: chat_template_kwargs.enable_thinking
+     * was given and is falsy in Python's sense (false, null, 0, "", [], {});
+     * "include_reasoning": false (vLLM's field, default true). */
+    bool thinking_disabled, exclude_reasoning;
 } cli_request;
 
 /* Parses line[0, len) (no trailing newline). `defaults` is the fully

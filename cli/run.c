@@ -44,6 +44,8 @@ typedef struct run_state {
     int32_t max_model_len;
     sampling_params defaults;
     char model_name[256];
+    /* --reasoning-parser: the ids of "<think>" and "</think>" (-1 without) */
+    int32_t think_start_id, think_end_id;
 
     cli_input *in;
     cli_format fmt;
@@ -187,6 +189,22 @@ static void submit(run_state *s, cli_request *r)
         emit_error(s, r->id_json, r->line, e.msg);
         return;
     }
+    if (s->o->reasoning_parser != CLI_REASONING_NONE && r->chat_json &&
+        r->sp.structured_kind != GRAMMAR_NONE &&
+        !cli_reasoning_prompt_ended(ids, (size_t)n, s->think_start_id, s->think_end_id)) {
+        /* vLLM applies the grammar only after the reasoning ends
+         * (StructuredOutputManager with a reasoner: is_reasoning_end on the
+         * prompt, then on the output); the engine here constrains from the
+         * first token, so only a prompt that already closed the reasoning
+         * (Qwen3 with enable_thinking false) gives vLLM's output */
+        free(ids);
+        free(chat_text);
+        emit_error(s, r->id_json, r->line,
+                   "structured outputs with --reasoning-parser need the prompt to end the reasoning "
+                   "(e.g. chat_template_kwargs {\"enable_thinking\": false}): vLLM leaves the reasoning "
+                   "unconstrained, which is not supported here");
+        return;
+    }
     cli_pending *p = calloc(1, sizeof *p);
     if (!p) {
         free(ids);
@@ -194,6 +212,8 @@ static void submit(run_state *s, cli_request *r)
         emit_error(s, r->id_json, r->line, "out of memory");
         return;
     }
+    p->thinking_disabled = r->thinking_disabled;
+    p->exclude_reasoning = r->exclude_reasoning;
     p->seq = s->next_seq++;
     p->index = r->index;
     p->line = r->line;
@@ -247,7 +267,8 @@ static void submit(run_state *s, cli_request *r)
     /* generation_config's max_new_tokens caps every request (vLLM's
      * get_max_tokens takes the min with default_sampling_params'
      * max_tokens), after the context check above saw what was asked */
-    if (s->cfg.has_max_new_tokens && (r->sp.max_tokens < 0 || r->sp.max_tokens > s->cfg.max_new_tokens))
+    if (s->o->generation_config_defaults && s->cfg.has_max_new_tokens &&
+        (r->sp.max_tokens < 0 || r->sp.max_tokens > s->cfg.max_new_tokens))
         r->sp.max_tokens = s->cfg.max_new_tokens;
     uint64_t rid;
     if (engine_add_request(s->eng, ids, n, &r->sp, p, &rid, &e) != PG_OK) {
@@ -398,23 +419,30 @@ static int resolve_defaults(run_state *s)
     const cli_options *o = s->o;
     sampling_params d = sampling_params_default();
     d.max_tokens = CLI_DEFAULT_MAX_TOKENS;
-    if (s->cfg.has_temperature)
-        d.temperature = s->cfg.temperature;
-    if (s->cfg.has_top_p)
-        d.top_p = s->cfg.top_p;
-    if (s->cfg.has_top_k)
-        d.top_k = s->cfg.top_k;
+    /* --generation-config vllm: vLLM's get_diff_sampling_param returns {}
+     * (vllm/config/model.py at 18ec6629), so none of the file's sampling
+     * keys apply; its eos ids are read either way (try_get_generation_config
+     * reads the model's file for "auto" and "vllm" alike) */
+    llama_config none;
+    memset(&none, 0, sizeof none);
+    const llama_config *g = o->generation_config_defaults ? &s->cfg : &none;
+    if (g->has_temperature)
+        d.temperature = g->temperature;
+    if (g->has_top_p)
+        d.top_p = g->top_p;
+    if (g->has_top_k)
+        d.top_k = g->top_k;
     /* vLLM's --generation-config auto (vllm/config/model.py
      * get_diff_sampling_param at 18ec6629): repetition_penalty,
      * temperature, top_k, top_p, min_p, max_new_tokens (as max_tokens);
      * do_sample is not among them, so a do_sample false file with a
      * temperature samples, as in vLLM */
-    if (s->cfg.has_repetition_penalty)
-        d.repetition_penalty = s->cfg.repetition_penalty;
-    if (s->cfg.has_min_p)
-        d.min_p = s->cfg.min_p;
-    if (s->cfg.has_max_new_tokens)
-        d.max_tokens = s->cfg.max_new_tokens;
+    if (g->has_repetition_penalty)
+        d.repetition_penalty = g->repetition_penalty;
+    if (g->has_min_p)
+        d.min_p = g->min_p;
+    if (g->has_max_new_tokens)
+        d.max_tokens = g->max_new_tokens;
     const sampling_params *f = &o->sampling;
     unsigned set = o->sampling_set;
     if (set & CLI_SET_MAX_TOKENS) d.max_tokens = f->max_tokens;
@@ -463,6 +491,37 @@ static void set_model_name(run_state *s)
     snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(n - b), dir + b);
 }
 
+/* --reasoning-parser needs "<think>" and "</think>" to be single tokens
+ * of the tokenizer, or vLLM refuses to build the parser
+ * (BaseThinkingReasoningParser.__init__: "... could not locate think
+ * start/end tokens in the tokenizer!"): refused here at start-up. */
+static int find_think_tokens(run_state *s)
+{
+    s->think_start_id = s->think_end_id = -1;
+    if (s->o->reasoning_parser == CLI_REASONING_NONE)
+        return PG_OK;
+    const char *names[2] = {CLI_REASONING_START, CLI_REASONING_END};
+    int32_t *out[2] = {&s->think_start_id, &s->think_end_id};
+    for (int k = 0; k < 2; k++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        pg_error e;
+        if (s->tok && tok_encode(s->tok, names[k], strlen(names[k]), false, &ids, &n, &e) == PG_OK && n == 1)
+            *out[k] = ids[0];
+        free(ids);
+        if (*out[k] < 0) {
+            pg_error_set(&s->err, PG_EINVAL,
+                         "--reasoning-parser %s: expected '%s' to be one token of the tokenizer, got %s "
+                         "(vLLM: could not locate think start/end tokens in the tokenizer)",
+                         cli_reasoning_parser_name(s->o->reasoning_parser), names[k],
+                         s->tok ? "several" : "no tokenizer");
+            fail(s, CLI_EXIT_USAGE, NULL);
+            return PG_EINVAL;
+        }
+    }
+    return PG_OK;
+}
+
 static int load_model(run_state *s)
 {
     const cli_options *o = s->o;
@@ -488,6 +547,8 @@ static int load_model(run_state *s)
         fail(s, crc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, NULL);
         return -1;
     }
+    if (find_think_tokens(s) != PG_OK)
+        return -1;
     s->max_model_len = o->max_model_len ? o->max_model_len : s->cfg.max_position_embeddings;
     if (s->max_model_len > s->cfg.max_position_embeddings) {
         pg_error_set(&s->err, PG_EINVAL, "--max-model-len %d exceeds the model's max_position_embeddings %d",
@@ -690,6 +751,7 @@ int cli_run_generate(const cli_options *o)
         .eos_ids = s->cfg.eos_token_ids, .n_eos_ids = s->cfg.n_eos_token_ids,
         .primary_eos = s->tok && tok_eos_id(s->tok) >= 0 ? tok_eos_id(s->tok)
                        : s->cfg.n_eos_token_ids > 0 ? s->cfg.eos_token_ids[0] : -1,
+        .reasoning = o->reasoning_parser,
     };
 
     engine_stats stats;

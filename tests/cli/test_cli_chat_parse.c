@@ -209,6 +209,61 @@ static void test_openai_chat(void **state)
     }
 }
 
+/* --reasoning-parser's inputs: enable_thinking read with Python truthiness
+ * (qwen3_reasoning_parser.py: chat_kwargs.get("enable_thinking", True)),
+ * include_reasoning a bool (default true, null = not set) */
+static void test_reasoning_fields(void **state)
+{
+    (void)state;
+    static const struct { const char *kwargs; bool disabled; } kw[] = {
+        {"", false},
+        {", \"chat_template_kwargs\": null", false},
+        {", \"chat_template_kwargs\": {}", false},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": true}", false},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": false}", true},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": null}", true},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": 0}", true},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": 0.0}", true},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": \"\"}", true},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": \"false\"}", false}, /* a non-empty string */
+        {", \"chat_template_kwargs\": {\"enable_thinking\": []}", true},
+        {", \"chat_template_kwargs\": {\"enable_thinking\": [0]}", false},
+        {", \"chat_template_kwargs\": {\"x\": {\"enable_thinking\": false}}", false}, /* top level only */
+    };
+    for (size_t k = 0; k < sizeof kw / sizeof kw[0]; k++) {
+        char line[512];
+        snprintf(line, sizeof line, "{" MSGS "%s}", kw[k].kwargs);
+        cli_request r;
+        pg_error err;
+        assert_int_equal(parse(&r, line, CLI_FORMAT_JSONL, &err), PG_OK);
+        if (r.thinking_disabled != kw[k].disabled)
+            fail_msg("%s: thinking_disabled %d, expected %d", line, r.thinking_disabled, kw[k].disabled);
+        assert_false(r.exclude_reasoning);
+        cli_request_free(&r);
+    }
+    static const struct { const char *v; int exclude; } inc[] = {
+        {"true", 0}, {"false", 1}, {"null", 0}, {"\"no\"", 1}, {"2", -1},
+    };
+    for (size_t k = 0; k < sizeof inc / sizeof inc[0]; k++) {
+        char line[512];
+        snprintf(line, sizeof line,
+                 "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", "
+                 "\"body\": {" MSGS ", \"include_reasoning\": %s}}", inc[k].v);
+        cli_request r;
+        pg_error err;
+        sampling_params d = sampling_params_default();
+        int rc = cli_request_parse_ex(&r, line, strlen(line), CLI_FORMAT_OPENAI, 0, 1, &d, 0, false, &err);
+        if (inc[k].exclude < 0) {
+            assert_int_equal(rc, PG_EINVAL);
+            assert_non_null(strstr(err.msg, "include_reasoning"));
+        } else {
+            assert_int_equal(rc, PG_OK);
+            assert_int_equal(r.exclude_reasoning, inc[k].exclude);
+        }
+        cli_request_free(&r);
+    }
+}
+
 static void test_detect_chat(void **state)
 {
     (void)state;
@@ -258,6 +313,7 @@ int main(void)
         cmocka_unit_test(test_jsonl_defaults_and_nulls),
         cmocka_unit_test(test_jsonl_bad),
         cmocka_unit_test(test_openai_chat),
+        cmocka_unit_test(test_reasoning_fields),
         cmocka_unit_test(test_detect_chat),
         cmocka_unit_test(test_chat_clock),
     };

@@ -120,6 +120,26 @@ static void test_defaults_and_flags(void **state)
     assert_int_equal(o.help_for, CLI_CMD_CHAT_TEMPLATE);
 }
 
+/* --generation-config auto|vllm (auto by default) and --reasoning-parser */
+static void test_generation_config_and_reasoning(void **state)
+{
+    (void)state;
+    cli_options o;
+    pg_error err;
+    assert_int_equal(parse(&o, &err, 3, "-m", "d"), PG_OK);
+    assert_true(o.generation_config_defaults);
+    assert_int_equal(o.reasoning_parser, CLI_REASONING_NONE);
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--generation-config", "vllm"), PG_OK);
+    assert_false(o.generation_config_defaults);
+    assert_int_equal(parse(&o, &err, 7, "-m", "d", "--generation-config", "vllm", "--generation-config", "auto"),
+                     PG_OK);
+    assert_true(o.generation_config_defaults);
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--reasoning-parser", "qwen3"), PG_OK);
+    assert_int_equal(o.reasoning_parser, CLI_REASONING_QWEN3);
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--reasoning-parser", "deepseek_r1"), PG_OK);
+    assert_int_equal(o.reasoning_parser, CLI_REASONING_DEEPSEEK_R1);
+}
+
 static void test_dates(void **state)
 {
     (void)state;
@@ -232,6 +252,8 @@ static void test_usage_errors(void **state)
         {4, {"-m", "d", "--shard", "3/3"}, "--shard"},
         {4, {"-m", "d", "--device", "tpu"}, "--device"},
         {4, {"-m", "d", "--max-tokens", "0"}, "--max-tokens"},
+        {4, {"-m", "d", "--generation-config", "hf"}, "--generation-config: expected auto or vllm, got 'hf'"},
+        {4, {"-m", "d", "--reasoning-parser", "granite"}, "--reasoning-parser: expected qwen3 or deepseek_r1"},
         {4, {"-m", "d", "--threads", "x"}, "--threads"},
         {3, {"-m", "d", "--resume"}, "--resume needs -o FILE"},
         {1, {"frobnicate"}, "unknown command"},
@@ -321,6 +343,7 @@ int main(void)
         cmocka_unit_test(test_defaults_and_flags),
         cmocka_unit_test(test_cuda_flags),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_generation_config_and_reasoning),
         cmocka_unit_test(test_dates),
         cmocka_unit_test(test_help_lists_every_flag),
         cmocka_unit_test(test_kv_blocks_arithmetic),
