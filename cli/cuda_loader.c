@@ -72,16 +72,20 @@ static int try_path(const cuda_module **out, const char *path, pg_error *err)
                             path, e ? e : "unknown dlopen error");
     }
     void *sym = dlsym(h, CUDA_MODULE_ENTRY);
-    if (!sym)
+    if (!sym) {
+        dlclose(h);
         return pg_error_set(err, PG_EFORMAT, "cuda module '%s': expected the symbol %s, not found", path,
                             CUDA_MODULE_ENTRY);
+    }
     cuda_module_entry_fn entry;
     memcpy(&entry, &sym, sizeof entry); /* ISO C has no cast from void * to a function pointer */
     const cuda_module *m = entry(CUDA_MODULE_ABI);
     int rc = check_table(m, path, err);
-    if (rc != PG_OK)
+    if (rc != PG_OK) {
+        dlclose(h);
         return rc;
-    *out = m;
+    }
+    *out = m; /* h stays open: executors the module creates point into it */
     return PG_OK;
 }
 
