@@ -1,17 +1,16 @@
 /* device: executor choice, KV pool sizing and model creation (see device.h). */
 #include "device.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cpu_executor.h"
 #include "cpu_wt.h"
-#ifdef PG_HAVE_CUDA
-#include "cuda_executor.h"
+#include "cuda_loader.h"
 #include "cuda_plan.h"
 #include "step_batch.h"
-#endif
 
 /* The checkpoint's weight dtype: that of model.embed_tokens.weight, F32
  * when the checkpoint cannot be read here (loading it reports why). */
@@ -45,38 +44,67 @@ void cli_cpu_storage(const cli_options *o, st_dtype checkpoint, int32_t *wt, int
     }
 }
 
+/* --device auto: the CUDA module when the driver reports a device (or
+ * when $PAGEDGEN_CUDA_MODULE names one: it is asked instead), else NULL
+ * and the cpu. Nothing CUDA is loaded on a machine without a driver. */
+static int auto_module(const cuda_module **m, pg_error *err)
+{
+    *m = NULL;
+    const char *env = getenv(CLI_CUDA_MODULE_ENV);
+    if (env && *env) {
+        int rc = cli_cuda_load(m, err);
+        if (rc != PG_OK)
+            return pg_error_wrap(err, rc, "--device auto");
+        if ((*m)->device_count() <= 0)
+            *m = NULL;
+        return PG_OK;
+    }
+    int n = cli_cuda_driver_device_count();
+    if (n <= 0)
+        return PG_OK;
+    pg_error why;
+    if (cli_cuda_load(m, &why) != PG_OK || (*m)->device_count() <= 0) {
+        /* a GPU without a usable module: the cpu still runs; say so once */
+        fprintf(stderr, "pagedgen: warning: --device auto: the driver reports %d CUDA device%s, but %s; "
+                        "running on the cpu\n",
+                n, n == 1 ? "" : "s", *m ? "the CUDA module finds none" : why.msg);
+        *m = NULL;
+    }
+    return PG_OK;
+}
+
 int cli_device_open(const cli_options *o, executor **out, pg_error *err)
 {
     *out = NULL;
-    bool want_cuda = strcmp(o->device, "cuda") == 0;
-#ifdef PG_HAVE_CUDA
-    if (strcmp(o->device, "auto") == 0 && cuda_device_count() > 0)
-        want_cuda = true;
-    if (want_cuda) {
-        int n = cuda_device_count();
+    const cuda_module *m = NULL;
+    int rc;
+    if (strcmp(o->device, "cuda") == 0) {
+        if ((rc = cli_cuda_load(&m, err)) != PG_OK)
+            return rc;
+    } else if (strcmp(o->device, "auto") == 0) {
+        if ((rc = auto_module(&m, err)) != PG_OK)
+            return rc;
+    }
+    if (m) {
+        int n = m->device_count();
         if (n <= 0)
             return pg_error_set(err, PG_EUNSUPPORTED, "--device cuda: no CUDA device found");
         if (o->cuda_device >= n)
             return pg_error_set(err, PG_EINVAL, "--cuda-device %d: expected 0 .. %d (%d device%s found)",
                                 (int)o->cuda_device, n - 1, n, n == 1 ? "" : "s");
-        int rc = cli_options_check_dtypes(o, "cuda", err);
+        rc = cli_options_check_dtypes(o, "cuda", err);
         if (rc != PG_OK)
             return rc;
-        cuda_executor_params cp = cuda_executor_params_default();
+        cuda_executor_params cp = m->executor_params_default();
         cp.device = o->cuda_device;
         cp.precision = o->dtype == CLI_DTYPE_F32 ? 1 : 0;
         cp.kv_dtype = o->kv_cache_dtype == CLI_KV_DTYPE_FP16 ? 1 : 0; /* ignored with precision 1 */
         cp.fast_gemm = o->fast_gemm ? 1 : 0;
-        rc = cuda_executor_create(out, &cp, err);
+        rc = m->executor_create(out, &cp, err);
         /* the flags were checked above: any failure is the device's */
         return rc == PG_EINVAL ? PG_EDEVICE : rc;
     }
-#else
-    if (want_cuda)
-        return pg_error_set(err, PG_EUNSUPPORTED,
-                            "--device cuda: this pagedgen was built without CUDA (meson -Dcuda=enabled)");
-#endif
-    int rc = cli_options_check_dtypes(o, "cpu", err);
+    rc = cli_options_check_dtypes(o, "cpu", err);
     if (rc != PG_OK) {
         if (strcmp(o->device, "auto") == 0)
             pg_error_wrap(err, rc, "--device auto picked the cpu (no CUDA device)");
@@ -158,7 +186,6 @@ int cli_kv_plan_make(cli_kv_plan *plan, const cli_options *o, executor *ex,
     return PG_OK;
 }
 
-#ifdef PG_HAVE_CUDA
 /* The capacity device_grow (gpu/cuda_executor.c) ends at for `bytes`:
  * doubling from 4096. */
 static uint64_t grown_bytes(uint64_t bytes)
@@ -390,7 +417,6 @@ static int plan_cuda_measured(cli_kv_plan *plan, const cli_options *o, executor 
     }
     return PG_OK;
 }
-#endif
 
 int cli_cpu_check_memory(const cli_kv_plan *plan, executor *ex, const llama_config *cfg, pg_error *err)
 {
@@ -432,14 +458,9 @@ int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, execu
         return rc;
     bool measure = strcmp(ex->name, "cpu") != 0 && o->num_kv_blocks == 0 && o->kv_cache_bytes == 0;
     if (measure) {
-#ifdef PG_HAVE_CUDA
         memset(plan, 0, sizeof *plan);
         plan->bytes_per_block = model_kv_bytes_per_block(cfg, ex, o->block_size);
         rc = plan_cuda_measured(plan, o, ex, cfg, weights, &mp, max_model_len, err);
-#else
-        rc = pg_error_set(err, PG_EUNSUPPORTED, "kv cache: no default size for the %s executor",
-                          ex->name);
-#endif
     } else {
         rc = cli_kv_plan_make(plan, o, ex, cfg, max_model_len, err);
     }
@@ -449,16 +470,18 @@ int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, execu
         return rc;
     mp.num_kv_blocks = plan->num_blocks;
     rc = model_create(out, ex, cfg, weights, &mp, err);
-#ifdef PG_HAVE_CUDA
     /* CUDA graphs for the decode steps (vLLM's default; --enforce-eager:
-     * none), up to the largest decode step the scheduler can form */
+     * none), up to the largest decode step the scheduler can form; the
+     * executor came from the module, which is loaded (cli_cuda_load returns
+     * its table again) */
     if (rc == PG_OK && strcmp(ex->name, "cuda") == 0 && ex->op->run_step && !o->enforce_eager) {
+        const cuda_module *m = NULL;
         int32_t max_batch = cli_cuda_graph_batch(o);
-        if ((rc = cuda_executor_set_graphs(ex, max_batch, max_model_len, err)) != PG_OK) {
+        if ((rc = cli_cuda_load(&m, err)) != PG_OK ||
+            (rc = m->executor_set_graphs(ex, max_batch, max_model_len, err)) != PG_OK) {
             model_destroy(*out);
             *out = NULL;
         }
     }
-#endif
     return rc;
 }

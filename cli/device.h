@@ -35,10 +35,11 @@
  * allocations at its first call, allocator granularity. */
 #define CLI_CUDA_SLACK_BYTES ((uint64_t)64 << 20)
 
-/* The executor --device asks for (auto: cuda when built with it and a
- * device is present, else cpu), made from --threads, --dtype,
+/* The executor --device asks for (auto: cuda when the driver reports a
+ * device and the CUDA module loads, else cpu; cli/cuda_loader.h), made from --threads, --dtype,
  * --kv-cache-dtype, --cuda-device and --fast-gemm. PG_EUNSUPPORTED when cuda
- * is asked of a build or machine without it, PG_EINVAL when the flags do not
+ * is asked of a build or machine without it (the module missing: a message
+ * naming the paths tried), PG_EINVAL when the flags do not
  * fit the device picked (both are usage errors); other codes are device
  * failures. Destroy with ex->op->destroy(ex). */
 int cli_device_open(const cli_options *o, executor **out, pg_error *err);
@@ -91,7 +92,6 @@ int cli_model_create(model **out, cli_kv_plan *plan, const cli_options *o, execu
                      const llama_config *cfg, const st_file *weights, int32_t max_model_len,
                      pg_error *err);
 
-#ifdef PG_HAVE_CUDA
 /* Device bytes the CUDA executor allocates only while running, each at its
  * largest for these options and rounded as the executor grows it (powers of
  * two from 4 KiB): the lm_head logits [max_num_seqs][V] f32, the decode
@@ -106,6 +106,5 @@ int32_t cli_cuda_graph_batch(const cli_options *o);
 
 uint64_t cli_cuda_reserve_bytes(const llama_config *cfg, const executor *ex, const cli_options *o,
                                 int32_t max_model_len);
-#endif
 
 #endif /* PG_CLI_DEVICE_H */

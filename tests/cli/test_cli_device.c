@@ -17,15 +17,13 @@
 #include "config.h"
 #include "cpu_executor.h"
 #include "cpu_wt.h"
+#include "cuda_loader.h"
 #include "device.h"
 #include "model.h"
 #include "step_batch.h"
 #include "options.h"
 #include "safetensors.h"
 #include "test_support.h"
-#ifdef PG_HAVE_CUDA
-#include "cuda_executor.h"
-#endif
 
 static int parse(cli_options *o, int argc, ...)
 {
@@ -44,13 +42,15 @@ static int parse(cli_options *o, int argc, ...)
     return rc;
 }
 
+/* What --device auto would find: the driver's devices, or those of the
+ * module $PAGEDGEN_CUDA_MODULE names. */
 static int have_cuda_device(void)
 {
-#ifdef PG_HAVE_CUDA
-    return cuda_device_count() > 0;
-#else
-    return 0;
-#endif
+    const cuda_module *m = NULL;
+    pg_error err;
+    if (getenv(CLI_CUDA_MODULE_ENV))
+        return cli_cuda_load(&m, &err) == PG_OK && m->device_count() > 0;
+    return cli_cuda_driver_device_count() > 0;
 }
 
 static void test_device_open(void **state)
@@ -357,7 +357,6 @@ static void test_cpu_memory_check(void **state)
     }
 }
 
-#ifdef PG_HAVE_CUDA
 static void test_reserve_bytes(void **state)
 {
     (void)state;
@@ -502,7 +501,6 @@ static void test_measured_plan(void **state)
     fake_close(ex);
     st_close(l.w);
 }
-#endif
 
 int main(void)
 {
@@ -511,10 +509,8 @@ int main(void)
         cmocka_unit_test(test_explicit_pool_loads_once),
         cmocka_unit_test(test_cpu_storage),
         cmocka_unit_test(test_cpu_memory_check),
-#ifdef PG_HAVE_CUDA
         cmocka_unit_test(test_reserve_bytes),
         cmocka_unit_test(test_measured_plan),
-#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
  *                            (the emulator's own tests check the count)
  *   EMU_ORDERS=fwd,rev,rand  thread orders every launch runs in (compared)
  *   EMU_SEED=n               seed of the random order (default 1)
- *   EMU_VERBOSE=1            one line per executed launch on stderr */
+ *   EMU_VERBOSE=1            one line per executed launch on stderr, and
+ *                            one per graph captured and per graph launch */
 #include "emu_internal.h"
 
 #include <stdarg.h>

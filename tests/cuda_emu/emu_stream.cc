@@ -289,6 +289,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *graph)
     }
     *graph = s->graph;
     s->graph = nullptr;
+    if (verbose())
+        fprintf(stderr, "cuda-emu: graph captured (%zu nodes)\n", (*graph)->nodes.size());
     return cudaSuccess;
 }
 
@@ -313,6 +315,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st)
 {
     if (!exec)
         return cudaErrorInvalidValue;
+    if (verbose())
+        fprintf(stderr, "cuda-emu: graph launch (%zu nodes)\n", exec->nodes.size());
     for (const work &w : exec->nodes) {
         cudaError_t e = enqueue(st, w, "graph node");
         if (e != cudaSuccess)

@@ -514,6 +514,37 @@ def case_device_flags():
     check(out == want, "cpu with explicit dtypes: output differs from the sample")
 
 
+def case_no_cuda_loaded():
+    """CUDA only when used (issue 23): the binary links no CUDA library, and
+    --help, tokenize and a run on the cpu map none (glibc's LD_DEBUG=libs
+    lists every library the process loads, dlopen() included); --device auto
+    may try the driver (libcuda.so.1) but loads neither the CUDA module nor
+    cudart/cuBLAS when it picks the cpu."""
+    cuda_libs = [b"libcudart", b"libcublas", b"libpagedgen-cuda"]
+    env = dict(os.environ, LD_DEBUG="libs")
+    env.pop("PAGEDGEN_CUDA_MODULE", None)
+
+    def loaded(args, stdin_bytes=None):
+        p = subprocess.run([EXE] + args, input=stdin_bytes, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=env, timeout=120)
+        opened = [l for l in p.stderr.splitlines() if b"calling init:" in l]
+        return p.returncode, opened, p.stderr
+
+    for args, stdin_bytes in [(["--help"], None),
+                              (["tokenize", "--tokenizer", MODEL], b'{"text":"hi"}\n'),
+                              (["-m", MODEL, "-q", "--device", "cpu", "--max-tokens", "2"], b"hi\n")]:
+        rc, opened, err = loaded(args, stdin_bytes)
+        check(rc == 0, f"{args[:2]}: exit {rc}: {err[-500:]!r}")
+        check(opened, f"{args[:2]}: LD_DEBUG=libs printed no 'calling init' line: {err[:300]!r}")
+        bad = [l for l in opened if any(c in l for c in cuda_libs + [b"libcuda.so"])]
+        check(not bad, f"{args[:2]}: loaded {bad[:3]!r}")
+    rc, opened, err = loaded(["-m", MODEL, "--device", "auto", "--max-tokens", "2"], b"hi\n")
+    check(rc == 0, f"--device auto: exit {rc}: {err[-500:]!r}")
+    if b"device cpu" in err:
+        bad = [l for l in opened if any(c in l for c in cuda_libs)]
+        check(not bad, f"--device auto picked the cpu but loaded {bad[:3]!r}")
+
+
 def case_help():
     """--help lists every flag of the issue, with defaults."""
     gen_flags = ["--model", "--tokenizer", "--input", "--output", "--input-format", "--device",
