@@ -9,7 +9,12 @@
  * Qwen2 (q/k/v biases) and Qwen3 (q/k norms, head_dim != hidden / heads,
  * tied) models, with and without per-layer windows, against a double
  * reference of modeling_qwen2.py / modeling_qwen3.py: logits, greedy tokens
- * and logprobs; and on every CPU storage type. */
+ * and logprobs; and on every CPU storage type.
+ *
+ * Built with PG_MODEL_LOAD_CUDA (tests/cuda_emu: emu_qwen_model; tests/gpu:
+ * qwen_model_cuda) only the Qwen reference test runs, on the CUDA executor
+ * in f32 precision (head_dim 8: the CUDA attention's smallest); without a
+ * device it exits 77. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +29,9 @@
 
 #include "cpu_executor.h"
 #include "model.h"
+#ifdef PG_MODEL_LOAD_CUDA
+#include "cuda_executor.h"
+#endif
 #include "safetensors.h"
 #include "test_support.h"
 
@@ -349,8 +357,14 @@ static int setup(void **state)
     if (!mkdtemp(f->dir))
         return -1;
     pg_error err;
+#ifdef PG_MODEL_LOAD_CUDA
+    cuda_executor_params cp = cuda_executor_params_default();
+    cp.precision = 1; /* f32: the reference's tolerances */
+    if (cuda_executor_create(&f->ex, &cp, &err)) {
+#else
     cpu_executor_params cp = {.threads = 2};
     if (cpu_executor_create(&f->ex, &cp, &err)) {
+#endif
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }
@@ -1026,9 +1040,14 @@ static void qwen_run(executor *ex, wt_set *s, const llama_config *cfg, const cha
 static void test_qwen_matches_reference(void **state)
 {
     fixture *f = *state;
+#ifdef PG_MODEL_LOAD_CUDA
+    const int32_t qwen2_hd = 8; /* CUDA attention: head_dim 8 .. 256 */
+#else
+    const int32_t qwen2_hd = 4; /* hidden / heads, as Qwen2 configs have it */
+#endif
     for (int qwen3 = 0; qwen3 <= 1; qwen3++) {
         for (int windowed = 0; windowed <= 1; windowed++) {
-            llama_config cfg = qwen_config(qwen3, qwen3 ? 8 : 4, qwen3 != 0);
+            llama_config cfg = qwen_config(qwen3, qwen3 ? 8 : qwen2_hd, qwen3 != 0);
             if (windowed) {
                 cfg.family.layer_window = 3;
                 cfg.family.window_layers[0] = qwen3 ? 0x6u : 0x2u;
@@ -1121,6 +1140,13 @@ static void test_qwen_storage_types(void **state)
 
 int main(void)
 {
+#ifdef PG_MODEL_LOAD_CUDA
+    if (cuda_device_count() == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    cmocka_set_test_filter("test_qwen_matches_reference"); /* the others are the CPU's */
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_wrong_shape_named),
