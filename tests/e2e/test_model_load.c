@@ -967,6 +967,13 @@ static void qwen_run(executor *ex, wt_set *s, const llama_config *cfg, const cha
         fprintf(stderr, "%s\n", err.msg);
     assert_int_equal(rc, 0);
     st_close(st);
+#ifdef PG_MODEL_LOAD_CUDA
+    /* the decode steps replay CUDA graphs (captured anew for each model:
+     * its buffers are baked in), per-layer windows included */
+    assert_int_equal(cuda_executor_set_graphs(ex, 2, 16, &err), 0);
+    long captures0 = 0, replays0 = 0, captures1 = 0, replays1 = 0;
+    cuda_executor_graph_stats(ex, &captures0, &replays0);
+#endif
 
     /* scattered tables: A rows 0, B row 1 */
     const int32_t bt[2 * STRIDE] = {9, 2, 14, 5, 0, 11, 3, 15, 7, 12, 1, 10, 6, 13, 8, 4};
@@ -1027,6 +1034,11 @@ static void qwen_run(executor *ex, wt_set *s, const llama_config *cfg, const cha
         if (last && k == sizeof plan / sizeof plan[0] - 1)
             memcpy(last, logits, (size_t)L * QV * sizeof(float));
     }
+#ifdef PG_MODEL_LOAD_CUDA
+    cuda_executor_graph_stats(ex, &captures1, &replays1);
+    printf("    %s: %ld graph captures, %ld replays\n", tag, captures1 - captures0, replays1 - replays0);
+    assert_true(replays1 > replays0);
+#endif
     model_destroy(m);
     free(refA);
     free(refB);
