@@ -113,6 +113,19 @@ typedef struct executor_ops {
      * inv_freq [hd/2] f32 (scaling already folded in by the caller). */
     int (*rope)(executor *ex, void *qkv, const float *inv_freq,
                 int32_t nh, int32_t nkv, int32_t hd, const step_batch *b);
+    /* y[r][n] += bias[n] for r < rows, n < N (nn.Linear's bias, added after
+     * the matmul: Qwen2's q|k|v projection biases). y [rows][N] act, bias
+     * [N] f32. Only called for families with biases (llama_family). */
+    int (*add_bias)(executor *ex, void *y, const float *bias, int32_t rows, int32_t N);
+    /* Per-head RMSNorm in place on the q and k heads of qkv (Qwen3's q_norm
+     * and k_norm, before rope; HF Qwen3RMSNorm = LlamaRMSNorm over hd):
+     * for every token t < T, each q head h < nh of qkv[t]
+     *   v = v / sqrt(mean(v^2) + eps) * q_w     (over the hd elements)
+     * and each k head likewise with k_w; the v heads are untouched.
+     * qkv [T][(nh + 2*nkv) * hd] act; q_w, k_w [hd] f32. Only called for
+     * families with q/k norms (llama_family). */
+    int (*qk_norm)(executor *ex, void *qkv, const float *q_w, const float *k_w, int32_t T,
+                   int32_t nh, int32_t nkv, int32_t hd, float eps);
     /* Writes each token's k and v heads (from qkv) into slot b->slots[t] of
      * the planes k_cache and v_cache ([num_blocks][block_size][nkv][hd] kv). */
     int (*kv_write)(executor *ex, void *k_cache, void *v_cache, const void *qkv,
@@ -121,7 +134,9 @@ typedef struct executor_ops {
      * paged context: token t of sequence s at position p attends to
      * positions 0..p (lo..p with lo = max(0, p - W + 1) when
      * W = b->sliding_window > 0; the window changes only which positions
-     * are summed, never the order), found through row s of b->block_tables; query head h
+     * are summed, never the order; b may differ from begin_step's batch in
+     * sliding_window alone: a model with a window on some layers only
+     * passes each layer's), found through row s of b->block_tables; query head h
      * reads kv head h / (nh / nkv). out[t][h*hd..] = softmax(q.k * scale) @ v.
      * out [T][nh*hd] act; qkv as above; caches as in kv_write. */
     int (*attention)(executor *ex, void *out, const void *qkv,

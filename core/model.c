@@ -11,11 +11,19 @@
  *   x = embed(tokens)                                      residual stream
  *   for each layer l:
  *     h = rmsnorm(x) * w_in                                (l > 0: x += mlp_out first)
- *     q,k,v = h @ w_qkv^T ; rope(q, k) ; cache[l] <- k, v
- *     a = attention(q, cache[l]) @ w_o^T
+ *     q,k,v = h @ w_qkv^T (+ b_qkv: Qwen2)
+ *     q,k = rmsnorm over each head * w_qn, w_kn            (Qwen3)
+ *     rope(q, k) ; cache[l] <- k, v
+ *     a = attention(q, cache[l], the layer's window) @ w_o^T
  *     h = rmsnorm(x += a) * w_post
  *     m = (silu(h @ w_gate^T) * (h @ w_up^T)) @ w_down^T    = mlp_out
  *   rows = the L sampling rows of (x + mlp_out), final rmsnorm, @ lm_head^T
+ *
+ * What a family changes is data (cfg->family, config.h): the bracketed
+ * steps run only where the family's struct asks for them, so a Llama runs
+ * exactly the ops it always did. Qwen2: modeling_qwen2.py Qwen2Attention
+ * (q/k/v_proj bias=True); Qwen3: modeling_qwen3.py Qwen3Attention
+ * (q_norm(q_proj(x).view(.., head_dim)) before apply_rotary_pos_emb).
  */
 #include "model.h"
 
@@ -31,6 +39,9 @@
 typedef struct model_layer {
     float *attn_norm;   /* [H] f32  input_layernorm.weight */
     void *w_qkv;        /* [QKV][H] wt  rows: q_proj (Q), k_proj (KVD), v_proj (KVD) */
+    float *b_qkv;       /* [QKV] f32  q_proj.bias | k_proj.bias | v_proj.bias (family.qkv_bias), else NULL */
+    float *q_norm;      /* [hd] f32   self_attn.q_norm.weight (family.qk_norm), else NULL */
+    float *k_norm;      /* [hd] f32   self_attn.k_norm.weight (family.qk_norm), else NULL */
     void *w_o;          /* [H][Q] wt    o_proj */
     float *mlp_norm;    /* [H] f32  post_attention_layernorm.weight */
     void *w_gate_up;    /* [2I][H] wt   rows: gate_proj (I), up_proj (I) */
@@ -90,6 +101,10 @@ size_t model_weight_bytes(const llama_config *cfg, const executor *ex)
     size_t wt = V * H * (cfg->tie_word_embeddings ? 1u : 2u) +
                 (size_t)cfg->num_hidden_layers * per_layer_wt;
     size_t f32 = (size_t)cfg->num_hidden_layers * 2u * H + H + (size_t)cfg->head_dim / 2u;
+    if (cfg->family.qkv_bias)
+        f32 += (size_t)cfg->num_hidden_layers * (Q + 2 * KVD);
+    if (cfg->family.qk_norm)
+        f32 += (size_t)cfg->num_hidden_layers * 2u * (size_t)cfg->head_dim;
     return exec_wt_bytes(ex, wt) + f32 * 4u;
 }
 
@@ -260,6 +275,27 @@ static int load_weights(model *m, const st_file *w, pg_error *err)
                               EXEC_WT, (size_t)(Q + KVD) * (size_t)H, err)))
             return rc;
 
+        if (m->cfg->family.qkv_bias) { /* fused [Q + 2 KVD] f32, as the weight rows */
+            ly->b_qkv = model_alloc(m, EXEC_F32, (size_t)(Q + 2 * KVD),
+                                    LAYER_NAME("self_attn.qkv bias (fused)"), &rc, err);
+            if (!ly->b_qkv)
+                return rc;
+            if ((rc = load_tensor(m, w, LAYER_NAME("self_attn.q_proj.bias"), 1, Q, 0, ly->b_qkv,
+                                  EXEC_F32, 0, err)) ||
+                (rc = load_tensor(m, w, LAYER_NAME("self_attn.k_proj.bias"), 1, KVD, 0, ly->b_qkv,
+                                  EXEC_F32, (size_t)Q, err)) ||
+                (rc = load_tensor(m, w, LAYER_NAME("self_attn.v_proj.bias"), 1, KVD, 0, ly->b_qkv,
+                                  EXEC_F32, (size_t)(Q + KVD), err)))
+                return rc;
+        }
+        if (m->cfg->family.qk_norm) {
+            if (!(ly->q_norm = load_new(m, w, LAYER_NAME("self_attn.q_norm.weight"), 1, m->hd, 0,
+                                        EXEC_F32, &rc, err)) ||
+                !(ly->k_norm = load_new(m, w, LAYER_NAME("self_attn.k_norm.weight"), 1, m->hd, 0,
+                                        EXEC_F32, &rc, err)))
+                return rc;
+        }
+
         if (!(ly->w_o = load_new(m, w, LAYER_NAME("self_attn.o_proj.weight"), 2, H, Q, EXEC_WT,
                                  &rc, err)))
             return rc;
@@ -410,6 +446,9 @@ void model_destroy(model *m)
             ex->op->free(ex, ly->w_gate_up);
             ex->op->free(ex, ly->mlp_norm);
             ex->op->free(ex, ly->w_o);
+            ex->op->free(ex, ly->k_norm);
+            ex->op->free(ex, ly->q_norm);
+            ex->op->free(ex, ly->b_qkv);
             ex->op->free(ex, ly->w_qkv);
             ex->op->free(ex, ly->attn_norm);
         }
@@ -504,9 +543,19 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->qkv, m->normed, ly->w_qkv, T, m->QKV, H)))
         return rc;
+    if (ly->b_qkv) { /* timed with the projection it belongs to */
+        *failed = "qkv bias";
+        if ((rc = op->add_bias(ex, m->qkv, ly->b_qkv, T, m->QKV)))
+            return rc;
+    }
     prof_end(m, OPP_QKV, t0);
-    *failed = "rope";
     t0 = prof_begin(m);
+    if (ly->q_norm) { /* timed with rope: both transform the q and k heads */
+        *failed = "q/k norm";
+        if ((rc = op->qk_norm(ex, m->qkv, ly->q_norm, ly->k_norm, T, nh, nkv, hd, eps)))
+            return rc;
+    }
+    *failed = "rope";
     if ((rc = op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b)))
         return rc;
     prof_end(m, OPP_ROPE, t0);
@@ -515,9 +564,19 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     if ((rc = op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b)))
         return rc;
     prof_end(m, OPP_KV_WRITE, t0);
+    /* the layer's window (config.h llama_layer_window): the step's own
+     * (every layer, the engine frees blocks behind it) or this layer's */
+    const int32_t window = llama_layer_window(m->cfg, l);
+    step_batch bl;
+    const step_batch *ba = b;
+    if (window != b->sliding_window) {
+        bl = *b;
+        bl.sliding_window = window;
+        ba = &bl;
+    }
     *failed = "attention";
     t0 = prof_begin(m);
-    if ((rc = op->attention(ex, m->attn, m->qkv, k_plane, v_plane, nh, nkv, hd, scale, b)))
+    if ((rc = op->attention(ex, m->attn, m->qkv, k_plane, v_plane, nh, nkv, hd, scale, ba)))
         return rc;
     prof_end(m, OPP_ATTENTION, t0);
     *failed = "o matmul";

@@ -254,6 +254,24 @@ static int cpu_matmul(executor *ex, void *y, const void *x, const void *w, int32
     return PG_OK;
 }
 
+static int cpu_add_bias(executor *ex, void *y, const float *bias, int32_t rows, int32_t N)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(y && bias, "add_bias: NULL argument");
+    CPU_REQUIRE(rows >= 0 && N >= 1, "add_bias: expected rows >= 0, N >= 1, got %d, %d", (int)rows, (int)N);
+    return cpu_op_add_bias(ce, y, bias, rows, N);
+}
+
+static int cpu_qk_norm(executor *ex, void *qkv, const float *q_w, const float *k_w, int32_t T, int32_t nh,
+                       int32_t nkv, int32_t hd, float eps)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(qkv && q_w && k_w, "qk_norm: NULL argument");
+    CPU_REQUIRE(T >= 0 && nh >= 1 && nkv >= 1 && hd >= 1,
+                "qk_norm: expected T >= 0, nh, nkv, hd >= 1, got %d, %d, %d, %d", (int)T, (int)nh, (int)nkv, (int)hd);
+    return cpu_op_qk_norm(ce, qkv, q_w, k_w, T, nh, nkv, hd, eps);
+}
+
 static int cpu_rope(executor *ex, void *qkv, const float *inv_freq, int32_t nh, int32_t nkv, int32_t hd,
                     const step_batch *b)
 {
@@ -342,6 +360,8 @@ static const executor_ops cpu_ops_table = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .add_bias = cpu_add_bias,
+    .qk_norm = cpu_qk_norm,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

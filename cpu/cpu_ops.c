@@ -76,6 +76,77 @@ int cpu_op_rmsnorm(cpu_exec *ce, float *out, float *residual, const float *x, co
     return PG_OK;
 }
 
+/* ---- add_bias ------------------------------------------------------------ */
+
+typedef struct bias_job {
+    float *y;
+    const float *bias;
+    int32_t rows, n;
+} bias_job;
+
+static void bias_worker(void *ctx, int32_t worker, int32_t n_workers)
+{
+    const bias_job *j = ctx;
+    int64_t lo, hi;
+    cpu_pool_range(j->rows, worker, n_workers, 1, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        float *y = j->y + r * j->n;
+        for (int32_t i = 0; i < j->n; i++)
+            y[i] += j->bias[i]; /* nn.Linear: x @ W^T + b, one f32 add */
+    }
+}
+
+int cpu_op_add_bias(cpu_exec *ce, float *y, const float *bias, int32_t rows, int32_t N)
+{
+    bias_job job = {y, bias, rows, N};
+    cpu_pool_run(ce->pool, ops_workers(ce, (double)rows * N), bias_worker, &job);
+    return PG_OK;
+}
+
+/* ---- qk_norm ------------------------------------------------------------- */
+
+typedef struct qk_norm_job {
+    float *qkv;
+    const float *q_w, *k_w;
+    int32_t T, nh, nkv, hd;
+    float eps;
+} qk_norm_job;
+
+/* One head of hd values in place, with rmsnorm_worker's arithmetic (the
+ * same f32 order as the other RMSNorm: HF Qwen3RMSNorm is LlamaRMSNorm). */
+static void head_rmsnorm(float *v, const float *w, int32_t hd, float eps)
+{
+    float ss = 0.0f;
+    for (int32_t i = 0; i < hd; i++)
+        ss += v[i] * v[i];
+    ss /= (float)hd;
+    ss += eps;
+    ss = 1.0f / sqrtf(ss);
+    for (int32_t i = 0; i < hd; i++)
+        v[i] = w[i] * (ss * v[i]);
+}
+
+static void qk_norm_worker(void *ctx, int32_t worker, int32_t n_workers)
+{
+    const qk_norm_job *j = ctx;
+    const int64_t row = (int64_t)(j->nh + 2 * j->nkv) * j->hd;
+    int64_t lo, hi;
+    cpu_pool_range(j->T, worker, n_workers, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float *base = j->qkv + t * row; /* q heads, then k heads */
+        for (int32_t h = 0; h < j->nh + j->nkv; h++)
+            head_rmsnorm(base + (int64_t)h * j->hd, h < j->nh ? j->q_w : j->k_w, j->hd, j->eps);
+    }
+}
+
+int cpu_op_qk_norm(cpu_exec *ce, float *qkv, const float *q_w, const float *k_w, int32_t T, int32_t nh,
+                   int32_t nkv, int32_t hd, float eps)
+{
+    qk_norm_job job = {qkv, q_w, k_w, T, nh, nkv, hd, eps};
+    cpu_pool_run(ce->pool, ops_workers(ce, (double)T * (nh + nkv) * hd * 2.0), qk_norm_worker, &job);
+    return PG_OK;
+}
+
 /* ---- rope ---------------------------------------------------------------- */
 
 typedef struct rope_job {

@@ -45,6 +45,9 @@ int cpu_exec_scratch(cpu_exec *ce, size_t n);
 int cpu_op_embed(cpu_exec *ce, float *x, const void *table, int32_t H, int32_t V, const step_batch *b);
 int cpu_op_rmsnorm(cpu_exec *ce, float *out, float *residual, const float *x, const float *w,
                    int32_t rows, int32_t dim, float eps);
+int cpu_op_add_bias(cpu_exec *ce, float *y, const float *bias, int32_t rows, int32_t N);
+int cpu_op_qk_norm(cpu_exec *ce, float *qkv, const float *q_w, const float *k_w, int32_t T, int32_t nh,
+                   int32_t nkv, int32_t hd, float eps);
 int cpu_op_rope(cpu_exec *ce, float *qkv, const float *inv_freq, int32_t nh, int32_t nkv, int32_t hd,
                 const step_batch *b);
 int cpu_op_kv_write(cpu_exec *ce, void *k_cache, void *v_cache, const float *qkv, int32_t nh,

@@ -699,6 +699,25 @@ static int cuda_attention(executor *ex, void *out, const void *qkv, const void *
     return rc;
 }
 
+/* Qwen's ops (executor.h add_bias, qk_norm): gpu/bias.cu, gpu/qk_norm.cu */
+static int cuda_add_bias(executor *ex, void *y, const float *bias, int32_t rows, int32_t N)
+{
+    cuda_exec *c = cx(ex);
+    if (rows == 0)
+        return 0;
+    return pgk_add_bias(y, bias, c->act_dt, rows, N, c->stream, c->sync_each, &c->err);
+}
+
+static int cuda_qk_norm(executor *ex, void *qkv, const float *q_w, const float *k_w, int32_t T,
+                        int32_t nh, int32_t nkv, int32_t hd, float eps)
+{
+    cuda_exec *c = cx(ex);
+    if (T == 0)
+        return 0;
+    return pgk_qk_norm(qkv, q_w, k_w, c->act_dt, T, nh, nkv, hd, eps, c->stream, c->sync_each,
+                       &c->err);
+}
+
 static int cuda_silu_mul(executor *ex, void *out, const void *gate_up, int32_t T, int32_t I)
 {
     cuda_exec *c = cx(ex);
@@ -1238,6 +1257,8 @@ static const executor_ops cuda_ops = {
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
     .matmul = cuda_matmul,
+    .add_bias = cuda_add_bias,
+    .qk_norm = cuda_qk_norm,
     .rope = cuda_rope,
     .kv_write = cuda_kv_write,
     .attention = cuda_attention,

@@ -72,6 +72,16 @@ int pgk_rmsnorm(void *out, void *residual, const void *x, const float *w, int dt
                 int32_t rows, int32_t dim, float eps, cudaStream_t st, int sync_each,
                 pg_error *err);
 
+/* y[r][n] += bias[n] (f32 add, one rounding); y [rows][N] act, bias [N] f32
+ * (bias.cu). */
+int pgk_add_bias(void *y, const float *bias, int dt, int32_t rows, int32_t N, cudaStream_t st,
+                 int sync_each, pg_error *err);
+
+/* Per-head RMSNorm in place on the q heads (q_w) and k heads (k_w) of qkv
+ * [T][(nh+2nkv)*hd]; q_w, k_w [hd] f32 (qk_norm.cu; executor.h qk_norm). */
+int pgk_qk_norm(void *qkv, const float *q_w, const float *k_w, int dt, int32_t T, int32_t nh,
+                int32_t nkv, int32_t hd, float eps, cudaStream_t st, int sync_each, pg_error *err);
+
 /* RoPE (rotate_half) in place on the q and k heads of qkv [T][(nh+2nkv)*hd]. */
 int pgk_rope(void *qkv, const float *inv_freq, int dt, int32_t nh, int32_t nkv, int32_t hd,
              const pgk_batch *b, cudaStream_t st, int sync_each, pg_error *err);

@@ -1,7 +1,10 @@
-/* config: Hugging Face LLaMA config.json / generation_config.json -> plain
- * data (see config.h). Key names and defaults follow transformers'
- * LlamaConfig (models/llama/configuration_llama.py); keys we do not use are
- * ignored, since real configs carry many. A JSON null counts as absent. */
+/* config: Hugging Face LLaMA-family config.json / generation_config.json
+ * -> plain data (see config.h). Key names and defaults follow transformers'
+ * LlamaConfig (models/llama/configuration_llama.py), and for Qwen2 / Qwen3
+ * Qwen2Config / Qwen3Config (models/qwen2|qwen3/configuration_*.py); keys
+ * we do not use are ignored, since real configs carry many. A JSON null
+ * counts as absent (except num_key_value_heads and sliding_window on Qwen,
+ * where null and absent differ). */
 #include "config.h"
 
 #include <math.h>
@@ -302,34 +305,142 @@ static int parse_sliding_window(llama_config *c, const json_doc *d, const char *
     return opt_int(d, 0, "sliding_window", 1, 1 << 24, &c->sliding_window, label, err);
 }
 
+/* The architectures read, with the model_type that names each when
+ * "architectures" is absent (transformers' AutoModel does the same). */
+static const struct {
+    const char *arch, *model_type;
+} arch_table[] = {
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},  /* Qwen2 and Qwen2.5 */
+    {"Qwen3ForCausalLM", "qwen3"},  /* Qwen3 dense */
+};
+/* Refused by name: their MLP is a mixture of experts. */
+static const struct {
+    const char *arch, *model_type;
+} moe_table[] = {
+    {"Qwen2MoeForCausalLM", "qwen2_moe"},
+    {"Qwen3MoeForCausalLM", "qwen3_moe"},
+    {"MixtralForCausalLM", "mixtral"},
+};
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
 static int parse_architecture(llama_config *c, const json_doc *d, const char *label, pg_error *err)
 {
-    static const char *const supported = "supported: LlamaForCausalLM, MistralForCausalLM";
+    static const char *const supported =
+        "supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
     int a = get_key(d, "architectures");
     if (a < 0) {
         /* no architectures: fall back on model_type, as transformers' AutoModel does */
         int mt = get_key(d, "model_type");
-        if (json_str_eq(d, mt, "llama"))
-            snprintf(c->architecture, sizeof c->architecture, "LlamaForCausalLM");
-        else if (json_str_eq(d, mt, "mistral"))
-            snprintf(c->architecture, sizeof c->architecture, "MistralForCausalLM");
-        else
-            return pg_error_set(err, PG_EUNSUPPORTED, "%s: no architectures and no llama/mistral model_type (%s)",
-                                label, supported);
-    } else {
-        int first = json_is_array(d, a) && json_size(d, a) >= 1 ? a + 1 : -1;
-        if (!json_is_string(d, first))
-            return pg_error_set(err, PG_EFORMAT, "%s: architectures: expected a list of strings", label);
-        if (json_size(d, a) != 1 ||
-            json_get_string_buf(d, first, c->architecture, sizeof c->architecture, NULL, NULL) ||
-            (strcmp(c->architecture, "LlamaForCausalLM") != 0 && strcmp(c->architecture, "MistralForCausalLM") != 0)) {
-            char raw[64];
-            size_t n;
-            const char *s = json_raw(d, a, &n);
-            snprintf(raw, sizeof raw, "%.*s", (int)(n > 60 ? 60 : n), s);
-            return pg_error_set(err, PG_EUNSUPPORTED, "%s: architectures %s not supported (%s)", label, raw,
-                                supported);
+        for (size_t k = 0; k < ARRAY_LEN(moe_table); k++)
+            if (json_str_eq(d, mt, moe_table[k].model_type))
+                return pg_error_set(err, PG_EUNSUPPORTED, "%s: model_type '%s' (%s) is a mixture-of-experts model: not supported (%s)",
+                                    label, moe_table[k].model_type, moe_table[k].arch, supported);
+        for (size_t k = 0; k < ARRAY_LEN(arch_table); k++)
+            if (json_str_eq(d, mt, arch_table[k].model_type)) {
+                snprintf(c->architecture, sizeof c->architecture, "%s", arch_table[k].arch);
+                return PG_OK;
+            }
+        return pg_error_set(err, PG_EUNSUPPORTED, "%s: no architectures and no llama/mistral/qwen2/qwen3 model_type (%s)",
+                            label, supported);
+    }
+    int first = json_is_array(d, a) && json_size(d, a) >= 1 ? a + 1 : -1;
+    if (!json_is_string(d, first))
+        return pg_error_set(err, PG_EFORMAT, "%s: architectures: expected a list of strings", label);
+    if (json_size(d, a) == 1 && !json_get_string_buf(d, first, c->architecture, sizeof c->architecture, NULL, NULL)) {
+        for (size_t k = 0; k < ARRAY_LEN(arch_table); k++)
+            if (strcmp(c->architecture, arch_table[k].arch) == 0)
+                return PG_OK;
+        for (size_t k = 0; k < ARRAY_LEN(moe_table); k++)
+            if (strcmp(c->architecture, moe_table[k].arch) == 0)
+                return pg_error_set(err, PG_EUNSUPPORTED, "%s: architectures [\"%s\"] is a mixture-of-experts model: not supported (%s)",
+                                    label, moe_table[k].arch, supported);
+    }
+    char raw[64];
+    size_t n;
+    const char *s = json_raw(d, a, &n);
+    snprintf(raw, sizeof raw, "%.*s", (int)(n > 60 ? 60 : n), s);
+    return pg_error_set(err, PG_EUNSUPPORTED, "%s: architectures %s not supported (%s)", label, raw, supported);
+}
+
+typedef enum cfg_family { FAM_LLAMA, FAM_MISTRAL, FAM_QWEN2, FAM_QWEN3 } cfg_family;
+
+static cfg_family family_of(const char *arch)
+{
+    if (strcmp(arch, "MistralForCausalLM") == 0)
+        return FAM_MISTRAL;
+    if (strcmp(arch, "Qwen2ForCausalLM") == 0)
+        return FAM_QWEN2;
+    if (strcmp(arch, "Qwen3ForCausalLM") == 0)
+        return FAM_QWEN3;
+    return FAM_LLAMA;
+}
+
+static void set_window_layer(llama_family *f, int32_t l)
+{
+    f->window_layers[l / 64] |= (uint64_t)1 << (l % 64);
+}
+
+/* Qwen2Config / Qwen3Config's sliding window (configuration_qwen2.py and
+ * configuration_qwen3.py, transformers v4 commit caa31776 / 1f3ae2b3 and
+ * v5 main 008e5743, identical here): sliding_window (default 4096) counts
+ * only when use_sliding_window (default false) is true, else it is None;
+ * layer_types defaults to "sliding_attention" for the layers i >=
+ * max_window_layers (default 28) when the window is not None, else
+ * "full_attention"; an explicit layer_types (one entry per layer) wins.
+ * modeling_qwen2.py / modeling_qwen3.py give a sliding layer
+ * config.sliding_window. Every layer sliding -> cfg->sliding_window (the
+ * engine frees blocks behind it); some -> family.layer_window + mask. A
+ * sliding layer with no window (use_sliding_window false) is refused:
+ * transformers' behaviour there is not defined by the config. */
+static int parse_qwen_window(llama_config *c, const json_doc *d, const char *label, pg_error *err)
+{
+    bool use = false;
+    int32_t window = 4096, max_window_layers = 28;
+    int rc;
+    if ((rc = opt_bool(d, 0, "use_sliding_window", &use, NULL, label, err)) ||
+        (rc = opt_int(d, 0, "max_window_layers", 0, 1 << 24, &max_window_layers, label, err)))
+        return rc;
+    int v = json_obj_get(d, 0, "sliding_window");
+    bool have_window = use;
+    if (v >= 0 && json_is_null(d, v))
+        have_window = false;
+    else if ((rc = opt_int(d, 0, "sliding_window", 1, 1 << 24, &window, label, err)))
+        return rc;
+    const int32_t L = c->num_hidden_layers;
+    llama_family *f = &c->family;
+    int32_t n_sliding = 0;
+    int lt = get_key(d, "layer_types");
+    if (lt >= 0) {
+        if (!json_is_array(d, lt) || json_size(d, lt) != L)
+            return pg_error_set(err, PG_EFORMAT, "%s: layer_types: expected a list of %d strings (num_hidden_layers), got %s",
+                                label, (int)L, json_is_array(d, lt) ? "another length" : "a non-list");
+        int j = lt + 1;
+        for (int32_t l = 0; l < L; l++, j = json_skip(d, j)) {
+            if (json_str_eq(d, j, "sliding_attention")) {
+                set_window_layer(f, l);
+                n_sliding++;
+            } else if (!json_str_eq(d, j, "full_attention")) {
+                return pg_error_set(err, PG_EUNSUPPORTED, "%s: layer_types[%d]: expected \"full_attention\" or \"sliding_attention\"",
+                                    label, (int)l);
+            }
         }
+        if (n_sliding > 0 && !have_window)
+            return pg_error_set(err, PG_EUNSUPPORTED, "%s: layer_types marks %d sliding_attention layers but the window is None (use_sliding_window false or sliding_window null): refused rather than run as full attention",
+                                label, (int)n_sliding);
+    } else if (have_window) {
+        for (int32_t l = max_window_layers; l < L; l++, n_sliding++)
+            set_window_layer(f, l);
+    }
+    c->sliding_window = 0;
+    if (n_sliding == 0) {
+        memset(f->window_layers, 0, sizeof f->window_layers);
+    } else if (n_sliding == L) {
+        memset(f->window_layers, 0, sizeof f->window_layers);
+        c->sliding_window = window;
+    } else {
+        f->layer_window = window;
     }
     return PG_OK;
 }
@@ -347,14 +458,23 @@ static int parse_doc(llama_config *c, const json_doc *d, const char *label, pg_e
         (rc = req_int(d, "num_attention_heads", 1, 4096, &c->num_attention_heads, label, err)) ||
         (rc = req_int(d, "vocab_size", 1, 1 << 24, &c->vocab_size, label, err)))
         return rc;
+    const cfg_family fam = family_of(c->architecture);
+    const bool qwen = fam == FAM_QWEN2 || fam == FAM_QWEN3;
     int nh = c->num_attention_heads;
+    /* absent: LlamaConfig's None -> nh; Qwen2Config / Qwen3Config's 32.
+     * null: nh for every family ("for backward compatibility") */
     c->num_key_value_heads = nh;
+    if (qwen && json_obj_get(d, 0, "num_key_value_heads") < 0)
+        c->num_key_value_heads = 32;
     if ((rc = opt_int(d, 0, "num_key_value_heads", 1, nh, &c->num_key_value_heads, label, err)))
         return rc;
-    if (nh % c->num_key_value_heads != 0)
-        return pg_error_set(err, PG_EFORMAT, "%s: num_key_value_heads: expected a divisor of num_attention_heads %d, got %d",
-                            label, nh, c->num_key_value_heads);
-    c->head_dim = 0;
+    if (c->num_key_value_heads > nh || nh % c->num_key_value_heads != 0)
+        return pg_error_set(err, PG_EFORMAT, "%s: num_key_value_heads: expected a divisor of num_attention_heads %d, got %d%s",
+                            label, nh, c->num_key_value_heads,
+                            qwen && json_obj_get(d, 0, "num_key_value_heads") < 0 ? " (the Qwen default when absent)" : "");
+    /* absent: hidden_size / nh (LlamaConfig; modeling_qwen2.py's getattr
+     * default), Qwen3Config's 128 */
+    c->head_dim = fam == FAM_QWEN3 ? 128 : 0;
     if ((rc = opt_int(d, 0, "head_dim", 2, 4096, &c->head_dim, label, err)))
         return rc;
     if (c->head_dim == 0) {
@@ -366,23 +486,41 @@ static int parse_doc(llama_config *c, const json_doc *d, const char *label, pg_e
     if (c->head_dim % 2 != 0)
         return pg_error_set(err, PG_EFORMAT, "%s: head_dim: expected an even number (rope rotates pairs), got %d", label,
                             c->head_dim);
-    c->max_position_embeddings = 2048; /* LlamaConfig default */
-    c->rms_norm_eps = 1e-6f;           /* LlamaConfig default */
+    c->max_position_embeddings = qwen ? 32768 : 2048; /* Qwen2Config / Qwen3Config; LlamaConfig */
+    c->rms_norm_eps = 1e-6f;           /* LlamaConfig, Qwen2Config, Qwen3Config */
     if ((rc = opt_int(d, 0, "max_position_embeddings", 1, 1 << 24, &c->max_position_embeddings, label, err)) ||
         (rc = opt_float(d, 0, "rms_norm_eps", 0.0, 1, 1.0, &c->rms_norm_eps, NULL, label, err)) ||
         (rc = opt_bool(d, 0, "tie_word_embeddings", &c->tie_word_embeddings, NULL, label, err)))
         return rc;
-    if ((rc = parse_rope(c, d, label, err)) || (rc = parse_sliding_window(c, d, label, err)))
+    if ((rc = parse_rope(c, d, label, err)))
+        return rc;
+    if ((rc = qwen ? parse_qwen_window(c, d, label, err) : parse_sliding_window(c, d, label, err)))
         return rc;
 
-    static const char *const biases[] = {"attention_bias", "mlp_bias"};
-    for (int k = 0; k < 2; k++) {
+    if (!qwen) {
+        static const char *const biases[] = {"attention_bias", "mlp_bias"};
+        for (int k = 0; k < 2; k++) {
+            bool b = false;
+            if ((rc = opt_bool(d, 0, biases[k], &b, NULL, label, err)))
+                return rc;
+            if (b)
+                return pg_error_set(err, PG_EUNSUPPORTED, "%s: %s is true: biases are not supported (LLaMA projections have none)",
+                                    label, biases[k]);
+        }
+    }
+    /* Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False, whatever
+     * the config says (Qwen2Config has no attention_bias). Qwen3Attention:
+     * q_norm/k_norm always; attention_bias (default false) would add biases
+     * to q, k, v and o_proj. */
+    c->family.qkv_bias = fam == FAM_QWEN2;
+    c->family.qk_norm = fam == FAM_QWEN3;
+    if (fam == FAM_QWEN3) {
         bool b = false;
-        if ((rc = opt_bool(d, 0, biases[k], &b, NULL, label, err)))
+        if ((rc = opt_bool(d, 0, "attention_bias", &b, NULL, label, err)))
             return rc;
         if (b)
-            return pg_error_set(err, PG_EUNSUPPORTED, "%s: %s is true: biases are not supported (LLaMA projections have none)",
-                                label, biases[k]);
+            return pg_error_set(err, PG_EUNSUPPORTED, "%s: attention_bias is true: Qwen3's q/k/v/o_proj biases are not supported",
+                                label);
     }
     int act = get_key(d, "hidden_act");
     if (act >= 0 && !json_str_eq(d, act, "silu"))

@@ -10,6 +10,7 @@
 #include "pg_error.h"
 
 #define LLAMA_MAX_EOS 8
+#define LLAMA_MAX_LAYERS 4096 /* num_hidden_layers' range */
 
 typedef enum llama_rope_scaling_type {
     LLAMA_ROPE_NONE = 0,
@@ -24,8 +25,32 @@ typedef struct llama_rope_scaling {
     int32_t original_max_position_embeddings; /* llama3 */
 } llama_rope_scaling;
 
+/* What a model family changes in the LLaMA forward (STYLE.md habit 17):
+ * core/model.c asks these fields, never the architecture's name. All zero
+ * is Llama / Mistral. weights/README.md's key table is the same struct seen
+ * from config.json. (head_dim and tie_word_embeddings, which differ by
+ * family too, are plain llama_config fields.) */
+typedef struct llama_family {
+    /* Qwen2: self_attn.{q,k,v}_proj.bias ([Q], [KVD], [KVD]) added to the
+     * projections (modeling_qwen2.py Qwen2Attention: bias=True; o_proj none) */
+    bool qkv_bias;
+    /* Qwen3: self_attn.{q,k}_norm.weight [hd]: RMSNorm over head_dim of
+     * every q and k head, after the projection and before RoPE
+     * (modeling_qwen3.py Qwen3Attention q_norm / k_norm, eps rms_norm_eps) */
+    bool qk_norm;
+    /* Sliding window on some layers only (Qwen2/3 use_sliding_window with
+     * max_window_layers, or layer_types): layer l attends within
+     * layer_window tokens when bit l of window_layers is set. 0 when every
+     * layer has the window (then llama_config.sliding_window holds it) or
+     * none does. */
+    int32_t layer_window;
+    uint64_t window_layers[LLAMA_MAX_LAYERS / 64];
+} llama_family;
+
 typedef struct llama_config {
-    char architecture[64];        /* "LlamaForCausalLM" or "MistralForCausalLM" */
+    /* "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM" or
+     * "Qwen3ForCausalLM" */
+    char architecture[64];
     int32_t hidden_size;          /* H */
     int32_t intermediate_size;    /* I */
     int32_t num_hidden_layers;    /* L */
@@ -37,9 +62,12 @@ typedef struct llama_config {
     float rope_theta;
     llama_rope_scaling rope_scaling;
     int32_t max_position_embeddings;
-    /* Mistral's attention window in tokens (MistralConfig default 4096 when
-     * the key is absent); 0 = full attention (Llama, or null). */
+    /* The attention window of every layer in tokens (Mistral's; MistralConfig
+     * default 4096 when the key is absent; Qwen's when every layer slides);
+     * 0 = full attention in every layer, or a window on some layers only
+     * (family.layer_window). The engine frees KV blocks behind this one. */
     int32_t sliding_window;
+    llama_family family;
     bool tie_word_embeddings;
     int32_t bos_token_id;         /* -1 if absent */
     int32_t eos_token_ids[LLAMA_MAX_EOS]; /* config's, then generation_config's, deduplicated */
@@ -59,9 +87,12 @@ typedef struct llama_config {
 /* Parses config.json text (pure; fuzz target). `label` names the file in
  * messages. Checks ranges (sizes > 0, nh % nkv == 0, head_dim even, ...)
  * and refuses, naming the key, what would change the math and is not
- * implemented: unsupported architectures, attention_bias/mlp_bias true,
- * hidden_act other than silu, rope types other than default/linear/llama3,
- * partial_rotary_factor != 1, a sliding_window on a Llama config. RoPE is
+ * implemented: unsupported architectures (MoE variants by name),
+ * attention_bias/mlp_bias true on Llama/Mistral and attention_bias on
+ * Qwen3, hidden_act other than silu, rope types other than
+ * default/linear/llama3, partial_rotary_factor != 1, a sliding_window on a
+ * Llama config, a sliding layer without a window. Each family's defaults
+ * are transformers' for its model_type. RoPE is
  * read from both layouts (rope_theta + rope_scaling, and transformers 5's
  * rope_parameters); two places that disagree are refused with both values.
  * weights/README.md has the table of keys. *out is written only on success. */
@@ -77,5 +108,16 @@ int llama_config_merge_generation(llama_config *cfg, const char *json, size_t le
 /* Reads DIR/config.json and, when present, DIR/generation_config.json
  * (through pg_read_file with a size cap). *out is written only on success. */
 int llama_config_load(llama_config *out, const char *model_dir, pg_error *err);
+
+/* The attention window of layer l in tokens, 0 = full attention. */
+static inline int32_t llama_layer_window(const llama_config *c, int32_t l)
+{
+    if (c->sliding_window > 0)
+        return c->sliding_window;
+    if (c->family.layer_window > 0 && l >= 0 && l < LLAMA_MAX_LAYERS &&
+        ((c->family.window_layers[l / 64] >> (l % 64)) & 1u))
+        return c->family.layer_window;
+    return 0;
+}
 
 #endif /* PG_CONFIG_H */

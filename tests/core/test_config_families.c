@@ -7,7 +7,8 @@
  * (modeling_rope_utils.py _compute_default_rope_parameters /
  * _compute_linear_scaling_rope_parameters / _compute_llama3_parameters)
  * evaluated here in double. A theta or scaling read wrongly is silent in
- * every other test: the model still produces fluent text. */
+ * every other test: the model still produces fluent text. The Qwen2 /
+ * Qwen3 entries also check the family's fields (config.h llama_family). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,25 +34,42 @@ typedef struct family {
     /* sliding_window: -1 absent, 0 null, > 0 the window */
     int window;
     int want_window; /* cfg.sliding_window */
+    const char *extra; /* more keys, verbatim (NULL: none) */
 } family;
 
+/* The Qwen configs' window keys as shipped (no layer slides) */
+#define QWEN_NO_WINDOW ",\"use_sliding_window\":false"
+
 static const family families[] = {
-    {"llama-2-7b", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 0, 32000, 4096, 10000.0, "", 0, 0, 0, 0, -1, 0},
+    {"llama-2-7b", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 0, 32000, 4096, 10000.0, "", 0, 0, 0, 0, -1, 0, NULL},
     {"codellama-7b", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 0, 32016, 16384, 1000000.0, "", 0, 0, 0, 0, -1,
-     0},
+     0, NULL},
     {"llama-3.1-8b", "LlamaForCausalLM", 4096, 14336, 32, 32, 8, 0, 128256, 131072, 500000.0, "llama3", 8.0, 1.0,
-     4.0, 8192, -1, 0},
+     4.0, 8192, -1, 0, NULL},
     {"llama-3.2-1b", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 500000.0, "llama3", 32.0, 1.0,
-     4.0, 8192, -1, 0},
+     4.0, 8192, -1, 0, NULL},
     {"mistral-7b-v0.1", "MistralForCausalLM", 4096, 14336, 32, 32, 8, 0, 32000, 32768, 10000.0, "", 0, 0, 0, 0,
-     4096, 4096},
+     4096, 4096, NULL},
     {"mistral-7b-v0.3", "MistralForCausalLM", 4096, 14336, 32, 32, 8, 128, 32768, 32768, 1000000.0, "", 0, 0, 0, 0,
-     0, 0},
-    {"tinyllama-1.1b", "LlamaForCausalLM", 2048, 5632, 22, 32, 4, 0, 32000, 2048, 10000.0, "", 0, 0, 0, 0, -1, 0},
-    {"smollm2-135m", "LlamaForCausalLM", 576, 1536, 30, 9, 3, 0, 49152, 8192, 100000.0, "", 0, 0, 0, 0, -1, 0},
+     0, 0, NULL},
+    {"tinyllama-1.1b", "LlamaForCausalLM", 2048, 5632, 22, 32, 4, 0, 32000, 2048, 10000.0, "", 0, 0, 0, 0, -1, 0, NULL},
+    {"smollm2-135m", "LlamaForCausalLM", 576, 1536, 30, 9, 3, 0, 49152, 8192, 100000.0, "", 0, 0, 0, 0, -1, 0, NULL},
     /* a linearly scaled long-context Llama 2 (LongChat-style) */
     {"llama-2-linear-x4", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 0, 32000, 16384, 10000.0, "linear", 4.0, 0, 0,
-     0, -1, 0},
+     0, -1, 0, NULL},
+    /* Qwen (config.json of the published checkpoints, abridged): biases
+     * (Qwen2) and q/k norms (Qwen3) come from the architecture, head_dim
+     * 128 from Qwen3Config even where hidden / heads = 64 (0.6B) */
+    {"qwen2-7b", "Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 0, 152064, 131072, 1000000.0, "", 0, 0, 0, 0, 131072, 0,
+     QWEN_NO_WINDOW ",\"max_window_layers\":28"},
+    {"qwen2.5-0.5b", "Qwen2ForCausalLM", 896, 4864, 24, 14, 2, 0, 151936, 32768, 1000000.0, "", 0, 0, 0, 0, 32768, 0,
+     QWEN_NO_WINDOW ",\"max_window_layers\":21,\"tie_word_embeddings\":true"},
+    {"qwen2.5-7b", "Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 0, 152064, 32768, 1000000.0, "", 0, 0, 0, 0, 131072, 0,
+     QWEN_NO_WINDOW ",\"max_window_layers\":28"},
+    {"qwen3-0.6b", "Qwen3ForCausalLM", 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1000000.0, "", 0, 0, 0, 0, 0, 0,
+     QWEN_NO_WINDOW ",\"max_window_layers\":28,\"tie_word_embeddings\":true,\"attention_bias\":false"},
+    {"qwen3-8b", "Qwen3ForCausalLM", 4096, 12288, 36, 32, 8, 128, 151936, 40960, 1000000.0, "", 0, 0, 0, 0, 0, 0,
+     QWEN_NO_WINDOW ",\"max_window_layers\":36,\"attention_bias\":false"},
 };
 
 /* The config.json text of f: v5 = transformers 5's rope_parameters layout. */
@@ -82,9 +100,9 @@ static void write_config(char *buf, size_t cap, const family *f, bool v5)
     snprintf(buf, cap,
              "{\"architectures\":[\"%s\"],\"hidden_size\":%d,\"intermediate_size\":%d,\"num_hidden_layers\":%d,"
              "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"vocab_size\":%d,"
-             "\"max_position_embeddings\":%d,\"rms_norm_eps\":1e-05,\"hidden_act\":\"silu\"%s%s%s}",
+             "\"max_position_embeddings\":%d,\"rms_norm_eps\":1e-05,\"hidden_act\":\"silu\"%s%s%s%s}",
              f->arch, f->hidden, f->inter, f->layers, f->heads, f->kv_heads, f->vocab, f->max_pos, head_dim, window,
-             rope);
+             rope, f->extra ? f->extra : "");
 }
 
 /* transformers' inverse frequencies, in double. */
@@ -127,6 +145,10 @@ static void test_families_both_layouts(void **state)
         assert_int_equal(cfg->num_key_value_heads, f->kv_heads);
         assert_true(cfg->rope_theta == (float)f->theta);
         assert_int_equal(cfg->sliding_window, f->want_window);
+        for (int32_t l = 0; l < cfg->num_hidden_layers; l++)
+            assert_int_equal(llama_layer_window(cfg, l), f->want_window);
+        assert_int_equal(cfg->family.qkv_bias, strcmp(f->arch, "Qwen2ForCausalLM") == 0);
+        assert_int_equal(cfg->family.qk_norm, strcmp(f->arch, "Qwen3ForCausalLM") == 0);
 
         float inv[256];
         pg_error err;

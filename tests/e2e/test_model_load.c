@@ -5,7 +5,16 @@
  *
  * The random model mixes dtypes (F32, F16, BF16), is untied (lm_head.weight)
  * and uses GQA; the batch mixes a prefill, a chunked prefill and decodes, on
- * scattered block tables, and a copy-on-write copy of a partial block. */
+ * scattered block tables, and a copy-on-write copy of a partial block.
+ * Qwen2 (q/k/v biases) and Qwen3 (q/k norms, head_dim != hidden / heads,
+ * tied) models, with and without per-layer windows, against a double
+ * reference of modeling_qwen2.py / modeling_qwen3.py: logits, greedy tokens
+ * and logprobs; and on every CPU storage type.
+ *
+ * Built with PG_MODEL_LOAD_CUDA (tests/cuda_emu: emu_qwen_model; tests/gpu:
+ * qwen_model_cuda) only the Qwen reference test runs, on the CUDA executor
+ * in f32 precision (head_dim 8: the CUDA attention's smallest); without a
+ * device it exits 77. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +29,9 @@
 
 #include "cpu_executor.h"
 #include "model.h"
+#ifdef PG_MODEL_LOAD_CUDA
+#include "cuda_executor.h"
+#endif
 #include "safetensors.h"
 #include "test_support.h"
 
@@ -345,8 +357,14 @@ static int setup(void **state)
     if (!mkdtemp(f->dir))
         return -1;
     pg_error err;
+#ifdef PG_MODEL_LOAD_CUDA
+    cuda_executor_params cp = cuda_executor_params_default();
+    cp.precision = 1; /* f32: the reference's tolerances */
+    if (cuda_executor_create(&f->ex, &cp, &err)) {
+#else
     cpu_executor_params cp = {.threads = 2};
     if (cpu_executor_create(&f->ex, &cp, &err)) {
+#endif
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }
@@ -717,8 +735,467 @@ static void test_forward_sliding_window(void **state)
     wt_free(&s);
 }
 
+/* ---- Qwen2 / Qwen3 (llama_family) ------------------------------------------ */
+
+/* A tiny Qwen-shaped model: hd may differ from H / nh (Qwen3), three layers
+ * so that a window can sit on some of them. */
+enum { QH = 16, QI = 24, QNL = 3, QNH = 4, QNKV = 2, QV = 32 };
+
+static llama_config qwen_config(int qwen3, int32_t hd, bool tie)
+{
+    llama_config c = tiny_config(tie);
+    snprintf(c.architecture, sizeof c.architecture, qwen3 ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM");
+    c.hidden_size = QH;
+    c.intermediate_size = QI;
+    c.num_hidden_layers = QNL;
+    c.num_attention_heads = QNH;
+    c.num_key_value_heads = QNKV;
+    c.head_dim = hd;
+    c.vocab_size = QV;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 1000000.0f;
+    c.family.qkv_bias = !qwen3;
+    c.family.qk_norm = qwen3 != 0;
+    return c;
+}
+
+/* Every tensor bf16-exact (so that bf16 storage is lossless), biases and
+ * norms in f32 as Qwen checkpoints keep them in bf16 too. */
+static void qwen_weights(wt_set *s, const llama_config *c, uint64_t seed)
+{
+    pg_test_rng rng = {seed};
+    char name[96];
+    const int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    const int64_t Q = c->num_attention_heads * hd, KVD = c->num_key_value_heads * hd, V = c->vocab_size;
+    s->n = 0;
+    wt_add(s, &rng, "model.embed_tokens.weight", ST_BF16, 2, V, H, -1.0f, 1.0f);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const float a = 0.5f;
+#define ADD(suffix, dt, nd, d0, d1, lo, hi) \
+    (snprintf(name, sizeof name, "model.layers.%d." suffix, l), wt_add(s, &rng, name, dt, nd, d0, d1, lo, hi))
+        ADD("input_layernorm.weight", ST_BF16, 1, H, 0, 0.5f, 1.5f);
+        ADD("self_attn.q_proj.weight", ST_BF16, 2, Q, H, -a, a);
+        ADD("self_attn.k_proj.weight", ST_BF16, 2, KVD, H, -a, a);
+        ADD("self_attn.v_proj.weight", ST_BF16, 2, KVD, H, -a, a);
+        if (c->family.qkv_bias) { /* large enough to move the logits */
+            ADD("self_attn.q_proj.bias", ST_BF16, 1, Q, 0, -1.0f, 1.0f);
+            ADD("self_attn.k_proj.bias", ST_F32, 1, KVD, 0, -1.0f, 1.0f);
+            ADD("self_attn.v_proj.bias", ST_F16, 1, KVD, 0, -1.0f, 1.0f);
+        }
+        if (c->family.qk_norm) {
+            ADD("self_attn.q_norm.weight", ST_BF16, 1, hd, 0, 0.25f, 2.0f);
+            ADD("self_attn.k_norm.weight", ST_F32, 1, hd, 0, 0.25f, 2.0f);
+        }
+        ADD("self_attn.o_proj.weight", ST_BF16, 2, H, Q, -a, a);
+        ADD("post_attention_layernorm.weight", ST_BF16, 1, H, 0, 0.5f, 1.5f);
+        ADD("mlp.gate_proj.weight", ST_BF16, 2, I, H, -a, a);
+        ADD("mlp.up_proj.weight", ST_BF16, 2, I, H, -a, a);
+        ADD("mlp.down_proj.weight", ST_BF16, 2, H, I, -a, a);
+#undef ADD
+    }
+    wt_add(s, &rng, "model.norm.weight", ST_BF16, 1, H, 0, 0.5f, 1.5f);
+    if (!c->tie_word_embeddings)
+        wt_add(s, &rng, "lm_head.weight", ST_BF16, 2, V, H, -1.0f, 1.0f);
+}
+
+/* transformers' Qwen2RMSNorm / Qwen3RMSNorm in double (= LlamaRMSNorm) */
+static void qref_rmsnorm(double *v, const double *x, const float *w, int n, double eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    const double r = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++)
+        v[i] = x[i] * r * (double)w[i];
+}
+
+/* logits [n][V] of every position of tokens[0..n), in double, after
+ * modeling_qwen2.py / modeling_qwen3.py (transformers v5 main 008e5743):
+ *   q = q_proj(h) (+ bias: Qwen2); Qwen3: q = q_norm(q.view(.., hd)), k alike;
+ *   apply_rotary_pos_emb (rotate_half, inv_freq = theta^(-2i/hd));
+ *   softmax(q k^T * hd^-0.5 + causal mask (+ the layer's sliding window)) v;
+ *   o_proj (no bias); residual; post_attention_layernorm; SwiGLU; residual;
+ *   norm; lm_head (tied: embed_tokens). */
+static void qwen_ref_forward(wt_set *s, const llama_config *c, const int32_t *tokens, int n, double *logits)
+{
+    const int H = c->hidden_size, I = c->intermediate_size, NL = c->num_hidden_layers;
+    const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, V = c->vocab_size;
+    const int Q = nh * hd, KVD = nkv * hd;
+    const double eps = c->rms_norm_eps, theta = c->rope_theta;
+    double *x = calloc((size_t)n * H, sizeof *x), *k = calloc((size_t)NL * n * KVD, sizeof *k);
+    double *v = calloc((size_t)NL * n * KVD, sizeof *v), *sc = calloc((size_t)n, sizeof *sc);
+    double *h = calloc((size_t)(H + I), sizeof *h), *q = calloc((size_t)Q, sizeof *q), *o = calloc((size_t)Q, sizeof *o);
+    double *g = calloc((size_t)I, sizeof *g), *u = calloc((size_t)I, sizeof *u), *d = calloc((size_t)H, sizeof *d);
+    assert_true(x && k && v && sc && h && q && o && g && u && d);
+    const float *emb = W(s, -1, "model.embed_tokens.weight");
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < H; i++)
+            x[(size_t)t * H + i] = emb[(size_t)tokens[t] * H + i];
+    for (int l = 0; l < NL; l++) {
+        const int window = llama_layer_window(c, l);
+        for (int t = 0; t < n; t++) {
+            double *xt = x + (size_t)t * H, *kt = k + ((size_t)l * n + t) * KVD, *vt = v + ((size_t)l * n + t) * KVD;
+            qref_rmsnorm(h, xt, W(s, l, "input_layernorm.weight"), H, eps);
+            ref_matvec(q, h, W(s, l, "self_attn.q_proj.weight"), Q, H);
+            ref_matvec(kt, h, W(s, l, "self_attn.k_proj.weight"), KVD, H);
+            ref_matvec(vt, h, W(s, l, "self_attn.v_proj.weight"), KVD, H);
+            if (c->family.qkv_bias) {
+                const float *bq = W(s, l, "self_attn.q_proj.bias"), *bk = W(s, l, "self_attn.k_proj.bias");
+                const float *bv = W(s, l, "self_attn.v_proj.bias");
+                for (int i = 0; i < Q; i++)
+                    q[i] += (double)bq[i];
+                for (int i = 0; i < KVD; i++) {
+                    kt[i] += (double)bk[i];
+                    vt[i] += (double)bv[i];
+                }
+            }
+            for (int hh = 0; hh < nh + nkv; hh++) {
+                double *head = hh < nh ? q + hh * hd : kt + (hh - nh) * hd;
+                if (c->family.qk_norm)
+                    qref_rmsnorm(head, head,
+                                 W(s, l, hh < nh ? "self_attn.q_norm.weight" : "self_attn.k_norm.weight"), hd, eps);
+                for (int i = 0; i < hd / 2; i++) {
+                    const double inv = pow(theta, -(2.0 * i) / hd), cs = cos(t * inv), sn = sin(t * inv);
+                    const double a0 = head[i], b0 = head[i + hd / 2];
+                    head[i] = a0 * cs - b0 * sn;
+                    head[i + hd / 2] = b0 * cs + a0 * sn;
+                }
+            }
+            for (int hh = 0; hh < nh; hh++) {
+                const int kvh = hh / (nh / nkv);
+                const int lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+                double mx = -1e300, sum = 0;
+                for (int j = lo; j <= t; j++) {
+                    double dot = 0;
+                    for (int i = 0; i < hd; i++)
+                        dot += q[hh * hd + i] * k[((size_t)l * n + j) * KVD + (size_t)kvh * hd + i];
+                    sc[j] = dot / sqrt((double)hd);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = lo; j <= t; j++)
+                    sum += (sc[j] = exp(sc[j] - mx));
+                for (int i = 0; i < hd; i++) {
+                    double acc = 0;
+                    for (int j = lo; j <= t; j++)
+                        acc += sc[j] / sum * v[((size_t)l * n + j) * KVD + (size_t)kvh * hd + i];
+                    o[hh * hd + i] = acc;
+                }
+            }
+            ref_matvec(d, o, W(s, l, "self_attn.o_proj.weight"), H, Q);
+            for (int i = 0; i < H; i++)
+                xt[i] += d[i];
+            qref_rmsnorm(h, xt, W(s, l, "post_attention_layernorm.weight"), H, eps);
+            ref_matvec(g, h, W(s, l, "mlp.gate_proj.weight"), I, H);
+            ref_matvec(u, h, W(s, l, "mlp.up_proj.weight"), I, H);
+            for (int i = 0; i < I; i++)
+                g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            ref_matvec(d, g, W(s, l, "mlp.down_proj.weight"), H, I);
+            for (int i = 0; i < H; i++)
+                xt[i] += d[i];
+        }
+    }
+    const float *head_w = c->tie_word_embeddings ? emb : W(s, -1, "lm_head.weight");
+    for (int t = 0; t < n; t++) {
+        qref_rmsnorm(h, x + (size_t)t * H, W(s, -1, "model.norm.weight"), H, eps);
+        ref_matvec(logits + (size_t)t * V, h, head_w, V, H);
+    }
+    free(x), free(k), free(v), free(sc), free(h), free(q), free(o), free(g), free(u), free(d);
+}
+
+/* log_softmax of n logits (double) */
+static void log_softmax_d(double *out, const double *z, int n)
+{
+    double mx = -1e300, sum = 0;
+    for (int i = 0; i < n; i++)
+        mx = fmax(mx, z[i]);
+    for (int i = 0; i < n; i++)
+        sum += exp(z[i] - mx);
+    for (int i = 0; i < n; i++)
+        out[i] = z[i] - mx - log(sum);
+}
+
+/* The tolerance of expect_row: 1e-4 (f32 arithmetic); the CUDA executor's
+ * bf16 precision is held to 5e-2 of max |logit| (test_cuda_e2e's bound for
+ * the goldens), its logprobs and greedy token checked where that bound
+ * decides them. */
+static double qwen_tol = 1e-4;
+
+/* The engine's checks of one sampled row: logits within qwen_tol of max
+ * |logit|, the same greedy token, every logprob within qwen_tol. */
+static void expect_row(const float *got, const double *want, const char *what)
+{
+    double zg[QV], lg[QV], lw[QV];
+    int ag = 0, aw = 0;
+    for (int i = 0; i < QV; i++) {
+        zg[i] = got[i];
+        ag = got[i] > got[ag] ? i : ag;
+        aw = want[i] > want[aw] ? i : aw;
+    }
+    log_softmax_d(lg, zg, QV);
+    log_softmax_d(lw, want, QV);
+    double worst = 0, scale = max_abs(want, QV), dl = 0, second = -1e300;
+    for (int i = 0; i < QV; i++) {
+        worst = fmax(worst, fabs(zg[i] - want[i]));
+        dl = fmax(dl, fabs(lg[i] - lw[i]));
+        if (i != aw)
+            second = fmax(second, want[i]);
+    }
+    printf("    %s: max |dlogit| %.3g (max |logit| %.3g), max |dlogprob| %.3g, greedy %d / %d\n", what, worst, scale,
+           dl, ag, aw);
+    assert_true(worst <= qwen_tol * scale);
+    assert_true(dl <= 2.0 * qwen_tol * scale); /* a logprob moves by at most 2 max |dlogit| */
+    if (qwen_tol <= 1e-4)
+        assert_true(dl <= 1e-4);
+    if (want[aw] - second > 2.0 * qwen_tol * scale)
+        assert_int_equal(ag, aw);
+}
+
+/* Runs sequences A (12 tokens) and B (9) through ragged steps: both
+ * prefill (A 6, B 3: B without logits), then A decodes while B prefills a
+ * chunk of 4, then both decode to their ends; every sampled row is checked
+ * against the double reference. Returns the logits of the last step
+ * ([2][V]) in last (for comparing storage types). */
+static void qwen_run(executor *ex, wt_set *s, const llama_config *cfg, const char *dir, const char *tag,
+                     float *last)
+{
+    enum { NA = 12, NB = 9, BS = 2, STRIDE = 8 };
+    const int32_t A[NA] = {1, 7, 3, 30, 12, 5, 9, 9, 21, 2, 17, 4};
+    const int32_t B[NB] = {1, 22, 4, 4, 17, 31, 0, 8, 13};
+    double *refA = calloc((size_t)NA * QV, sizeof(double)), *refB = calloc((size_t)NB * QV, sizeof(double));
+    assert_true(refA && refB);
+    qwen_ref_forward(s, cfg, A, NA, refA);
+    qwen_ref_forward(s, cfg, B, NB, refB);
+
+    char path[300];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_file *st = NULL;
+    pg_error err;
+    assert_int_equal(st_open(&st, path, &err), 0);
+    model_params mp = {.num_kv_blocks = 16, .block_size = BS, .max_num_batched_tokens = 16, .max_num_seqs = 4};
+    model *m = NULL;
+    int rc = model_create(&m, ex, cfg, st, &mp, &err);
+    if (rc)
+        fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    st_close(st);
+#ifdef PG_MODEL_LOAD_CUDA
+    /* the decode steps replay CUDA graphs (captured anew for each model:
+     * its buffers are baked in), per-layer windows included */
+    assert_int_equal(cuda_executor_set_graphs(ex, 2, 16, &err), 0);
+    long captures0 = 0, replays0 = 0, captures1 = 0, replays1 = 0;
+    cuda_executor_graph_stats(ex, &captures0, &replays0);
+#endif
+
+    /* scattered tables: A rows 0, B row 1 */
+    const int32_t bt[2 * STRIDE] = {9, 2, 14, 5, 0, 11, 3, 15, 7, 12, 1, 10, 6, 13, 8, 4};
+    int32_t doneA = 0, doneB = 0;
+    /* per step: tokens of A, tokens of B */
+    const int32_t plan[][2] = {{6, 3}, {1, 4}, {1, 1}, {1, 1}, {1, 0}, {1, 0}, {1, 0}};
+    float logits[2 * QV];
+    for (size_t k = 0; k < sizeof plan / sizeof plan[0]; k++) {
+        int32_t tok[16], pos[16], slot[16], qs[3] = {0}, lens[2], rows[2];
+        int32_t T = 0, S = 0, L = 0, maxq = 0, maxlen = 0;
+        int32_t rowmap[2];
+        for (int sq = 0; sq < 2; sq++) {
+            const int32_t q = plan[k][sq];
+            if (q == 0)
+                continue;
+            const int32_t *ids = sq ? B : A;
+            int32_t *done = sq ? &doneB : &doneA;
+            for (int32_t i = 0; i < q; i++) {
+                const int32_t p = *done + i;
+                tok[T] = ids[p];
+                pos[T] = p;
+                slot[T] = bt[sq * STRIDE + p / BS] * BS + p % BS;
+                T++;
+            }
+            *done += q;
+            lens[S] = *done;
+            rowmap[S] = sq;
+            qs[S + 1] = T;
+            maxq = q > maxq ? q : maxq;
+            maxlen = *done > maxlen ? *done : maxlen;
+            /* B's first chunk samples nothing (a chunked prefill) */
+            if (!(sq == 1 && k == 0))
+                rows[L++] = T - 1;
+            S++;
+        }
+        int32_t tables[2 * STRIDE];
+        for (int32_t si = 0; si < S; si++)
+            memcpy(tables + si * STRIDE, bt + rowmap[si] * STRIDE, STRIDE * sizeof(int32_t));
+        step_batch b = {.num_tokens = T, .num_seqs = S, .block_size = BS, .token_ids = tok, .positions = pos,
+                        .slots = slot, .query_start = qs, .seq_lens = lens, .block_tables = tables,
+                        .block_table_stride = STRIDE, .max_seq_len = maxlen, .max_query_len = maxq,
+                        .num_logits = L, .logits_rows = rows};
+        rc = model_forward(m, &b, logits, &err);
+        if (rc)
+            fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(rc, 0);
+        int32_t r = 0;
+        for (int32_t si = 0; si < S; si++) {
+            if (rowmap[si] == 1 && k == 0)
+                continue;
+            const int32_t p = lens[si] - 1;
+            char what[128];
+            snprintf(what, sizeof what, "%s %c position %d", tag, rowmap[si] ? 'B' : 'A', (int)p);
+            if (!last) /* f32 storage: the reference; other storage types: compared to it by the caller */
+                expect_row(logits + (size_t)r * QV, (rowmap[si] ? refB : refA) + (size_t)p * QV, what);
+            r++;
+        }
+        if (last && k == sizeof plan / sizeof plan[0] - 1)
+            memcpy(last, logits, (size_t)L * QV * sizeof(float));
+    }
+#ifdef PG_MODEL_LOAD_CUDA
+    cuda_executor_graph_stats(ex, &captures1, &replays1);
+    printf("    %s: %ld graph captures, %ld replays\n", tag, captures1 - captures0, replays1 - replays0);
+    assert_true(replays1 > replays0);
+#endif
+    model_destroy(m);
+    free(refA);
+    free(refB);
+}
+
+/* A Qwen2-style model (q/k/v biases, untied, hd = H / nh) and a
+ * Qwen3-style one (q/k norms, hd 8 != H / nh = 4, tied embeddings) against
+ * the double reference; then the same with a window on layer 1 only (Qwen2,
+ * layer_types) and on layers 1, 2 (Qwen3, max_window_layers 1), where the
+ * reference shows the window changes the logits. */
+static void test_qwen_matches_reference(void **state)
+{
+    fixture *f = *state;
+#ifdef PG_MODEL_LOAD_CUDA
+    const int32_t qwen2_hd = 8; /* CUDA attention: head_dim 8 .. 256 */
+#else
+    const int32_t qwen2_hd = 4; /* hidden / heads, as Qwen2 configs have it */
+#endif
+    for (int qwen3 = 0; qwen3 <= 1; qwen3++) {
+        for (int windowed = 0; windowed <= 1; windowed++) {
+            llama_config cfg = qwen_config(qwen3, qwen3 ? 8 : qwen2_hd, qwen3 != 0);
+            if (windowed) {
+                cfg.family.layer_window = 3;
+                cfg.family.window_layers[0] = qwen3 ? 0x6u : 0x2u;
+            }
+            wt_set s;
+            qwen_weights(&s, &cfg, 100 + (uint64_t)(qwen3 * 2 + windowed));
+            wt_write(&s, f->dir);
+            if (windowed) { /* so that the test can fail: the window matters */
+                llama_config full = cfg;
+                full.family.layer_window = 0;
+                double a[12 * QV], b[12 * QV];
+                const int32_t ids[12] = {1, 7, 3, 30, 12, 5, 9, 9, 21, 2, 17, 4};
+                qwen_ref_forward(&s, &cfg, ids, 12, a);
+                qwen_ref_forward(&s, &full, ids, 12, b);
+                double diff = 0;
+                for (int i = 0; i < QV; i++)
+                    diff = fmax(diff, fabs(a[11 * QV + i] - b[11 * QV + i]));
+                assert_true(diff > 1e-3 * max_abs(b + 11 * QV, QV));
+            }
+            char tag[64];
+            snprintf(tag, sizeof tag, "%s%s", qwen3 ? "qwen3" : "qwen2", windowed ? " windowed" : "");
+            qwen_run(f->ex, &s, &cfg, f->dir, tag, NULL);
+            wt_free(&s);
+        }
+    }
+}
+
+#ifdef PG_MODEL_LOAD_CUDA
+/* The CUDA executor's default bf16 precision (bias.cu and qk_norm.cu in
+ * bf16) through the same models and steps, at bf16's tolerance. */
+static void test_qwen_cuda_bf16(void **state)
+{
+    fixture *f = *state;
+    executor *ex = NULL;
+    pg_error err;
+    cuda_executor_params cp = cuda_executor_params_default(); /* bf16 activations, weights, KV */
+    assert_int_equal(cuda_executor_create(&ex, &cp, &err), 0);
+    qwen_tol = 5e-2;
+    for (int qwen3 = 0; qwen3 <= 1; qwen3++) {
+        llama_config cfg = qwen_config(qwen3, 8, qwen3 != 0);
+        cfg.family.layer_window = 3;
+        cfg.family.window_layers[0] = 0x2u;
+        wt_set s;
+        qwen_weights(&s, &cfg, 300 + (uint64_t)qwen3);
+        wt_write(&s, f->dir);
+        qwen_run(ex, &s, &cfg, f->dir, qwen3 ? "qwen3 bf16" : "qwen2 bf16", NULL);
+        wt_free(&s);
+    }
+    qwen_tol = 1e-4;
+    ex->op->destroy(ex);
+}
+#endif
+
+/* The new tensors' shapes are checked and named at load. */
+static void test_qwen_tensors_checked(void **state)
+{
+    fixture *f = *state;
+    llama_config cfg = qwen_config(0, 4, false);
+    wt_set s;
+    qwen_weights(&s, &cfg, 5);
+    wt_remove(&s, "model.layers.2.self_attn.v_proj.bias");
+    expect_load_error(f, &s, &cfg, "model.layers.2.self_attn.v_proj.bias", "not found");
+    pg_test_rng rng = {3};
+    wt_add(&s, &rng, "model.layers.2.self_attn.v_proj.bias", ST_F32, 1, 16, 0, -1, 1);
+    expect_load_error(f, &s, &cfg, "model.layers.2.self_attn.v_proj.bias", "expected [8]");
+    wt_free(&s);
+
+    cfg = qwen_config(1, 8, true);
+    qwen_weights(&s, &cfg, 6);
+    wt_remove(&s, "model.layers.0.self_attn.k_norm.weight");
+    wt_add(&s, &rng, "model.layers.0.self_attn.k_norm.weight", ST_F32, 1, 4, 0, 0, 1);
+    expect_load_error(f, &s, &cfg, "model.layers.0.self_attn.k_norm.weight", "expected [8]");
+    wt_free(&s);
+
+    /* sizes: biases and norms counted as f32 */
+    llama_config c2 = qwen_config(0, 4, false), c3 = qwen_config(1, 8, true);
+    llama_config l2 = c2, l3 = c3;
+    l2.family.qkv_bias = false;
+    l3.family.qk_norm = false;
+    assert_int_equal(model_weight_bytes(&c2, f->ex) - model_weight_bytes(&l2, f->ex),
+                     (size_t)QNL * (QNH + 2 * QNKV) * 4 * 4u);
+    assert_int_equal(model_weight_bytes(&c3, f->ex) - model_weight_bytes(&l3, f->ex), (size_t)QNL * 2 * 8 * 4u);
+}
+
+/* Every CPU storage type runs the new ops (biases and norms stay f32):
+ * bf16 storage of this bf16-exact checkpoint gives f32 storage's bits, int8
+ * stays within 5% of max |logit| (test_storage_model's bound). */
+static void test_storage_types_qwen(void **state)
+{
+    fixture *f = *state;
+    for (int qwen3 = 0; qwen3 <= 1; qwen3++) {
+        llama_config cfg = qwen_config(qwen3, qwen3 ? 8 : 4, qwen3 != 0);
+        wt_set s;
+        qwen_weights(&s, &cfg, 200 + (uint64_t)qwen3);
+        wt_write(&s, f->dir);
+        float got[3][2 * QV] = {{0}}; /* the last step samples one row */
+        for (int wt = 0; wt < 3; wt++) {
+            executor *ex = NULL;
+            pg_error err;
+            cpu_executor_params cp = {.threads = 2, .wt_dtype = wt};
+            assert_int_equal(cpu_executor_create(&ex, &cp, &err), 0);
+            qwen_run(ex, &s, &cfg, f->dir, "storage", got[wt]);
+            ex->op->destroy(ex);
+        }
+        assert_memory_equal(got[0], got[1], sizeof got[0]);
+        double worst = 0, scale = 0;
+        for (int i = 0; i < 2 * QV; i++) {
+            worst = fmax(worst, fabs((double)got[2][i] - (double)got[0][i]));
+            scale = fmax(scale, fabs((double)got[0][i]));
+        }
+        printf("    %s int8: max |dlogit| %.3g of max |logit| %.3g\n", qwen3 ? "qwen3" : "qwen2", worst, scale);
+        assert_true(worst <= 0.05 * scale);
+        wt_free(&s);
+    }
+}
+
 int main(void)
 {
+#ifdef PG_MODEL_LOAD_CUDA
+    if (cuda_device_count() == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    cmocka_set_test_filter("test_qwen_*"); /* test_qwen_*: any executor; the others are the CPU's */
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_wrong_shape_named),
@@ -727,6 +1204,12 @@ int main(void)
         cmocka_unit_test(test_out_of_memory_says_numbers),
         cmocka_unit_test(test_forward_matches_reference),
         cmocka_unit_test(test_forward_sliding_window),
+        cmocka_unit_test(test_qwen_matches_reference),
+        cmocka_unit_test(test_qwen_tensors_checked),
+        cmocka_unit_test(test_storage_types_qwen),
+#ifdef PG_MODEL_LOAD_CUDA
+        cmocka_unit_test(test_qwen_cuda_bf16),
+#endif
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

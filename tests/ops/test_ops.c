@@ -598,6 +598,111 @@ static void test_attention(void **state)
     ops_run_all("attention", case_attention, 8);
 }
 
+/* ---- add_bias (Qwen2's q|k|v biases) --------------------------------------- */
+
+static void case_add_bias(executor *ex, double tol, pg_test_rng *rng)
+{
+    /* {7, 1152}: Qwen2.5-0.5B's QKV (896 + 2 * 128) over a short chunk;
+     * {40, 3001}: rows split over the pool, an odd width */
+    const int32_t shapes[][2] = {{1, 1}, {1, 17}, {3, 64}, {7, 1152}, {40, 3001}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int32_t rows = shapes[c][0], N = shapes[c][1];
+        const size_t n = (size_t)rows * N;
+        float *y = hbuf(n), *bias = hbuf((size_t)N), *out = hbuf(n);
+        pg_test_fill_uniform(rng, y, n, -4.0f, 4.0f);
+        pg_test_fill_uniform(rng, bias, (size_t)N, -2.0f, 2.0f);
+        void *dy = ops_dev_alloc(ex, EXEC_ACT, n), *db = ops_dev_alloc(ex, EXEC_F32, (size_t)N);
+        ops_dev_put_rt(ex, dy, EXEC_ACT, y, n);
+        ops_dev_put_rt(ex, db, EXEC_F32, bias, (size_t)N);
+        ops_ok(ex, ex->op->add_bias(ex, dy, db, rows, N), "add_bias");
+        char what[128];
+        snprintf(what, sizeof what, "%s: add_bias rows=%d N=%d", ex->name, (int)rows, (int)N);
+        ops_dev_get(ex, out, dy, EXEC_ACT, n, what);
+        double *ref = dbuf(n);
+        for (size_t k = 0; k < n; k++)
+            ref[k] = (double)y[k] + (double)bias[k % (size_t)N];
+        ops_check_close(out, ref, n, tol, what);
+        /* rows = 0 changes nothing */
+        ops_ok(ex, ex->op->add_bias(ex, dy, db, 0, N), "add_bias rows=0");
+        float *again = hbuf(n);
+        ops_dev_get(ex, again, dy, EXEC_ACT, n, what);
+        assert_memory_equal(again, out, n * sizeof(float));
+        ex->op->free(ex, dy);
+        ex->op->free(ex, db);
+        free(y);
+        free(bias);
+        free(out);
+        free(again);
+        free(ref);
+    }
+}
+
+static void test_add_bias(void **state)
+{
+    (void)state;
+    ops_run_all("add_bias", case_add_bias, 21);
+}
+
+/* ---- qk_norm (Qwen3's per-head q/k RMSNorm) ---------------------------------- */
+
+static void case_qk_norm(executor *ex, double tol, pg_test_rng *rng)
+{
+    /* {T, nh, nkv, hd}: one token; GQA 1, 2, 4; head dims 8..256 (Qwen3
+     * uses 128); a chunk long enough to split over the pool */
+    const int32_t shapes[][4] = {{1, 1, 1, 8}, {1, 4, 2, 16}, {3, 8, 2, 64}, {5, 16, 8, 128},
+                                 {2, 4, 1, 256}, {37, 16, 4, 128}, {2, 3, 3, 6}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int32_t T = shapes[c][0], nh = shapes[c][1], nkv = shapes[c][2], hd = shapes[c][3];
+        const int32_t row = (nh + 2 * nkv) * hd;
+        const size_t n = (size_t)T * (size_t)row;
+        const float eps = 1e-6f;
+        float *qkv = hbuf(n), *qw = hbuf((size_t)hd), *kw = hbuf((size_t)hd), *out = hbuf(n);
+        pg_test_fill_uniform(rng, qkv, n, -3.0f, 3.0f);
+        /* one tiny head, so that eps matters */
+        for (int32_t i = 0; i < hd; i++)
+            qkv[i] *= 1e-4f;
+        pg_test_fill_uniform(rng, qw, (size_t)hd, 0.5f, 1.5f);
+        pg_test_fill_uniform(rng, kw, (size_t)hd, -1.5f, 1.5f);
+        void *dq = ops_dev_alloc(ex, EXEC_ACT, n);
+        void *dqw = ops_dev_alloc(ex, EXEC_F32, (size_t)hd), *dkw = ops_dev_alloc(ex, EXEC_F32, (size_t)hd);
+        ops_dev_put_rt(ex, dq, EXEC_ACT, qkv, n);
+        ops_dev_put_rt(ex, dqw, EXEC_F32, qw, (size_t)hd);
+        ops_dev_put_rt(ex, dkw, EXEC_F32, kw, (size_t)hd);
+        ops_ok(ex, ex->op->qk_norm(ex, dq, dqw, dkw, T, nh, nkv, hd, eps), "qk_norm");
+        char what[128];
+        snprintf(what, sizeof what, "%s: qk_norm T=%d nh=%d nkv=%d hd=%d", ex->name, (int)T, (int)nh, (int)nkv,
+                 (int)hd);
+        ops_dev_get(ex, out, dq, EXEC_ACT, n, what);
+        double *ref = dbuf(n);
+        for (int32_t t = 0; t < T; t++)
+            for (int32_t h = 0; h < nh + 2 * nkv; h++) {
+                const size_t base = (size_t)t * (size_t)row + (size_t)h * (size_t)hd;
+                double ss = 0.0;
+                for (int32_t i = 0; i < hd; i++)
+                    ss += (double)qkv[base + i] * (double)qkv[base + i];
+                const double inv = 1.0 / sqrt(ss / hd + (double)eps);
+                for (int32_t i = 0; i < hd; i++) /* v heads (h >= nh + nkv) unchanged */
+                    ref[base + i] = h >= nh + nkv ? (double)qkv[base + i]
+                                                  : (double)qkv[base + i] * inv * (double)(h < nh ? qw[i] : kw[i]);
+            }
+        ops_check_close(out, ref, n, tol, what);
+        ex->op->free(ex, dq);
+        ex->op->free(ex, dqw);
+        ex->op->free(ex, dkw);
+        free(qkv);
+        free(qw);
+        free(kw);
+        free(out);
+        free(ref);
+    }
+}
+
+static void test_qk_norm(void **state)
+{
+    (void)state;
+    ops_run_all("qk_norm", case_qk_norm, 22);
+}
+
 /* ---- silu_mul ---------------------------------------------------------------- */
 
 static void case_silu_mul(executor *ex, double tol, pg_test_rng *rng)
@@ -770,6 +875,8 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_kv_write),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_add_bias),
+        cmocka_unit_test(test_qk_norm),
         cmocka_unit_test(test_silu_mul),
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_copy_blocks),

@@ -1,6 +1,7 @@
 /* test_config: config.json / generation_config.json parsing: the real
  * stories260K and codellama configs, defaults, rope_scaling variants,
- * refusals (architecture, sliding window, biases, ranges), eos merging. */
+ * refusals (architecture, sliding window, biases, ranges), eos merging,
+ * and the Qwen2 / Qwen3 families' defaults, windows and refusals. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -169,9 +170,9 @@ static void test_rope_scaling(void **state)
 static void test_refusals(void **state)
 {
     (void)state;
-    expect_refused("{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+    expect_refused("{\"architectures\":[\"GemmaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
                    "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3}",
-                   "Qwen2ForCausalLM", "supported: LlamaForCausalLM, MistralForCausalLM");
+                   "GemmaForCausalLM", "supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM");
     expect_refused("{\"model_type\":\"gpt2\",\"hidden_size\":64}", "LlamaForCausalLM", NULL);
     expect_refused("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
                    "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":3,\"sliding_window\":4096}",
@@ -214,6 +215,146 @@ static void test_refusals(void **state)
     expect_refused("[1,2,3]", "json object", NULL);
     expect_refused("{\"hidden_size\": 64,", "json", NULL);
     expect_refused("", "json", NULL);
+}
+
+/* Qwen2 / Qwen3: a minimal config of each; QBASE(arch, extra). */
+#define QBASE(arch, extra)                                                                   \
+    "{\"architectures\":[\"" arch "\"],\"hidden_size\":64,\"intermediate_size\":172,"        \
+    "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512" extra "}"
+
+static bool layer_slides(const llama_config *c, int32_t l)
+{
+    return llama_layer_window(c, l) > 0;
+}
+
+/* Qwen2Config / Qwen3Config's defaults (configuration_qwen2.py,
+ * configuration_qwen3.py; v4 and v5 agree), which differ from Llama's. */
+static void test_qwen_defaults(void **state)
+{
+    (void)state;
+    llama_config c;
+    expect_ok(&c, QBASE("Qwen2ForCausalLM", ""));
+    assert_string_equal(c.architecture, "Qwen2ForCausalLM");
+    assert_int_equal(c.num_key_value_heads, 32); /* not num_attention_heads' default */
+    assert_int_equal(c.head_dim, 2);             /* hidden / heads */
+    assert_int_equal(c.max_position_embeddings, 32768);
+    assert_true(c.rms_norm_eps == 1e-6f);
+    assert_true(c.rope_theta == 10000.0f);
+    assert_false(c.tie_word_embeddings);
+    assert_true(c.family.qkv_bias);
+    assert_false(c.family.qk_norm);
+    assert_int_equal(c.sliding_window, 0);
+    for (int32_t l = 0; l < 4; l++)
+        assert_false(layer_slides(&c, l));
+
+    expect_ok(&c, QBASE("Qwen3ForCausalLM", ""));
+    assert_int_equal(c.num_key_value_heads, 32);
+    assert_int_equal(c.head_dim, 128); /* Qwen3Config's, not hidden / heads */
+    assert_int_equal(c.max_position_embeddings, 32768);
+    assert_false(c.family.qkv_bias);
+    assert_true(c.family.qk_norm);
+
+    /* null kv heads is num_attention_heads (the "backward compatibility" branch) */
+    expect_ok(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":172,"
+                  "\"num_hidden_layers\":4,\"num_attention_heads\":16,\"vocab_size\":512,"
+                  "\"num_key_value_heads\":null,\"head_dim\":64}");
+    assert_int_equal(c.num_key_value_heads, 16);
+    assert_int_equal(c.head_dim, 64);
+    expect_ok(&c, QBASE("Qwen2ForCausalLM", ",\"num_key_value_heads\":4,\"head_dim\":16,\"tie_word_embeddings\":true"));
+    assert_int_equal(c.num_key_value_heads, 4);
+    assert_int_equal(c.head_dim, 16);
+    assert_true(c.tie_word_embeddings);
+    /* the absent-kv default of 32 must divide the heads */
+    expect_refused("{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":172,"
+                   "\"num_hidden_layers\":4,\"num_attention_heads\":16,\"vocab_size\":512}",
+                   "num_key_value_heads", "Qwen default");
+    /* model_type without architectures */
+    expect_ok(&c, "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"intermediate_size\":172,"
+                  "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512}");
+    assert_string_equal(c.architecture, "Qwen3ForCausalLM");
+    expect_ok(&c, "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"intermediate_size\":172,"
+                  "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512}");
+    assert_string_equal(c.architecture, "Qwen2ForCausalLM");
+    /* Qwen2 ignores attention_bias / mlp_bias (its biases are fixed); a Llama would refuse */
+    expect_ok(&c, QBASE("Qwen2ForCausalLM", ",\"attention_bias\":false,\"mlp_bias\":true"));
+    assert_true(c.family.qkv_bias);
+    /* a Llama stays a Llama: no family fields */
+    expect_ok(&c, BASE(""));
+    assert_false(c.family.qkv_bias || c.family.qk_norm);
+    assert_int_equal(c.family.layer_window, 0);
+}
+
+static void test_qwen_windows(void **state)
+{
+    (void)state;
+    llama_config c;
+    /* Qwen2.5's shipped keys: use_sliding_window false -> no window anywhere */
+    expect_ok(&c, QBASE("Qwen2ForCausalLM", ",\"use_sliding_window\":false,\"sliding_window\":131072,\"max_window_layers\":2"));
+    assert_int_equal(c.sliding_window, 0);
+    for (int32_t l = 0; l < 4; l++)
+        assert_false(layer_slides(&c, l));
+    /* use_sliding_window: layers >= max_window_layers slide (default window 4096) */
+    expect_ok(&c, QBASE("Qwen2ForCausalLM", ",\"use_sliding_window\":true,\"max_window_layers\":2"));
+    assert_int_equal(c.sliding_window, 0);
+    assert_int_equal(c.family.layer_window, 4096);
+    assert_int_equal(llama_layer_window(&c, 0), 0);
+    assert_int_equal(llama_layer_window(&c, 1), 0);
+    assert_int_equal(llama_layer_window(&c, 2), 4096);
+    assert_int_equal(llama_layer_window(&c, 3), 4096);
+    /* the default max_window_layers 28 >= 4 layers: none slides */
+    expect_ok(&c, QBASE("Qwen3ForCausalLM", ",\"use_sliding_window\":true,\"sliding_window\":64"));
+    for (int32_t l = 0; l < 4; l++)
+        assert_false(layer_slides(&c, l));
+    /* every layer slides: the engine-level window (blocks are freed) */
+    expect_ok(&c, QBASE("Qwen3ForCausalLM", ",\"use_sliding_window\":true,\"sliding_window\":64,\"max_window_layers\":0"));
+    assert_int_equal(c.sliding_window, 64);
+    assert_int_equal(c.family.layer_window, 0);
+    for (int32_t l = 0; l < 4; l++)
+        assert_int_equal(llama_layer_window(&c, l), 64);
+    /* layer_types wins over max_window_layers */
+    expect_ok(&c, QBASE("Qwen2ForCausalLM", ",\"use_sliding_window\":true,\"sliding_window\":8,\"max_window_layers\":0,"
+                        "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\",\"full_attention\"]"));
+    assert_int_equal(c.sliding_window, 0);
+    assert_int_equal(llama_layer_window(&c, 0), 8);
+    assert_int_equal(llama_layer_window(&c, 1), 0);
+    assert_int_equal(llama_layer_window(&c, 2), 8);
+    assert_int_equal(llama_layer_window(&c, 3), 0);
+    /* transformers 5 writes layer_types of full attention beside a null window */
+    expect_ok(&c, QBASE("Qwen3ForCausalLM", ",\"sliding_window\":null,\"layer_types\":[\"full_attention\","
+                        "\"full_attention\",\"full_attention\",\"full_attention\"]"));
+    for (int32_t l = 0; l < 4; l++)
+        assert_false(layer_slides(&c, l));
+    /* a sliding layer without a window is refused, not run as full attention */
+    expect_refused(QBASE("Qwen2ForCausalLM", ",\"layer_types\":[\"sliding_attention\",\"full_attention\","
+                         "\"full_attention\",\"full_attention\"]"),
+                   "layer_types", "window is None");
+    expect_refused(QBASE("Qwen2ForCausalLM", ",\"use_sliding_window\":true,\"sliding_window\":null,"
+                         "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"full_attention\",\"full_attention\"]"),
+                   "layer_types", "window is None");
+    expect_refused(QBASE("Qwen2ForCausalLM", ",\"layer_types\":[\"full_attention\"]"), "layer_types", "4 strings");
+    expect_refused(QBASE("Qwen2ForCausalLM", ",\"layer_types\":[\"full_attention\",\"chunked_attention\","
+                         "\"full_attention\",\"full_attention\"]"),
+                   "layer_types[1]", NULL);
+    expect_refused(QBASE("Qwen2ForCausalLM", ",\"use_sliding_window\":true,\"sliding_window\":0"), "sliding_window", NULL);
+}
+
+static void test_qwen_refusals(void **state)
+{
+    (void)state;
+    expect_refused(QBASE("Qwen2MoeForCausalLM", ""), "Qwen2MoeForCausalLM", "mixture-of-experts");
+    expect_refused(QBASE("Qwen3MoeForCausalLM", ""), "Qwen3MoeForCausalLM", "mixture-of-experts");
+    expect_refused("{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"intermediate_size\":172,"
+                   "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512}",
+                   "qwen3_moe", "mixture-of-experts");
+    expect_refused("{\"model_type\":\"qwen2_moe\",\"hidden_size\":64,\"intermediate_size\":172,"
+                   "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512}",
+                   "qwen2_moe", "mixture-of-experts");
+    expect_refused(QBASE("Qwen3ForCausalLM", ",\"attention_bias\":true"), "attention_bias", NULL);
+    expect_refused(QBASE("Qwen3ForCausalLM", ",\"hidden_act\":\"gelu\""), "hidden_act", NULL);
+    expect_refused(QBASE("Qwen2ForCausalLM", ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0,"
+                         "\"original_max_position_embeddings\":32768}"),
+                   "yarn", NULL);
+    expect_refused(QBASE("Qwen2VLForConditionalGeneration", ""), "not supported", "Qwen3ForCausalLM");
 }
 
 static void test_merge_generation(void **state)
@@ -281,6 +422,9 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_qwen_defaults),
+        cmocka_unit_test(test_qwen_windows),
+        cmocka_unit_test(test_qwen_refusals),
         cmocka_unit_test(test_merge_generation),
         cmocka_unit_test(test_load_errors),
     };

@@ -76,6 +76,12 @@ def config():
     write("config", "mistral.json", json.dumps(m))
     write("config", "sliding_window.json", json.dumps(dict(m, sliding_window=4096)))
     write("config", "qwen.json", json.dumps(dict(base, architectures=["Qwen2ForCausalLM"])))
+    q3 = dict(base, architectures=["Qwen3ForCausalLM"], model_type="qwen3", use_sliding_window=True,
+              sliding_window=16, max_window_layers=2,
+              layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention",
+                           "sliding_attention"])
+    write("config", "qwen3_windows.json", json.dumps(q3))
+    write("config", "qwen3_moe.json", json.dumps(dict(base, architectures=["Qwen3MoeForCausalLM"])))
     write("config", "yarn.json", json.dumps(dict(base, rope_scaling={"rope_type": "yarn", "factor": 4.0})))
     write("config", "generation.json", json.dumps({"bos_token_id": 1, "eos_token_id": [2, 1], "do_sample": True,
                                                    "temperature": 0.6, "top_p": 0.9, "top_k": 50}))
