@@ -658,6 +658,33 @@ int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_erro
     return PG_OK;
 }
 
+/* ---- hidden rows (embeddings) ------------------------------------------- */
+
+/* After the forward, x holds the residual stream before the last layer's
+ * mlp_out, which is still in proj (forward_layer's contract). Rows
+ * row0 .. row0+n-1 get x += proj and normed = rmsnorm(x) * w_final — per
+ * row the arithmetic of forward_head's final rmsnorm, so a row's hidden
+ * state is the one its logits would be computed from — and are copied to
+ * the host as f32. x is updated in place: each row at most once per
+ * forward. */
+int model_hidden_rows(model *m, int32_t row0, int32_t n, float *out, pg_error *err)
+{
+    if (row0 < 0 || n < 1 || row0 > m->p.max_num_batched_tokens - n)
+        return pg_error_set(err, PG_EINVAL, "model hidden_rows: rows %d..%d outside [0, %d)",
+                            (int)row0, (int)(row0 + n - 1), (int)m->p.max_num_batched_tokens);
+    executor *ex = m->ex;
+    const size_t off = (size_t)row0 * (size_t)m->H * ex->act_bytes;
+    char *x = (char *)m->x + off, *normed = (char *)m->normed + off;
+    const char *proj = (const char *)m->proj + off;
+    int rc = ex->op->rmsnorm(ex, normed, x, proj, m->final_norm, n, m->H, m->cfg->rms_norm_eps);
+    if (rc)
+        return op_failed(m, rc, "hidden rows rmsnorm", -1, err);
+    rc = ex->op->download_f32(ex, out, normed, EXEC_ACT, (size_t)n * (size_t)m->H);
+    if (rc)
+        return op_failed(m, rc, "hidden rows download", -1, err);
+    return PG_OK;
+}
+
 /* ---- engine adapter ------------------------------------------------------- */
 
 static int backend_forward(void *ctx, const step_batch *b, float *logits, pg_error *err)
@@ -671,6 +698,11 @@ static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pair
     return model_copy_blocks(ctx, src_dst, n_pairs, err);
 }
 
+static int backend_hidden_rows(void *ctx, int32_t row0, int32_t n, float *out, pg_error *err)
+{
+    return model_hidden_rows(ctx, row0, n, out, err);
+}
+
 engine_backend model_backend(model *m)
 {
     engine_backend be = {
@@ -678,6 +710,8 @@ engine_backend model_backend(model *m)
         .vocab_size = m->V,
         .forward = backend_forward,
         .copy_blocks = backend_copy_blocks,
+        .hidden_rows = backend_hidden_rows,
+        .hidden_size = m->H,
     };
     return be;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pooling.h"
 #include "tokenizer.h"
 
 static char *dup_str(const char *s, size_t len)
@@ -139,6 +140,8 @@ void request_destroy(request *r)
     free(r->stop_ids);
     free(r->banned);
     free(r->prompt);
+    pooler_destroy(r->pooler);
+    free(r->embedding);
     free(r->plp);
     free(r->p_rank);
     free(r->p_top_ids);
@@ -437,5 +440,6 @@ void request_output_free(request_output *o)
     free(o->prompt_ranks);
     free(o->prompt_top_ids);
     free(o->prompt_top_logprobs);
+    free(o->embedding);
     free(o);
 }
