@@ -20,16 +20,19 @@
 #include "chat_render.h"
 #include "config.h"
 #include "device.h"
+#include "embed_output.h"
 #include "engine.h"
 #include "id_set.h"
 #include "input.h"
 #include "model.h"
 #include "output.h"
+#include "pooling.h"
 #include "progress.h"
 #include "reorder.h"
 #include "request_parse.h"
 #include "resume.h"
 #include "safetensors.h"
+#include "st_pooling.h"
 #include "tokenizer.h"
 
 typedef struct run_state {
@@ -62,6 +65,12 @@ typedef struct run_state {
     int exit_code;        /* a fatal code once set (IO, MODEL) */
     pg_error err;
     op_profile prof;              /* --profile-ops: the model's op times */
+    /* embedding lines: the model folder's sentence-transformers files and
+     * the pooling they (or --pooling, or vLLM's default) give */
+    st_pooling_config stp;
+    pooling_params pool;
+    const char *pool_source;
+    bool pool_announced;
 } run_state;
 
 static void fail(run_state *s, int code, const char *what)
@@ -175,9 +184,190 @@ static int tokenize_prompt(run_state *s, const cli_request *r, int32_t **ids, in
     return PG_OK;
 }
 
+/* ---- embedding lines --------------------------------------------------------- */
+
+/* The line's pooling: the run's, with its normalize and dimensions. NULL,
+ * or the refusal (vLLM's PoolingParams._set_default_parameters messages
+ * where it has them). */
+static const char *embed_params(run_state *s, const cli_embed *em, pooling_params *pp, char *msg,
+                                size_t cap)
+{
+    *pp = s->pool;
+    if (em->normalize >= 0)
+        pp->normalize = em->normalize != 0;
+    if (em->dimensions <= 0)
+        return NULL;
+    if (!s->stp.is_matryoshka) {
+        snprintf(msg, cap, "Model \"%s\" does not support matryoshka representation, changing output "
+                 "dimensions will lead to poor results.", s->model_name);
+        return msg;
+    }
+    if (s->stp.n_matryoshka_dims > 0) {
+        bool ok = false;
+        for (int32_t k = 0; k < s->stp.n_matryoshka_dims; k++)
+            ok |= s->stp.matryoshka_dims[k] == em->dimensions;
+        if (!ok) {
+            int n = snprintf(msg, cap, "Model \"%s\" only supports [", s->model_name);
+            for (int32_t k = 0; k < s->stp.n_matryoshka_dims && n > 0 && (size_t)n < cap; k++)
+                n += snprintf(msg + n, cap - (size_t)n, "%s%d", k ? ", " : "", (int)s->stp.matryoshka_dims[k]);
+            if (n > 0 && (size_t)n < cap)
+                snprintf(msg + n, cap - (size_t)n, "] matryoshka dimensions, use other output dimensions will "
+                         "lead to poor results.");
+            return msg;
+        }
+    }
+    if (em->dimensions > s->cfg.hidden_size) {
+        snprintf(msg, cap, "dimensions %d exceeds the model's hidden size %d", (int)em->dimensions,
+                 (int)s->cfg.hidden_size);
+        return msg;
+    }
+    pp->dimensions = em->dimensions;
+    return NULL;
+}
+
+/* Input k's token ids (*ids malloc'd), or a message. */
+static int embed_input_ids(run_state *s, const cli_embed *em, int32_t k, int32_t **ids, int32_t *n,
+                           pg_error *err)
+{
+    *ids = NULL;
+    if (em->ids[k]) {
+        for (int32_t j = 0; j < em->n_ids[k]; j++)
+            if (em->ids[k][j] >= s->cfg.vocab_size)
+                return pg_error_set(err, PG_EINVAL, "input[%d]: token id %d is outside the vocabulary (size %d)",
+                                    (int)k, (int)em->ids[k][j], (int)s->cfg.vocab_size);
+        if (!(*ids = malloc((size_t)em->n_ids[k] * sizeof **ids)))
+            return pg_error_set(err, PG_ENOMEM, "out of memory");
+        memcpy(*ids, em->ids[k], (size_t)em->n_ids[k] * sizeof **ids);
+        *n = em->n_ids[k];
+    } else {
+        if (!s->tok)
+            return pg_error_set(err, PG_EINVAL,
+                                "a text input needs a tokenizer (give --tokenizer DIR, or token ids)");
+        size_t nn = 0;
+        pg_error e;
+        if (tok_encode(s->tok, em->texts[k], em->text_lens[k], em->add_special_tokens, ids, &nn, &e) != PG_OK)
+            return pg_error_set(err, PG_EINVAL, "input[%d]: %s", (int)k, e.msg);
+        *n = (int32_t)nn;
+    }
+    if (*n < 1 || *n >= s->max_model_len) {
+        int32_t got = *n;
+        free(*ids);
+        *ids = NULL;
+        return pg_error_set(err, PG_EINVAL, "input[%d] is %s: %d tokens, but max_model_len is %d", (int)k,
+                            got < 1 ? "empty" : "too long", (int)got, (int)s->max_model_len);
+    }
+    return PG_OK;
+}
+
+/* An embedding line: every input tokenized and checked first, then one
+ * engine request per input (its user a part of the line's group); the
+ * group's record is written when its last part finishes (collect). */
+static void submit_embed(run_state *s, cli_request *r)
+{
+    const cli_embed *em = r->embed;
+    char msg[512];
+    pooling_params pp;
+    const char *bad = embed_params(s, em, &pp, msg, sizeof msg);
+    if (bad) {
+        emit_error(s, r->id_json, r->line, bad);
+        return;
+    }
+    if (!s->pool_announced && !s->o->quiet)
+        fprintf(stderr, "pagedgen: embeddings: %s pooling, %snormalized (%s)\n", pooling_type_name(s->pool.type),
+                s->pool.normalize ? "" : "not ", s->pool_source);
+    s->pool_announced = true;
+    int32_t n = em->n_inputs;
+    int32_t **ids = calloc((size_t)n, sizeof *ids);
+    int32_t *nids = calloc((size_t)n, sizeof *nids);
+    cli_pending *g = calloc(1, sizeof *g);
+    float **emb = calloc((size_t)n, sizeof *emb);
+    pg_error e;
+    int rc = ids && nids && g && emb ? PG_OK : pg_error_set(&e, PG_ENOMEM, "out of memory");
+    for (int32_t k = 0; k < n && rc == PG_OK; k++)
+        rc = embed_input_ids(s, em, k, &ids[k], &nids[k], &e);
+    if (rc != PG_OK) {
+        emit_error(s, r->id_json, r->line, e.msg);
+        free(g);
+        free(emb);
+    } else {
+        g->seq = s->next_seq++;
+        g->index = r->index;
+        g->line = r->line;
+        g->id_json = r->id_json;
+        r->id_json = NULL;
+        g->n_embed = n;
+        g->emb = emb;
+        g->emb_base64 = em->base64;
+        for (int32_t k = 0; k < n; k++) {
+            cli_pending *part = calloc(1, sizeof *part);
+            if (!part) {
+                g->emb_error = strdup("out of memory");
+                break;
+            }
+            part->group = g;
+            part->part = k;
+            g->emb_refs++;
+            if (engine_add_embed_request(s->eng, ids[k], nids[k], &pp, part, NULL, &e) != PG_OK) {
+                char m[1100];
+                snprintf(m, sizeof m, "input[%d]: %.1000s", (int)k, e.msg);
+                free(part);
+                g->emb_refs--;
+                g->emb_error = strdup(m);
+                break;
+            }
+            s->in_engine++;
+        }
+        if (g->emb_refs == 0) { /* refused before anything ran */
+            json_buf b = {0};
+            cli_output_error(&b, &s->octx, g->id_json, g->line, 400,
+                             g->emb_error ? g->emb_error : "out of memory");
+            s->counts.failed++;
+            emit(s, g->seq, &b);
+            cli_pending_free(g);
+        }
+    }
+    for (int32_t k = 0; ids && k < n; k++)
+        free(ids[k]);
+    free(ids);
+    free(nids);
+}
+
+/* A finished part of an embedding line; the group's record once it is
+ * the last. Frees the part. */
+static void collect_part(run_state *s, cli_pending *p, request_output *out)
+{
+    cli_pending *g = p->group;
+    if (out->embedding) {
+        g->emb[p->part] = out->embedding;
+        g->emb_dim = out->n_embedding;
+        out->embedding = NULL;
+        g->emb_prompt_tokens += out->n_prompt_tokens;
+    }
+    if (g->emb_refs == 1) {
+        bool complete = true;
+        for (int32_t k = 0; k < g->n_embed; k++)
+            complete &= g->emb[k] != NULL;
+        json_buf b = {0};
+        if (g->emb_error) {
+            cli_output_error(&b, &s->octx, g->id_json, g->line, 400, g->emb_error);
+            s->counts.failed++;
+            emit(s, g->seq, &b);
+        } else if (complete) { /* else a part was aborted (interrupt): not written, --resume redoes it */
+            cli_output_embedding(&b, &s->octx, g);
+            s->counts.ok++;
+            emit(s, g->seq, &b);
+        }
+    }
+    cli_pending_free(p);
+}
+
 /* Submits a parsed request or writes its error record. */
 static void submit(run_state *s, cli_request *r)
 {
+    if (r->embed) {
+        submit_embed(s, r);
+        return;
+    }
     int32_t *ids = NULL;
     int32_t n = 0;
     char *chat_text = NULL;
@@ -361,6 +551,11 @@ static void collect(run_state *s, bool discard_aborted)
     while (engine_pop_finished(s->eng, &out)) {
         cli_pending *p = out->user;
         s->in_engine--;
+        if (p->group) {
+            collect_part(s, p, out);
+            request_output_free(out);
+            continue;
+        }
         bool aborted = false;
         for (int32_t k = 0; k < out->n_outputs; k++)
             aborted |= out->outputs[k].finish == FINISH_ABORT;
@@ -497,6 +692,28 @@ static int load_model(run_state *s)
     }
     if (resolve_defaults(s) != PG_OK)
         return -1;
+    /* embeddings: --pooling, else the sentence-transformers files, else
+     * vLLM's default for a decoder LM served for "embed" (LAST pooling,
+     * normalized: as_embedding_model's pooler + PoolingParams normalize
+     * True); with a Pooling module, normalize = a Normalize module is
+     * listed, as vLLM's get_pooling_config */
+    if (st_pooling_load(&s->stp, o->model_dir, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_MODEL, o->model_dir);
+        return -1;
+    }
+    s->pool = (pooling_params){.type = POOLING_LAST, .normalize = true};
+    s->pool_source = "vLLM's default: no sentence-transformers pooling config";
+    if (s->stp.mode != ST_POOL_NONE) {
+        s->pool.type = s->stp.mode == ST_POOL_MEAN ? POOLING_MEAN : s->stp.mode == ST_POOL_CLS ? POOLING_CLS
+                                                                                            : POOLING_LAST;
+        s->pool.normalize = s->stp.normalize;
+        s->pool_source = "modules.json";
+    }
+    if (o->pooling != CLI_POOLING_AUTO) {
+        s->pool.type = o->pooling == CLI_POOLING_MEAN ? POOLING_MEAN : o->pooling == CLI_POOLING_CLS ? POOLING_CLS
+                                                                                                   : POOLING_LAST;
+        s->pool_source = "--pooling";
+    }
     int rc = cli_device_open(o, &s->ex, &s->err);
     if (rc != PG_OK) {
         fail(s, rc == PG_EUNSUPPORTED || rc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, "device");
