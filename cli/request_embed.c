@@ -132,7 +132,7 @@ int cli_embed_parse(cli_embed *out, const json_doc *d, int obj, bool skip_id, bo
             /* read by the caller */
         } else if (json_str_eq(d, key, "input")) {
             if (have_input)
-                return pg_error_set(err, PG_EINVAL, "field 'input': given twice");
+                return pg_error_set(err, PG_EINVAL, "field 'input' given twice");
             rc = read_input(out, d, v, err);
             have_input = true;
         } else if (json_str_eq(d, key, "encoding_format")) {

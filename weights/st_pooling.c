@@ -76,7 +76,9 @@ int st_pooling_parse_pooling(st_pooling_config *c, const char *json, size_t len,
         int v = key + 1;
         size_t kl;
         const char *ks = json_raw(&d, key, &kl);
-        if (json_is_bool(&d, v) && json_str_eq(&d, v, "true") && kl > 13 &&
+        bool on = false;
+        pg_error e2;
+        if (json_is_bool(&d, v) && json_get_bool(&d, v, &on, &e2) == PG_OK && on && kl > 13 &&
             strncmp(ks, "pooling_mode_", 13) == 0) {
             if (json_str_eq(&d, key, "pooling_mode_lasttoken"))
                 c->mode = ST_POOL_LAST, rc = PG_OK;
