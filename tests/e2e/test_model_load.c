@@ -757,17 +757,19 @@ typedef struct emb_run {
     float vec[6][TH];      /* per embedding request, by its user index */
     int32_t dim[6];
     int32_t n_generated;
+    uint64_t preemptions;
+    int32_t emb_preemptions;   /* of the embedding requests */
 } emb_run;
 
 /* Runs the embedding requests (prompts P[k] of lengths NP[k], params pp[k])
- * through an engine over m with the given token budget, with or without
- * two generation requests queued between them. */
-static void run_embeddings(model *m, int32_t budget, bool mixed, const int32_t (*P)[7], const int32_t *NP,
-                           const pooling_params *pp, int n, emb_run *out)
+ * through an engine over m with the given token budget and pool (blocks of
+ * 2 tokens), with or without two generation requests queued between them. */
+static void run_embeddings(model *m, int32_t budget, int32_t blocks, bool mixed, const int32_t (*P)[7],
+                           const int32_t *NP, const pooling_params *pp, int n, emb_run *out)
 {
     engine_params ep = engine_params_default();
     ep.block_size = 2;
-    ep.num_blocks = tiny_params.num_kv_blocks;
+    ep.num_blocks = blocks;
     ep.max_num_seqs = tiny_params.max_num_seqs;
     ep.max_num_batched_tokens = budget;
     ep.max_model_len = 16;
@@ -807,20 +809,24 @@ static void run_embeddings(model *m, int32_t budget, bool mixed, const int32_t (
                 assert_int_equal(o->n_prompt_tokens, NP[u]);
                 memcpy(out->vec[u], o->embedding, (size_t)o->n_embedding * sizeof(float));
                 out->dim[u] = o->n_embedding;
+                out->emb_preemptions += o->n_preemptions;
                 done++;
             }
             request_output_free(o);
         }
     }
     assert_int_equal(done, n);
+    engine_stats st;
+    engine_get_stats(e, &st);
+    out->preemptions = st.preemptions;
     engine_destroy(e);
 }
 
 /* Embedding requests end to end (engine + model on the cpu): the pooled
  * vectors equal the double reference's within 1e-5 (normalized) for last,
  * mean and cls pooling, Matryoshka truncation and normalize off; and they
- * are bit-identical alone, chunked (3 tokens a step) and batched with
- * generation requests. */
+ * are bit-identical alone, chunked (3 tokens a step), batched with
+ * generation requests, and preempted (recomputed) in a pool of 5 blocks. */
 static void test_embeddings_match_reference(void **state)
 {
     fixture *f = *state;
@@ -844,11 +850,17 @@ static void test_embeddings_match_reference(void **state)
         {.type = POOLING_LAST, .normalize = true, .dimensions = 8},
         {.type = POOLING_MEAN, .normalize = false},
     };
-    static emb_run alone, chunked, mixed;
-    run_embeddings(m, 16, false, P, NP, pp, 6, &alone);
-    run_embeddings(m, 3, false, P, NP, pp, 6, &chunked);
-    run_embeddings(m, 5, true, P, NP, pp, 6, &mixed);
+    static emb_run alone, chunked, mixed, tight;
+    const int32_t nb = tiny_params.num_kv_blocks;
+    run_embeddings(m, 16, nb, false, P, NP, pp, 6, &alone);
+    run_embeddings(m, 3, nb, false, P, NP, pp, 6, &chunked);
+    run_embeddings(m, 5, nb, true, P, NP, pp, 6, &mixed);
+    run_embeddings(m, 4, 5, true, P, NP, pp, 6, &tight); /* 10 KV slots: preemption */
     assert_int_equal(mixed.n_generated, 6);
+    assert_int_equal(tight.n_generated, 6);
+    printf("    preemptions with 5 blocks: %llu, of embedding requests %d\n",
+           (unsigned long long)tight.preemptions, (int)tight.emb_preemptions);
+    assert_true(tight.emb_preemptions > 0);
     for (int k = 0; k < 6; k++) {
         double ref[TH];
         ref_embedding(&s, P[k], NP[k], &pp[k], ref);
@@ -869,6 +881,7 @@ static void test_embeddings_match_reference(void **state)
         /* batch invariance: the same bits however the prompt was run */
         assert_memory_equal(alone.vec[k], chunked.vec[k], (size_t)d * sizeof(float));
         assert_memory_equal(alone.vec[k], mixed.vec[k], (size_t)d * sizeof(float));
+        assert_memory_equal(alone.vec[k], tight.vec[k], (size_t)d * sizeof(float));
     }
     /* the same prompt pooled three ways gives three different vectors */
     assert_true(memcmp(alone.vec[0], alone.vec[2], sizeof alone.vec[0]) != 0);
