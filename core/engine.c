@@ -489,12 +489,6 @@ static int retire(engine *e, request *r, pg_error *err)
      * which is handed out with all n outputs when its last child goes */
     if (r->parent && !(r = detach_child(r))) return PG_OK;
     request_output *o = request_make_output(r, now_ms());
-    if (o && r->embedding) { /* an embedding request: its vector, no sequence */
-        o->embedding = r->embedding;
-        o->n_embedding = r->n_embedding;
-        o->n_outputs = 0;
-        r->embedding = NULL;
-    }
     destroy_request(e, r);
     e->n_unfinished--;
     e->stats.requests_finished++;

@@ -383,6 +383,14 @@ request_output *request_make_output(const request *r, double now_ms)
         memcpy(o->prompt_top_ids, r->p_top_ids, nt * sizeof(int32_t));
         memcpy(o->prompt_top_logprobs, r->p_top_lp, nt * sizeof(float));
     }
+    if (r->pooler) { /* an embedding request: its vector (NULL if aborted), no sequence */
+        if (r->embedding) {
+            if (!(o->embedding = malloc((size_t)r->n_embedding * sizeof *o->embedding))) goto oom;
+            memcpy(o->embedding, r->embedding, (size_t)r->n_embedding * sizeof *o->embedding);
+            o->n_embedding = r->n_embedding;
+        }
+        return o;
+    }
     o->n_outputs = r->n;
     for (int32_t i = 0; i < r->n; i++) {
         const sequence *s = &r->seqs[i];
