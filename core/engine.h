@@ -151,8 +151,9 @@ typedef struct request_output {
     int32_t *prompt_top_ids;     /* [n_prompt_tokens][n_prompt_top], best first (-1 past V) */
     float *prompt_top_logprobs;  /* [n_prompt_tokens][n_prompt_top] */
     int32_t n_prompt_top;
-    /* an embedding request (engine_add_embed_request): the pooled vector
-     * (pooling.h), n_outputs 0; else NULL and 0 */
+    /* an embedding request (engine_add_embed_request): n_outputs 0 and the
+     * pooled vector (pooling.h), NULL when aborted before its prompt was
+     * computed; a generation request: NULL and 0 */
     float *embedding;            /* [n_embedding] */
     int32_t n_embedding;
 } request_output;
