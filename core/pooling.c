@@ -122,8 +122,11 @@ void pooler_add(pooler *pl, int32_t pos0, const float *rows, int32_t count)
         pl->next_pos = pos0 + count;
         return;
     }
-    /* LAST, CLS: the one row */
-    for (int32_t j = 0; j < H; j++) pl->acc[j] = (double)rows[j];
+    /* LAST, CLS: the one row, if among those handed over */
+    int32_t want = pl->p.type == POOLING_LAST ? pl->n_prompt - 1 : 0;
+    if (want < pos0 || want >= pos0 + count) return;
+    const float *row = rows + (size_t)(want - pos0) * (size_t)H;
+    for (int32_t j = 0; j < H; j++) pl->acc[j] = (double)row[j];
     pl->n_rows = 1;
 }
 

@@ -75,9 +75,11 @@ void pooler_rows_wanted(const pooler *pl, int32_t start, int32_t n_new, int32_t 
                         int32_t *count);
 
 /* Hands over the hidden rows rows [count][H] f32 of positions pos0 ..
- * pos0+count-1 (what pooler_rows_wanted asked). pos0 == 0 (or the last
- * position for LAST) starts over: a preempted request recomputes its
- * prompt from the beginning. */
+ * pos0+count-1 (what pooler_rows_wanted asked, or more: LAST and CLS take
+ * their one position's row if it is among them, MEAN sums them all). For
+ * MEAN, pos0 == 0 starts over (a preempted request recomputes its prompt
+ * from the beginning) and a gap in the positions is refused at finish;
+ * LAST and CLS overwrite their row. */
 void pooler_add(pooler *pl, int32_t pos0, const float *rows, int32_t count);
 
 /* Once every row was handed over: the pooled, truncated, normalized vector
