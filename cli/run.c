@@ -21,6 +21,7 @@
 #include "config.h"
 #include "device.h"
 #include "embed_output.h"
+#include "embed_prepare.h"
 #include "engine.h"
 #include "id_set.h"
 #include "input.h"
@@ -186,79 +187,6 @@ static int tokenize_prompt(run_state *s, const cli_request *r, int32_t **ids, in
 
 /* ---- embedding lines --------------------------------------------------------- */
 
-/* The line's pooling: the run's, with its normalize and dimensions. NULL,
- * or the refusal (vLLM's PoolingParams._set_default_parameters messages
- * where it has them). */
-static const char *embed_params(run_state *s, const cli_embed *em, pooling_params *pp, char *msg,
-                                size_t cap)
-{
-    *pp = s->pool;
-    if (em->normalize >= 0)
-        pp->normalize = em->normalize != 0;
-    if (em->dimensions <= 0)
-        return NULL;
-    if (!s->stp.is_matryoshka) {
-        snprintf(msg, cap, "Model \"%s\" does not support matryoshka representation, changing output "
-                 "dimensions will lead to poor results.", s->model_name);
-        return msg;
-    }
-    if (s->stp.n_matryoshka_dims > 0) {
-        bool ok = false;
-        for (int32_t k = 0; k < s->stp.n_matryoshka_dims; k++)
-            ok |= s->stp.matryoshka_dims[k] == em->dimensions;
-        if (!ok) {
-            int n = snprintf(msg, cap, "Model \"%s\" only supports [", s->model_name);
-            for (int32_t k = 0; k < s->stp.n_matryoshka_dims && n > 0 && (size_t)n < cap; k++)
-                n += snprintf(msg + n, cap - (size_t)n, "%s%d", k ? ", " : "", (int)s->stp.matryoshka_dims[k]);
-            if (n > 0 && (size_t)n < cap)
-                snprintf(msg + n, cap - (size_t)n, "] matryoshka dimensions, use other output dimensions will "
-                         "lead to poor results.");
-            return msg;
-        }
-    }
-    if (em->dimensions > s->cfg.hidden_size) {
-        snprintf(msg, cap, "dimensions %d exceeds the model's hidden size %d", (int)em->dimensions,
-                 (int)s->cfg.hidden_size);
-        return msg;
-    }
-    pp->dimensions = em->dimensions;
-    return NULL;
-}
-
-/* Input k's token ids (*ids malloc'd), or a message. */
-static int embed_input_ids(run_state *s, const cli_embed *em, int32_t k, int32_t **ids, int32_t *n,
-                           pg_error *err)
-{
-    *ids = NULL;
-    if (em->ids[k]) {
-        for (int32_t j = 0; j < em->n_ids[k]; j++)
-            if (em->ids[k][j] >= s->cfg.vocab_size)
-                return pg_error_set(err, PG_EINVAL, "input[%d]: token id %d is outside the vocabulary (size %d)",
-                                    (int)k, (int)em->ids[k][j], (int)s->cfg.vocab_size);
-        if (!(*ids = malloc((size_t)em->n_ids[k] * sizeof **ids)))
-            return pg_error_set(err, PG_ENOMEM, "out of memory");
-        memcpy(*ids, em->ids[k], (size_t)em->n_ids[k] * sizeof **ids);
-        *n = em->n_ids[k];
-    } else {
-        if (!s->tok)
-            return pg_error_set(err, PG_EINVAL,
-                                "a text input needs a tokenizer (give --tokenizer DIR, or token ids)");
-        size_t nn = 0;
-        pg_error e;
-        if (tok_encode(s->tok, em->texts[k], em->text_lens[k], em->add_special_tokens, ids, &nn, &e) != PG_OK)
-            return pg_error_set(err, PG_EINVAL, "input[%d]: %s", (int)k, e.msg);
-        *n = (int32_t)nn;
-    }
-    if (*n < 1 || *n >= s->max_model_len) {
-        int32_t got = *n;
-        free(*ids);
-        *ids = NULL;
-        return pg_error_set(err, PG_EINVAL, "input[%d] is %s: %d tokens, but max_model_len is %d", (int)k,
-                            got < 1 ? "empty" : "too long", (int)got, (int)s->max_model_len);
-    }
-    return PG_OK;
-}
-
 /* An embedding line: every input tokenized and checked first, then one
  * engine request per input (its user a part of the line's group); the
  * group's record is written when its last part finishes (collect). */
@@ -267,7 +195,8 @@ static void submit_embed(run_state *s, cli_request *r)
     const cli_embed *em = r->embed;
     char msg[512];
     pooling_params pp;
-    const char *bad = embed_params(s, em, &pp, msg, sizeof msg);
+    const char *bad = cli_embed_line_params(em, &s->pool, &s->stp, s->cfg.hidden_size, s->model_name, &pp, msg,
+                                            sizeof msg);
     if (bad) {
         emit_error(s, r->id_json, r->line, bad);
         return;
@@ -284,7 +213,7 @@ static void submit_embed(run_state *s, cli_request *r)
     pg_error e;
     int rc = ids && nids && g && emb ? PG_OK : pg_error_set(&e, PG_ENOMEM, "out of memory");
     for (int32_t k = 0; k < n && rc == PG_OK; k++)
-        rc = embed_input_ids(s, em, k, &ids[k], &nids[k], &e);
+        rc = cli_embed_input_ids(em, k, s->tok, s->cfg.vocab_size, s->max_model_len, &ids[k], &nids[k], &e);
     if (rc != PG_OK) {
         emit_error(s, r->id_json, r->line, e.msg);
         free(g);
@@ -692,28 +621,12 @@ static int load_model(run_state *s)
     }
     if (resolve_defaults(s) != PG_OK)
         return -1;
-    /* embeddings: --pooling, else the sentence-transformers files, else
-     * vLLM's default for a decoder LM served for "embed" (LAST pooling,
-     * normalized: as_embedding_model's pooler + PoolingParams normalize
-     * True); with a Pooling module, normalize = a Normalize module is
-     * listed, as vLLM's get_pooling_config */
+    /* embeddings: the folder's sentence-transformers files (embed_prepare.h) */
     if (st_pooling_load(&s->stp, o->model_dir, &s->err) != PG_OK) {
         fail(s, CLI_EXIT_MODEL, o->model_dir);
         return -1;
     }
-    s->pool = (pooling_params){.type = POOLING_LAST, .normalize = true};
-    s->pool_source = "vLLM's default: no sentence-transformers pooling config";
-    if (s->stp.mode != ST_POOL_NONE) {
-        s->pool.type = s->stp.mode == ST_POOL_MEAN ? POOLING_MEAN : s->stp.mode == ST_POOL_CLS ? POOLING_CLS
-                                                                                            : POOLING_LAST;
-        s->pool.normalize = s->stp.normalize;
-        s->pool_source = "modules.json";
-    }
-    if (o->pooling != CLI_POOLING_AUTO) {
-        s->pool.type = o->pooling == CLI_POOLING_MEAN ? POOLING_MEAN : o->pooling == CLI_POOLING_CLS ? POOLING_CLS
-                                                                                                   : POOLING_LAST;
-        s->pool_source = "--pooling";
-    }
+    cli_embed_default_pooling(o->pooling, &s->stp, &s->pool, &s->pool_source);
     int rc = cli_device_open(o, &s->ex, &s->err);
     if (rc != PG_OK) {
         fail(s, rc == PG_EUNSUPPORTED || rc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, "device");

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "embed_output.h"
+#include "embed_prepare.h"
 #include "request_parse.h"
 
 static int parse(cli_request *r, const char *line, cli_format fmt, bool strict, pg_error *err)
@@ -141,6 +142,71 @@ static void test_records(void **state)
     json_buf_free(&b);
 }
 
+/* The run's pooling and a line's parameters against the model (vLLM's
+ * PoolingParams checks and messages). */
+static void test_params(void **state)
+{
+    (void)state;
+    st_pooling_config none = {0}, st = {.has_modules = true, .mode = ST_POOL_MEAN, .normalize = false};
+    pooling_params p;
+    const char *src;
+    cli_embed_default_pooling(CLI_POOLING_AUTO, &none, &p, &src);
+    assert_int_equal(p.type, POOLING_LAST);
+    assert_true(p.normalize);
+    assert_non_null(strstr(src, "vLLM's default"));
+    cli_embed_default_pooling(CLI_POOLING_AUTO, &st, &p, &src);
+    assert_int_equal(p.type, POOLING_MEAN);
+    assert_false(p.normalize);
+    cli_embed_default_pooling(CLI_POOLING_CLS, &st, &p, &src);
+    assert_int_equal(p.type, POOLING_CLS);
+    assert_false(p.normalize); /* --pooling changes the pooling, not the Normalize module */
+    assert_string_equal(src, "--pooling");
+
+    cli_embed em = {.dimensions = 8, .normalize = -1};
+    pooling_params base = {.type = POOLING_LAST, .normalize = true}, out;
+    char msg[256];
+    const char *bad = cli_embed_line_params(&em, &base, &none, 64, "m", &out, msg, sizeof msg);
+    assert_non_null(bad);
+    assert_string_equal(bad, "Model \"m\" does not support matryoshka representation, changing output dimensions "
+                             "will lead to poor results.");
+    st_pooling_config mat = {.is_matryoshka = true, .matryoshka_dims = {16, 32}, .n_matryoshka_dims = 2};
+    bad = cli_embed_line_params(&em, &base, &mat, 64, "m", &out, msg, sizeof msg);
+    assert_string_equal(bad, "Model \"m\" only supports [16, 32] matryoshka dimensions, use other output "
+                             "dimensions will lead to poor results.");
+    em.dimensions = 32;
+    em.normalize = 0;
+    assert_null(cli_embed_line_params(&em, &base, &mat, 64, "m", &out, msg, sizeof msg));
+    assert_int_equal(out.dimensions, 32);
+    assert_false(out.normalize);
+    st_pooling_config any = {.is_matryoshka = true};
+    em.dimensions = 65;
+    assert_non_null(cli_embed_line_params(&em, &base, &any, 64, "m", &out, msg, sizeof msg));
+    printf("    %s\n", msg);
+
+    /* token ids: vocabulary, length, a text without a tokenizer */
+    int32_t ids0[3] = {1, 2, 70}, *ids;
+    int32_t *idv[1] = {ids0}, nid[1] = {3};
+    char *texts[1] = {NULL};
+    size_t tl[1] = {0};
+    cli_embed e2 = {.n_inputs = 1, .texts = texts, .text_lens = tl, .ids = idv, .n_ids = nid};
+    int32_t n;
+    pg_error err;
+    assert_int_equal(cli_embed_input_ids(&e2, 0, NULL, 64, 16, &ids, &n, &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "input[0]: token id 70 is outside the vocabulary (size 64)"));
+    assert_int_equal(cli_embed_input_ids(&e2, 0, NULL, 128, 3, &ids, &n, &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "too long: 3 tokens, but max_model_len is 3"));
+    assert_int_equal(cli_embed_input_ids(&e2, 0, NULL, 128, 4, &ids, &n, &err), PG_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[2], 70);
+    free(ids);
+    char t[] = "hi";
+    texts[0] = t;
+    tl[0] = 2;
+    idv[0] = NULL;
+    assert_int_equal(cli_embed_input_ids(&e2, 0, NULL, 128, 4, &ids, &n, &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "needs a tokenizer"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -148,6 +214,7 @@ int main(void)
         cmocka_unit_test(test_bad_lines),
         cmocka_unit_test(test_base64),
         cmocka_unit_test(test_records),
+        cmocka_unit_test(test_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
