@@ -297,6 +297,11 @@ static void submit(run_state *s, cli_request *r)
         submit_embed(s, r);
         return;
     }
+    if (!model_has_lm_head(s->mdl)) {
+        emit_error(s, r->id_json, r->line, "this model has no lm_head.weight (an embedding model): only "
+                                           "embedding requests (/v1/embeddings, \"input\") are served");
+        return;
+    }
     int32_t *ids = NULL;
     int32_t n = 0;
     char *chat_text = NULL;

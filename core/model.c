@@ -45,7 +45,10 @@ struct model {
 
     /* weights (device) */
     void *embed;                  /* [V][H] wt  model.embed_tokens.weight */
-    void *lm_head;                /* [V][H] wt  lm_head.weight, or == embed when tied */
+    void *lm_head;                /* [V][H] wt  lm_head.weight, or == embed when tied, or
+                                     NULL: a headless embedding checkpoint (see pfx) */
+    const char *pfx;              /* tensor names' prefix: "model.", or "" for a base model
+                                     saved alone (sentence-transformers: Qwen3-Embedding) */
     float *final_norm;            /* [H] f32    model.norm.weight */
     model_layer *layers;          /* [NL] (host array of device pointers) */
     float *inv_freq;              /* [hd/2] f32 RoPE inverse frequencies, scaling folded in */
@@ -229,18 +232,25 @@ static int load_weights(model *m, const st_file *w, pg_error *err)
     const int64_t H = m->H, I = m->I, Q = m->Q, KVD = m->KVD, V = m->V;
     char name[160];
 
-    if (!(m->embed = load_new(m, w, "model.embed_tokens.weight", 2, V, H, EXEC_WT, &rc, err)))
+    /* a base model saved by sentence-transformers (Qwen3-Embedding-8B's
+     * index: "embed_tokens.weight", "layers.0...", no lm_head) has no
+     * "model." prefix; vLLM's embedding adapter loads both spellings */
+    m->pfx = !st_find(w, "model.embed_tokens.weight") && st_find(w, "embed_tokens.weight") ? "" : "model.";
+    snprintf(name, sizeof name, "%sembed_tokens.weight", m->pfx);
+    if (!(m->embed = load_new(m, w, name, 2, V, H, EXEC_WT, &rc, err)))
         return rc;
     if (m->cfg->tie_word_embeddings)
         m->lm_head = m->embed;
-    else if (!(m->lm_head = load_new(m, w, "lm_head.weight", 2, V, H, EXEC_WT, &rc, err)))
-        return rc;
-    if (!(m->final_norm = load_new(m, w, "model.norm.weight", 1, H, 0, EXEC_F32, &rc, err)))
+    else if ((m->pfx[0] || st_find(w, "lm_head.weight")) &&
+             !(m->lm_head = load_new(m, w, "lm_head.weight", 2, V, H, EXEC_WT, &rc, err)))
+        return rc; /* (headless without lm_head: NULL, embeddings only) */
+    snprintf(name, sizeof name, "%snorm.weight", m->pfx);
+    if (!(m->final_norm = load_new(m, w, name, 1, H, 0, EXEC_F32, &rc, err)))
         return rc;
 
     for (int32_t l = 0; l < m->NL; l++) {
         model_layer *ly = &m->layers[l];
-#define LAYER_NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d." suffix, (int)l), name)
+#define LAYER_NAME(suffix) (snprintf(name, sizeof name, "%slayers.%d." suffix, m->pfx, (int)l), name)
         if (!(ly->attn_norm = load_new(m, w, LAYER_NAME("input_layernorm.weight"), 1, H, 0,
                                        EXEC_F32, &rc, err)))
             return rc;
@@ -629,6 +639,9 @@ int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err
     int rc = check_batch(m, b_in, err);
     if (rc)
         return rc;
+    if (!m->lm_head && b_in->num_logits > 0)
+        return pg_error_set(err, PG_EUNSUPPORTED, "model forward: the checkpoint has no lm_head.weight (an "
+                            "embedding model): only embedding requests can run");
     /* the config's sliding window (Mistral) is the model's, not the caller's */
     step_batch bw = *b_in;
     bw.sliding_window = m->cfg->sliding_window;
@@ -683,6 +696,11 @@ int model_hidden_rows(model *m, int32_t row0, int32_t n, float *out, pg_error *e
     if (rc)
         return op_failed(m, rc, "hidden rows download", -1, err);
     return PG_OK;
+}
+
+bool model_has_lm_head(const model *m)
+{
+    return m->lm_head != NULL;
 }
 
 /* ---- engine adapter ------------------------------------------------------- */

@@ -12,6 +12,7 @@
 #ifndef PG_MODEL_H
 #define PG_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,7 +40,8 @@ size_t model_kv_bytes_per_block(const llama_config *cfg, const executor *ex, int
 /* Bytes the weights take on ex once uploaded (fused layout). */
 size_t model_weight_bytes(const llama_config *cfg, const executor *ex);
 
-/* Checks every tensor's name, shape and dtype (F32, F16 or BF16) against cfg
+/* Checks every tensor's name ("model.layers.0...", or without "model." for a
+ * base model saved alone: see model_has_lm_head), shape and dtype (F32, F16 or BF16) against cfg
  * (the message names the tensor, expected vs found), uploads them through ex
  * (fusing q|k|v and gate|up), allocates the KV cache and workspace. ex and
  * cfg are borrowed for the model's lifetime; weights only during the call
@@ -72,6 +74,12 @@ int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_erro
  * stream is finished in place). PG_EINVAL for rows outside the workspace;
  * an executor failure returns its status. Embedding requests (pooling.h). */
 int model_hidden_rows(model *m, int32_t row0, int32_t n, float *out, pg_error *err);
+
+/* False for a headless embedding checkpoint (no "model." prefix, untied,
+ * no lm_head.weight: what sentence-transformers saves, e.g.
+ * Qwen3-Embedding-8B): it computes hidden rows only, and model_forward
+ * refuses a batch with logits rows (PG_EUNSUPPORTED). */
+bool model_has_lm_head(const model *m);
 
 /* Times every op of every later forward into p (borrowed; NULL stops):
  * op_profile.h. Meaningful on an executor whose ops complete before they

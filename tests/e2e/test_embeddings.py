@@ -9,7 +9,8 @@ usage: test_embeddings.py PAGEDGEN CASE     (numpy: run with /usr/bin/python3)
 Cases: reference (every pooling, mixed with generation lines, chunked and
 not, prefix caching on and off: bit-identical records, max |diff| <= 1e-5),
 st_files (a model folder with sentence-transformers files and Matryoshka
-dimensions), errors (bad embedding lines: error records in place, exit 1).
+dimensions), headless (the checkpoint saved without "model." and
+lm_head), errors (bad embedding lines: error records in place, exit 1).
 Without $PAGEDGEN_SHARED or numpy the case is skipped (exit 77), or fails
 when CI=true.
 """
@@ -245,6 +246,40 @@ def case_st_files(exe):
         assert np.abs(vectors(recs[0])[0] - ref.embed(IDS[0], "cls", normalize=False)).max() <= 1e-5
 
 
+def write_headless(src, dst):
+    """src's tensors without the "model." prefix (what sentence-transformers
+    saves: Qwen3-Embedding-8B's index has "embed_tokens.weight", "layers.0..."
+    and no lm_head), bytes unchanged."""
+    with open(src, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {k[6:] if k.startswith("model.") else k: v for k, v in header.items()}
+    h = json.dumps(out).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data[8 + n:])
+
+
+def case_headless(exe):
+    """stories260K saved headless and untied (no lm_head): embedding lines
+    give the same records as from the original; generation lines are
+    refused in place."""
+    lines = [{"id": "e", "input": IDS}, gen_line(0), {"id": "t", "input": "Once upon a time"}]
+    want, _ = run(exe, [lines[0], lines[2]], [])
+    with tempfile.TemporaryDirectory() as d:
+        for f in ["tokenizer.json", "tokenizer_config.json"]:
+            os.symlink(os.path.join(MODEL, f), os.path.join(d, f))
+        write_headless(os.path.join(MODEL, "model.safetensors"), os.path.join(d, "model.safetensors"))
+        cfg = json.load(open(os.path.join(MODEL, "config.json")))
+        cfg["tie_word_embeddings"] = False
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+        text, recs = run(exe, lines, [], model=d, want_rc=1)
+        assert "no lm_head.weight" in recs[1]["error"]["message"], recs[1]
+        got = text.splitlines()
+        assert [got[0], got[2]] == want.splitlines()
+
+
 def case_errors(exe):
     lines = [
         {"id": "ok", "input": [1, 2]},
@@ -279,7 +314,8 @@ def main():
         skip("numpy is not installed for %s" % sys.executable)
     if not os.path.isdir(MODEL):
         skip("no $PAGEDGEN_SHARED/models/stories260K")
-    {"reference": case_reference, "st_files": case_st_files, "errors": case_errors}[case](exe)
+    {"reference": case_reference, "st_files": case_st_files, "errors": case_errors,
+     "headless": case_headless}[case](exe)
     print("ok")
 
 

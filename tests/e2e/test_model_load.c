@@ -826,7 +826,8 @@ static void run_embeddings(model *m, int32_t budget, int32_t blocks, bool mixed,
  * vectors equal the double reference's within 1e-5 (normalized) for last,
  * mean and cls pooling, Matryoshka truncation and normalize off; and they
  * are bit-identical alone, chunked (3 tokens a step), batched with
- * generation requests, and preempted (recomputed) in a pool of 5 blocks. */
+ * generation requests, and preempted (recomputed) in a pool of 5 blocks;
+ * and the same from the checkpoint saved headless (no "model.", no lm_head). */
 static void test_embeddings_match_reference(void **state)
 {
     fixture *f = *state;
@@ -885,6 +886,37 @@ static void test_embeddings_match_reference(void **state)
     }
     /* the same prompt pooled three ways gives three different vectors */
     assert_true(memcmp(alone.vec[0], alone.vec[2], sizeof alone.vec[0]) != 0);
+    assert_true(model_has_lm_head(m));
+    model_destroy(m);
+
+    /* the same weights saved as sentence-transformers saves a base model
+     * (Qwen3-Embedding-8B: no "model." prefix, no lm_head.weight though
+     * untied): the same vectors, and no logits */
+    wt_set bare = s; /* shallow: the values stay s's */
+    int nb2 = 0;
+    for (int i = 0; i < s.n; i++) {
+        if (strcmp(s.t[i].name, "lm_head.weight") == 0)
+            continue;
+        bare.t[nb2] = s.t[i];
+        if (strncmp(s.t[i].name, "model.", 6) == 0)
+            memmove(bare.t[nb2].name, bare.t[nb2].name + 6, strlen(bare.t[nb2].name + 6) + 1);
+        nb2++;
+    }
+    bare.n = nb2;
+    assert_int_equal(try_load(f, &bare, &cfg, &m, &st, &err), 0);
+    st_close(st);
+    assert_false(model_has_lm_head(m));
+    static emb_run headless;
+    run_embeddings(m, 3, nb, false, P, NP, pp, 6, &headless);
+    assert_memory_equal(headless.vec, alone.vec, sizeof alone.vec);
+    int32_t tok1 = 1, pos1 = 0, slot1 = 0, qs1[2] = {0, 1}, len1 = 1, bt1 = 0, row1 = 0;
+    step_batch b1 = {.num_tokens = 1, .num_seqs = 1, .block_size = 2, .token_ids = &tok1, .positions = &pos1,
+                     .slots = &slot1, .query_start = qs1, .seq_lens = &len1, .block_tables = &bt1,
+                     .block_table_stride = 1, .max_seq_len = 1, .max_query_len = 1, .num_logits = 1,
+                     .logits_rows = &row1};
+    float lg[TV];
+    assert_int_equal(model_forward(m, &b1, lg, &err), PG_EUNSUPPORTED);
+    printf("    %s\n", err.msg);
     model_destroy(m);
     wt_free(&s);
 }
