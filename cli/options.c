@@ -19,7 +19,7 @@ enum {
     OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM, OPT_ENFORCE_EAGER,
     OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
-    OPT_QUANT, OPT_PROFILE_OPS,
+    OPT_QUANT, OPT_PROFILE_OPS, OPT_POOLING,
     OPT_GENERATION_CONFIG, OPT_REASONING_PARSER,
 };
 
@@ -77,6 +77,7 @@ static const struct option generate_opts[] = {
     {"served-model-name", required_argument, NULL, OPT_SERVED_MODEL_NAME},
     {"strict", no_argument, NULL, OPT_STRICT},
     {"truncate-max-tokens", no_argument, NULL, OPT_TRUNCATE_MAX_TOKENS},
+    {"pooling", required_argument, NULL, OPT_POOLING},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -159,6 +160,9 @@ static const char *const generate_help[] = {
 "      --seed N               base seed; a line without \"seed\" gets\n"
 "                             hash(seed, request index) [default: 0]\n"
 "      --kv-layout L          paged|contiguous [default: paged]\n"
+"      --pooling P            embedding lines: last|mean|cls over the final hidden\n"
+"                             states [default: the model's sentence-transformers\n"
+"                             1_Pooling/config.json, else last (vLLM's default)]\n"
 "      --check-invariants     check the block pool after every step (slow; debugging)\n"
 "                             [default: off]\n"
 "\n"
@@ -616,6 +620,12 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
     case OPT_MAX_MODEL_LEN: rc = parse_i32(arg, 1, INT32_MAX, "--max-model-len", &o->max_model_len, err); break;
     case OPT_NO_PREFIX: o->prefix_caching = false; break;
     case OPT_KEEP_WINDOW: o->free_window_blocks = false; break;
+    case OPT_POOLING:
+        if (strcmp(arg, "last") == 0) o->pooling = CLI_POOLING_LAST;
+        else if (strcmp(arg, "mean") == 0) o->pooling = CLI_POOLING_MEAN;
+        else if (strcmp(arg, "cls") == 0) o->pooling = CLI_POOLING_CLS;
+        else return pg_error_set(err, PG_EINVAL, "--pooling: expected last, mean or cls, got '%s'", arg);
+        break;
     case OPT_SEED:
         rc = cli_parse_int(arg, 0, INT64_MAX, "--seed", &v64, err);
         o->seed = (uint64_t)v64;

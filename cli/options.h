@@ -25,6 +25,14 @@ typedef enum cli_command {
     CLI_CMD_VERSION,
 } cli_command;
 
+/* --pooling: how embedding lines pool the final hidden states (core/pooling.h). */
+typedef enum cli_pooling {
+    CLI_POOLING_AUTO = 0,   /* modules.json + 1_Pooling/config.json, else LAST */
+    CLI_POOLING_LAST,
+    CLI_POOLING_MEAN,
+    CLI_POOLING_CLS,
+} cli_pooling;
+
 /* --kv-cache-dtype: the element type of the KV cache. AUTO follows the
  * compute dtype on cuda (bf16 with --dtype bfloat16, f32 with --dtype
  * float32) and the weight storage on the cpu (f32 for f32 weights, bf16 for
@@ -94,6 +102,7 @@ typedef struct cli_options {
     uint64_t seed;                 /* 0 */
     kv_layout layout;              /* paged */
     bool check_invariants;         /* hidden: engine pool checks after every step */
+    cli_pooling pooling;           /* --pooling; AUTO: the model folder's (run.c) */
 
     /* cuda (accepted everywhere; checked against the device in device.c) */
     double gpu_memory_utilization; /* (0, 1]; 0.9 */

@@ -18,6 +18,17 @@ void cli_pending_free(cli_pending *p)
 {
     if (!p)
         return;
+    if (p->group) {
+        cli_pending *g = p->group;
+        free(p);
+        if (--g->emb_refs > 0)
+            return;
+        p = g;
+    }
+    for (int32_t k = 0; p->emb && k < p->n_embed; k++)
+        free(p->emb[k]);
+    free(p->emb);
+    free(p->emb_error);
     free(p->id_json);
     free(p->prompt);
     free(p->prompt_ids);
@@ -708,6 +719,20 @@ void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json,
     json_buf_printf(b, "{\"id\":%s,\"error\":{\"message\":", id_json ? id_json : "null");
     json_buf_string(b, message, strlen(message));
     json_buf_printf(b, ",\"line\":%lld}}\n", (long long)line);
+}
+
+void cli_output_openai_open(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
+                            const char *id_prefix, const char *object)
+{
+    char h[17];
+    openai_hash(h, id_json, line);
+    put_batch_head(b, h, id_json, 200);
+    put_body_head(b, c, id_prefix, h, object);
+}
+
+void cli_output_openai_close(json_buf *b)
+{
+    json_buf_puts(b, "}},\"error\":null}\n"); /* body, response, line */
 }
 
 int cli_write_all(int fd, const char *data, size_t len, pg_error *err)

@@ -55,9 +55,22 @@ typedef struct cli_pending {
     size_t prompt_len;
     int32_t *prompt_ids;         /* owned, only with --include-prompt */
     int32_t n_prompt_ids;
+    /* An embedding line (embed_output.h): the line's record is this group
+     * (n_embed > 0); each of its inputs runs as one engine request whose
+     * user is a part (group != NULL, part = the input's index). */
+    int32_t n_embed;             /* group: inputs */
+    float **emb;                 /* group: [n_embed] vectors as parts finish, owned */
+    int32_t emb_dim;             /* group: their length */
+    int64_t emb_prompt_tokens;   /* group: summed over the parts */
+    bool emb_base64;             /* group: encoding_format "base64" */
+    char *emb_error;             /* group: a part the engine refused: the line's error, owned */
+    int32_t emb_refs;            /* group: parts not yet freed (the last frees the group) */
+    struct cli_pending *group;   /* part: its line's group */
+    int32_t part;                /* part: the input's index */
 } cli_pending;
 
-void cli_pending_free(cli_pending *p); /* accepts NULL */
+/* Accepts NULL. A part releases its group (freed with its last part). */
+void cli_pending_free(cli_pending *p);
 
 /* Appends one record, with its final "\n", to b (b->oom on failure). */
 void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *p,
@@ -68,6 +81,15 @@ void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *
  * response.status_code and error.code, jsonl records ignore it. */
 void cli_output_error(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
                       int status, const char *message);
+
+/* The openai batch line up to and including the body's "model" value:
+ * {"id", "custom_id", "response": {"status_code": 200, "request_id", "body":
+ * {"id": id_prefix + hash, "object", "created", "model": ... (for writers of
+ * other bodies: embed_output.c). cli_output_openai_close ends the body,
+ * the response and the line. */
+void cli_output_openai_open(json_buf *b, const cli_output_ctx *c, const char *id_json, int64_t line,
+                            const char *id_prefix, const char *object);
+void cli_output_openai_close(json_buf *b);
 
 /* write() until all len bytes are out (retries EINTR and short writes). */
 int cli_write_all(int fd, const char *data, size_t len, pg_error *err);

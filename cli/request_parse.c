@@ -74,6 +74,8 @@ void cli_request_free(cli_request *r)
     free(r->prompt);
     free(r->prompt_ids);
     free(r->chat_json);
+    cli_embed_free(r->embed);
+    free(r->embed);
     free(r->model);
     for (size_t k = 0; k < r->n_stop; k++)
         free(r->stop[k]);
@@ -728,6 +730,20 @@ static int parse_chat(pctx *c, int obj, bool openai)
     return PG_OK;
 }
 
+/* ---- embedding requests ---------------------------------------------------- */
+
+static int parse_embed(pctx *c, int obj, bool openai)
+{
+    if (json_is_object(c->d, obj) && check_duplicate_keys(c, obj) != PG_OK)
+        return PG_EINVAL;
+    if (!(c->r->embed = calloc(1, sizeof *c->r->embed)))
+        return pg_error_set(c->err, PG_ENOMEM, "out of memory");
+    free(c->r->model);
+    c->r->model = NULL;
+    return cli_embed_parse(c->r->embed, c->d, obj, !openai, openai, c->strict, &c->r->n_lax,
+                           openai ? &c->r->model : NULL, c->err);
+}
+
 /* ---- the formats ------------------------------------------------------------- */
 
 static int parse_jsonl(pctx *c)
@@ -758,6 +774,8 @@ static int parse_jsonl(pctx *c)
     }
     if (json_obj_get(d, 0, "messages") >= 0)
         return parse_chat(c, 0, false);
+    if (json_obj_get(d, 0, "input") >= 0)
+        return parse_embed(c, 0, false);
     if (check_duplicate_keys(c, 0) != PG_OK)
         return PG_EINVAL;
     int n = json_size(d, 0);
@@ -861,7 +879,7 @@ static int parse_openai(pctx *c)
     int n = json_size(d, 0);
     int key = 1;
     int body = -1;
-    bool have_url = false, chat = false;
+    bool have_url = false, chat = false, embed = false;
     for (int k = 0; k < n; k++) {
         int v = key + 1;
         if (json_str_eq(d, key, "custom_id")) {
@@ -871,8 +889,10 @@ static int parse_openai(pctx *c)
                 return type_error(c, "method", v, "\"POST\"");
         } else if (json_str_eq(d, key, "url")) {
             chat = json_is_string(d, v) && json_str_eq(d, v, "/v1/chat/completions");
-            if (!chat && (!json_is_string(d, v) || !json_str_eq(d, v, "/v1/completions")))
-                return type_error(c, "url", v, "\"/v1/completions\" or \"/v1/chat/completions\"");
+            embed = json_is_string(d, v) && json_str_eq(d, v, "/v1/embeddings");
+            if (!chat && !embed && (!json_is_string(d, v) || !json_str_eq(d, v, "/v1/completions")))
+                return type_error(c, "url", v,
+                                  "\"/v1/completions\", \"/v1/chat/completions\" or \"/v1/embeddings\"");
             have_url = true;
         } else if (json_str_eq(d, key, "body")) {
             body = v;
@@ -885,6 +905,8 @@ static int parse_openai(pctx *c)
         return pg_error_set(c->err, PG_EINVAL, "missing 'url'");
     if (body < 0)
         return pg_error_set(c->err, PG_EINVAL, "missing 'body'");
+    if (embed)
+        return parse_embed(c, body, true);
     if (chat) {
         if (!json_is_object(d, body))
             return type_error(c, "body", body, "an object");

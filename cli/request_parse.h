@@ -27,6 +27,9 @@
  * top_logprobs (an int in [0, 20]; > 0 needs logprobs true), and the
  * sampling fields above. The request is not rendered here: chat_json keeps
  * the request object's text for chat_template_render (cli/chat_render.h).
+ *
+ * Embedding requests: a jsonl line with "input", or an openai line with
+ * "url": "/v1/embeddings" (request_embed.h).
  */
 #ifndef PG_CLI_REQUEST_PARSE_H
 #define PG_CLI_REQUEST_PARSE_H
@@ -36,6 +39,7 @@
 #include <stdint.h>
 
 #include "options.h"
+#include "request_embed.h"
 #include "request_structured.h"
 #include "pg_error.h"
 #include "sampling_params.h"
@@ -60,6 +64,10 @@ typedef struct cli_request {
      * or the openai body), NUL-terminated, for chat_template_render. */
     char *chat_json;
     size_t chat_json_len;
+    /* An embedding request (request_embed.h: a jsonl line with "input", an
+     * openai line to "/v1/embeddings"): owned; then none of prompt,
+     * prompt_ids, chat_json is set. NULL for a generation request. */
+    cli_embed *embed;
     /* The line set max_tokens or max_completion_tokens. A chat line that
      * did not gets the rest of the context (vLLM's chat default) unless
      * --max-tokens was given; run.c decides. */

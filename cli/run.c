@@ -20,16 +20,20 @@
 #include "chat_render.h"
 #include "config.h"
 #include "device.h"
+#include "embed_output.h"
+#include "embed_prepare.h"
 #include "engine.h"
 #include "id_set.h"
 #include "input.h"
 #include "model.h"
 #include "output.h"
+#include "pooling.h"
 #include "progress.h"
 #include "reorder.h"
 #include "request_parse.h"
 #include "resume.h"
 #include "safetensors.h"
+#include "st_pooling.h"
 #include "tokenizer.h"
 
 typedef struct run_state {
@@ -64,6 +68,12 @@ typedef struct run_state {
     int exit_code;        /* a fatal code once set (IO, MODEL) */
     pg_error err;
     op_profile prof;              /* --profile-ops: the model's op times */
+    /* embedding lines: the model folder's sentence-transformers files and
+     * the pooling they (or --pooling, or vLLM's default) give */
+    st_pooling_config stp;
+    pooling_params pool;
+    const char *pool_source;
+    bool pool_announced;
 } run_state;
 
 static void fail(run_state *s, int code, const char *what)
@@ -177,9 +187,123 @@ static int tokenize_prompt(run_state *s, const cli_request *r, int32_t **ids, in
     return PG_OK;
 }
 
+/* ---- embedding lines --------------------------------------------------------- */
+
+/* An embedding line: every input tokenized and checked first, then one
+ * engine request per input (its user a part of the line's group); the
+ * group's record is written when its last part finishes (collect). */
+static void submit_embed(run_state *s, cli_request *r)
+{
+    const cli_embed *em = r->embed;
+    char msg[512];
+    pooling_params pp;
+    const char *bad = cli_embed_line_params(em, &s->pool, &s->stp, s->cfg.hidden_size, s->model_name, &pp, msg,
+                                            sizeof msg);
+    if (bad) {
+        emit_error(s, r->id_json, r->line, bad);
+        return;
+    }
+    if (!s->pool_announced && !s->o->quiet)
+        fprintf(stderr, "pagedgen: embeddings: %s pooling, %snormalized (%s)\n", pooling_type_name(s->pool.type),
+                s->pool.normalize ? "" : "not ", s->pool_source);
+    s->pool_announced = true;
+    int32_t n = em->n_inputs;
+    int32_t **ids = calloc((size_t)n, sizeof *ids);
+    int32_t *nids = calloc((size_t)n, sizeof *nids);
+    cli_pending *g = calloc(1, sizeof *g);
+    float **emb = calloc((size_t)n, sizeof *emb);
+    pg_error e;
+    int rc = ids && nids && g && emb ? PG_OK : pg_error_set(&e, PG_ENOMEM, "out of memory");
+    for (int32_t k = 0; k < n && rc == PG_OK; k++)
+        rc = cli_embed_input_ids(em, k, s->tok, s->cfg.vocab_size, s->max_model_len, &ids[k], &nids[k], &e);
+    if (rc != PG_OK) {
+        emit_error(s, r->id_json, r->line, e.msg);
+        free(g);
+        free(emb);
+    } else {
+        g->seq = s->next_seq++;
+        g->index = r->index;
+        g->line = r->line;
+        g->id_json = r->id_json;
+        r->id_json = NULL;
+        g->n_embed = n;
+        g->emb = emb;
+        g->emb_base64 = em->base64;
+        for (int32_t k = 0; k < n; k++) {
+            cli_pending *part = calloc(1, sizeof *part);
+            if (!part) {
+                g->emb_error = strdup("out of memory");
+                break;
+            }
+            part->group = g;
+            part->part = k;
+            g->emb_refs++;
+            if (engine_add_embed_request(s->eng, ids[k], nids[k], &pp, part, NULL, &e) != PG_OK) {
+                char m[1100];
+                snprintf(m, sizeof m, "input[%d]: %.1000s", (int)k, e.msg);
+                free(part);
+                g->emb_refs--;
+                g->emb_error = strdup(m);
+                break;
+            }
+            s->in_engine++;
+        }
+        if (g->emb_refs == 0) { /* refused before anything ran */
+            json_buf b = {0};
+            cli_output_error(&b, &s->octx, g->id_json, g->line, 400,
+                             g->emb_error ? g->emb_error : "out of memory");
+            s->counts.failed++;
+            emit(s, g->seq, &b);
+            cli_pending_free(g);
+        }
+    }
+    for (int32_t k = 0; ids && k < n; k++)
+        free(ids[k]);
+    free(ids);
+    free(nids);
+}
+
+/* A finished part of an embedding line; the group's record once it is
+ * the last. Frees the part. */
+static void collect_part(run_state *s, cli_pending *p, request_output *out)
+{
+    cli_pending *g = p->group;
+    if (out->embedding) {
+        g->emb[p->part] = out->embedding;
+        g->emb_dim = out->n_embedding;
+        out->embedding = NULL;
+        g->emb_prompt_tokens += out->n_prompt_tokens;
+    }
+    if (g->emb_refs == 1) {
+        bool complete = true;
+        for (int32_t k = 0; k < g->n_embed; k++)
+            complete &= g->emb[k] != NULL;
+        json_buf b = {0};
+        if (g->emb_error) {
+            cli_output_error(&b, &s->octx, g->id_json, g->line, 400, g->emb_error);
+            s->counts.failed++;
+            emit(s, g->seq, &b);
+        } else if (complete) { /* else a part was aborted (interrupt): not written, --resume redoes it */
+            cli_output_embedding(&b, &s->octx, g);
+            s->counts.ok++;
+            emit(s, g->seq, &b);
+        }
+    }
+    cli_pending_free(p);
+}
+
 /* Submits a parsed request or writes its error record. */
 static void submit(run_state *s, cli_request *r)
 {
+    if (r->embed) {
+        submit_embed(s, r);
+        return;
+    }
+    if (!model_has_lm_head(s->mdl)) {
+        emit_error(s, r->id_json, r->line, "this model has no lm_head.weight (an embedding model): only "
+                                           "embedding requests (/v1/embeddings, \"input\") are served");
+        return;
+    }
     int32_t *ids = NULL;
     int32_t n = 0;
     char *chat_text = NULL;
@@ -382,6 +506,11 @@ static void collect(run_state *s, bool discard_aborted)
     while (engine_pop_finished(s->eng, &out)) {
         cli_pending *p = out->user;
         s->in_engine--;
+        if (p->group) {
+            collect_part(s, p, out);
+            request_output_free(out);
+            continue;
+        }
         bool aborted = false;
         for (int32_t k = 0; k < out->n_outputs; k++)
             aborted |= out->outputs[k].finish == FINISH_ABORT;
@@ -558,6 +687,12 @@ static int load_model(run_state *s)
     }
     if (resolve_defaults(s) != PG_OK)
         return -1;
+    /* embeddings: the folder's sentence-transformers files (embed_prepare.h) */
+    if (st_pooling_load(&s->stp, o->model_dir, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_MODEL, o->model_dir);
+        return -1;
+    }
+    cli_embed_default_pooling(o->pooling, &s->stp, &s->pool, &s->pool_source);
     int rc = cli_device_open(o, &s->ex, &s->err);
     if (rc != PG_OK) {
         fail(s, rc == PG_EUNSUPPORTED || rc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, "device");

@@ -12,6 +12,7 @@
 
 #include "grammar.h"
 #include "kv_pool.h"
+#include "pooling.h"
 #include "sampler.h"
 #include "scheduler.h"
 #include "sequence.h"
@@ -54,6 +55,8 @@ struct engine {
     request **done;                             /* [max_seqs] retiring this step */
     float *logits;                              /* [max_seqs][vocab] */
     float *scratch;                             /* [vocab] */
+    float *hidden;                              /* [max_num_batched_tokens][H] pooled
+                                                   rows, allocated at the first embedding */
     /* structured outputs: the vocabulary trie (built at the first constrained
      * request) and one mask */
     grammar_vocab *gvocab;
@@ -290,6 +293,7 @@ void engine_destroy(engine *e)
     free(e->done);
     free(e->logits);
     free(e->scratch);
+    free(e->hidden);
     grammar_vocab_destroy(e->gvocab);
     free(e->gmask);
     free(e);
@@ -345,8 +349,10 @@ static int ensure_grammar_vocab(engine *e, pg_error *err)
     return PG_OK;
 }
 
-int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
-                       const sampling_params *sp, void *user, uint64_t *request_id,
+/* engine_add_request, and with pl != NULL an embedding request that takes
+ * pl (owned by the request once queued; freed by the caller on error). */
+static int add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
+                       const sampling_params *sp, pooler *pl, void *user, uint64_t *request_id,
                        pg_error *err)
 {
     int rc = sampling_params_validate(sp, err);
@@ -388,7 +394,7 @@ int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
     rc = request_create(&r, e->next_id, prompt_ids, n_prompt, sp, e->p.max_model_len, e->eos,
                         e->n_eos, e->tok, user, err);
     if (rc) return rc;
-    r->must_fan_out = must_fan_out;
+    r->must_fan_out = must_fan_out && !pl;
     if (sp->structured_kind != GRAMMAR_NONE) {
         gram_entry *g = NULL;
         if ((rc = ensure_grammar_vocab(e, err)) || (rc = gram_acquire(e, sp, &g, err))) {
@@ -406,6 +412,7 @@ int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
             return rc;
         }
     }
+    r->pooler = pl;
     r->arrival = e->next_id;
     r->t_arrival_ms = now_ms();
     if (request_id) *request_id = e->next_id;
@@ -413,6 +420,36 @@ int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
     scheduler_add(e->sched, r);
     e->n_unfinished++;
     return PG_OK;
+}
+
+int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
+                       const sampling_params *sp, void *user, uint64_t *request_id,
+                       pg_error *err)
+{
+    return add_request(e, prompt_ids, n_prompt, sp, NULL, user, request_id, err);
+}
+
+int engine_add_embed_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
+                             const pooling_params *pp, void *user, uint64_t *request_id,
+                             pg_error *err)
+{
+    if (!e->be.hidden_rows || e->be.hidden_size < 1)
+        return pg_error_set(err, PG_EINVAL, "request: embeddings need a backend with hidden_rows, got none");
+    if (!e->hidden) {
+        size_t n = (size_t)e->p.max_num_batched_tokens * (size_t)e->be.hidden_size;
+        if (!(e->hidden = malloc(n * sizeof *e->hidden)))
+            return pg_error_set(err, PG_ENOMEM, "engine: out of memory for %zu pooled hidden values", n);
+    }
+    pooler *pl = NULL;
+    int rc = pooler_create(&pl, pp, e->be.hidden_size, n_prompt > 0 ? n_prompt : 1, err);
+    if (rc) return pg_error_wrap(err, rc, "request");
+    /* a prefill that samples nothing: one token of room, greedy, no eos */
+    sampling_params sp = sampling_params_default();
+    sp.max_tokens = 1;
+    sp.temperature = 0.0f;
+    rc = add_request(e, prompt_ids, n_prompt, &sp, pl, user, request_id, err);
+    if (rc) pooler_destroy(pl);
+    return rc;
 }
 
 bool engine_has_unfinished(const engine *e) { return e->n_unfinished > 0; }
@@ -516,6 +553,43 @@ static void prompt_logprob(request *r, int32_t p, const float *row, int32_t voca
     }
 }
 
+/* The entry samples a token: it completes its tokens and is no embedding
+ * request (those pool instead, pool_entries). */
+static bool entry_samples(const sched_entry *en)
+{
+    return en->samples && !request_root(en->seq->req)->pooler;
+}
+
+/* Embedding requests after the forward: hand each its wanted hidden rows
+ * (pooling.h), and finish those whose prompt is now computed: pool, free
+ * the blocks (nothing is sampled). Runs after num_computed has moved past
+ * the entry's tokens. */
+static int pool_entries(engine *e, const sched_step *st, pg_error *err)
+{
+    int rc;
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        const sched_entry *en = &st->entries[i];
+        sequence *q = en->seq;
+        request *root = request_root(q->req);
+        if (!root->pooler) continue;
+        int32_t start = q->num_computed - en->n_new, first, count;
+        pooler_rows_wanted(root->pooler, start, en->n_new, &first, &count);
+        if (count > 0) {
+            if ((rc = e->be.hidden_rows(e->be.ctx, e->query_start[i] + first, count, e->hidden, err)))
+                return rc;
+            pooler_add(root->pooler, start + first, e->hidden, count);
+        }
+        if (!en->samples) continue;
+        if ((rc = pooler_finish(root->pooler, &root->embedding, &root->n_embedding, err)))
+            return pg_error_wrap(err, rc, "engine: request %llu", (unsigned long long)root->id);
+        if ((rc = sequence_finish(q, FINISH_LENGTH, err))) return rc;
+        kv_pool_table_release(e->pool, q->table);
+        q->num_computed = 0;
+        q->req->n_live--;
+    }
+    return PG_OK;
+}
+
 /* Fills the step_batch from the schedule. */
 static void build_batch(engine *e, const sched_step *st, step_batch *b)
 {
@@ -546,7 +620,7 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
         e->seq_ids[i] = (q->req->id << 8) | (uint64_t)q->index;
         if (len > max_seq) max_seq = len;
         if (en->n_new > max_q) max_q = en->n_new;
-        if (en->samples || prompt_row_pos(en, q->num_computed) >= 0) e->logits_rows[n_logits++] = t - 1;
+        if (entry_samples(en) || prompt_row_pos(en, q->num_computed) >= 0) e->logits_rows[n_logits++] = t - 1;
     }
     memset(b, 0, sizeof *b);
     b->num_tokens = t;
@@ -676,7 +750,7 @@ int engine_step(engine *e, pg_error *err)
         if (p >= 0)
             prompt_logprob(en->seq->req, p, e->logits + (size_t)prow * (size_t)e->be.vocab_size,
                            e->be.vocab_size);
-        if (p >= 0 || en->samples) prow++;
+        if (p >= 0 || entry_samples(en)) prow++;
     }
     for (int32_t i = 0; i < st.n_entries; i++) {
         sequence *q = st.entries[i].seq;
@@ -685,6 +759,7 @@ int engine_step(engine *e, pg_error *err)
         e->stats.prompt_tokens += (uint64_t)(st.entries[i].n_new - (has_newest ? 1 : 0));
         q->num_computed = end; /* its full blocks were committed when it was scheduled */
     }
+    if ((rc = pool_entries(e, &st, err))) return rc;
     kv_pool_metrics m;
     kv_pool_get_metrics(e->pool, &m);
     e->util_filled_sum += (double)m.filled_slots;
@@ -713,7 +788,7 @@ int engine_step(engine *e, pg_error *err)
             fresh_fork = st.entries[i].samples;
         }
         if (prompt_row_pos(&st.entries[i], q->num_computed - st.entries[i].n_new) >= 0) row++;
-        if (!st.entries[i].samples) continue;
+        if (!entry_samples(&st.entries[i])) continue;
         const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
         row++;
         if (fresh_fork) {

@@ -40,6 +40,12 @@ typedef struct engine_backend {
      * shares full blocks only). May be NULL if no request has n > 1: a step
      * that needs a copy then fails with PG_EINVAL. */
     int (*copy_blocks)(void *ctx, const int32_t *src_dst, int32_t n_pairs, pg_error *err);
+    /* Embedding requests (engine_add_embed_request) only; may be NULL
+     * (they are then refused). Right after forward: the final-norm hidden
+     * states of the step's token rows row0 .. row0+n-1 into out [n][hidden_size]
+     * f32 (host). Each row is asked for at most once per step. */
+    int (*hidden_rows)(void *ctx, int32_t row0, int32_t n, float *out, pg_error *err);
+    int32_t hidden_size;         /* H of hidden_rows */
 } engine_backend;
 
 typedef enum kv_layout {
@@ -145,6 +151,11 @@ typedef struct request_output {
     int32_t *prompt_top_ids;     /* [n_prompt_tokens][n_prompt_top], best first (-1 past V) */
     float *prompt_top_logprobs;  /* [n_prompt_tokens][n_prompt_top] */
     int32_t n_prompt_top;
+    /* an embedding request (engine_add_embed_request): n_outputs 0 and the
+     * pooled vector (pooling.h), NULL when aborted before its prompt was
+     * computed; a generation request: NULL and 0 */
+    float *embedding;            /* [n_embedding] */
+    int32_t n_embedding;
 } request_output;
 
 /* Frees o and everything it points to. Accepts NULL. */
@@ -219,6 +230,19 @@ void engine_destroy(engine *e);
 int engine_add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
                        const sampling_params *sp, void *user, uint64_t *request_id,
                        pg_error *err);
+
+/* Queues an embedding request (vLLM's "embed" pooling task): the prompt is
+ * prefilled like any other (chunked, batched with generation, preempted
+ * and recomputed), nothing is sampled, and the request finishes once its
+ * last prompt token is computed, with request_output.embedding = the
+ * pooled final-norm hidden states (pooling.h; pp copied). Needs the
+ * backend's hidden_rows. MEAN and CLS pooling read the prompt's every row,
+ * so such a request takes no prefix-cache hits. Refused like
+ * engine_add_request (the prompt, the pool) and for invalid pp. */
+typedef struct pooling_params pooling_params; /* core/pooling.h */
+int engine_add_embed_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
+                             const pooling_params *pp, void *user, uint64_t *request_id,
+                             pg_error *err);
 
 /* Runs one step (no-op when nothing is queued). Finished requests become
  * available to engine_pop_finished. An error (from the backend, the

@@ -56,7 +56,10 @@ struct model {
 
     /* weights (device) */
     void *embed;                  /* [V][H] wt  model.embed_tokens.weight */
-    void *lm_head;                /* [V][H] wt  lm_head.weight, or == embed when tied */
+    void *lm_head;                /* [V][H] wt  lm_head.weight, or == embed when tied, or
+                                     NULL: a headless embedding checkpoint (see pfx) */
+    const char *pfx;              /* tensor names' prefix: "model.", or "" for a base model
+                                     saved alone (sentence-transformers: Qwen3-Embedding) */
     float *final_norm;            /* [H] f32    model.norm.weight */
     model_layer *layers;          /* [NL] (host array of device pointers) */
     float *inv_freq;              /* [hd/2] f32 RoPE inverse frequencies, scaling folded in */
@@ -244,18 +247,25 @@ static int load_weights(model *m, const st_file *w, pg_error *err)
     const int64_t H = m->H, I = m->I, Q = m->Q, KVD = m->KVD, V = m->V;
     char name[160];
 
-    if (!(m->embed = load_new(m, w, "model.embed_tokens.weight", 2, V, H, EXEC_WT, &rc, err)))
+    /* a base model saved by sentence-transformers (Qwen3-Embedding-8B's
+     * index: "embed_tokens.weight", "layers.0...", no lm_head) has no
+     * "model." prefix; vLLM's embedding adapter loads both spellings */
+    m->pfx = !st_find(w, "model.embed_tokens.weight") && st_find(w, "embed_tokens.weight") ? "" : "model.";
+    snprintf(name, sizeof name, "%sembed_tokens.weight", m->pfx);
+    if (!(m->embed = load_new(m, w, name, 2, V, H, EXEC_WT, &rc, err)))
         return rc;
     if (m->cfg->tie_word_embeddings)
         m->lm_head = m->embed;
-    else if (!(m->lm_head = load_new(m, w, "lm_head.weight", 2, V, H, EXEC_WT, &rc, err)))
-        return rc;
-    if (!(m->final_norm = load_new(m, w, "model.norm.weight", 1, H, 0, EXEC_F32, &rc, err)))
+    else if ((m->pfx[0] || st_find(w, "lm_head.weight")) &&
+             !(m->lm_head = load_new(m, w, "lm_head.weight", 2, V, H, EXEC_WT, &rc, err)))
+        return rc; /* (headless without lm_head: NULL, embeddings only) */
+    snprintf(name, sizeof name, "%snorm.weight", m->pfx);
+    if (!(m->final_norm = load_new(m, w, name, 1, H, 0, EXEC_F32, &rc, err)))
         return rc;
 
     for (int32_t l = 0; l < m->NL; l++) {
         model_layer *ly = &m->layers[l];
-#define LAYER_NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d." suffix, (int)l), name)
+#define LAYER_NAME(suffix) (snprintf(name, sizeof name, "%slayers.%d." suffix, m->pfx, (int)l), name)
         if (!(ly->attn_norm = load_new(m, w, LAYER_NAME("input_layernorm.weight"), 1, H, 0,
                                        EXEC_F32, &rc, err)))
             return rc;
@@ -688,6 +698,9 @@ int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err
     int rc = check_batch(m, b_in, err);
     if (rc)
         return rc;
+    if (!m->lm_head && b_in->num_logits > 0)
+        return pg_error_set(err, PG_EUNSUPPORTED, "model forward: the checkpoint has no lm_head.weight (an "
+                            "embedding model): only embedding requests can run");
     /* the config's sliding window (Mistral) is the model's, not the caller's */
     step_batch bw = *b_in;
     bw.sliding_window = m->cfg->sliding_window;
@@ -717,6 +730,38 @@ int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_erro
     return PG_OK;
 }
 
+/* ---- hidden rows (embeddings) ------------------------------------------- */
+
+/* After the forward, x holds the residual stream before the last layer's
+ * mlp_out, which is still in proj (forward_layer's contract). Rows
+ * row0 .. row0+n-1 get x += proj and normed = rmsnorm(x) * w_final — per
+ * row the arithmetic of forward_head's final rmsnorm, so a row's hidden
+ * state is the one its logits would be computed from — and are copied to
+ * the host as f32. x is updated in place: each row at most once per
+ * forward. */
+int model_hidden_rows(model *m, int32_t row0, int32_t n, float *out, pg_error *err)
+{
+    if (row0 < 0 || n < 1 || row0 > m->p.max_num_batched_tokens - n)
+        return pg_error_set(err, PG_EINVAL, "model hidden_rows: rows %d..%d outside [0, %d)",
+                            (int)row0, (int)(row0 + n - 1), (int)m->p.max_num_batched_tokens);
+    executor *ex = m->ex;
+    const size_t off = (size_t)row0 * (size_t)m->H * ex->act_bytes;
+    char *x = (char *)m->x + off, *normed = (char *)m->normed + off;
+    const char *proj = (const char *)m->proj + off;
+    int rc = ex->op->rmsnorm(ex, normed, x, proj, m->final_norm, n, m->H, m->cfg->rms_norm_eps);
+    if (rc)
+        return op_failed(m, rc, "hidden rows rmsnorm", -1, err);
+    rc = ex->op->download_f32(ex, out, normed, EXEC_ACT, (size_t)n * (size_t)m->H);
+    if (rc)
+        return op_failed(m, rc, "hidden rows download", -1, err);
+    return PG_OK;
+}
+
+bool model_has_lm_head(const model *m)
+{
+    return m->lm_head != NULL;
+}
+
 /* ---- engine adapter ------------------------------------------------------- */
 
 static int backend_forward(void *ctx, const step_batch *b, float *logits, pg_error *err)
@@ -730,6 +775,11 @@ static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pair
     return model_copy_blocks(ctx, src_dst, n_pairs, err);
 }
 
+static int backend_hidden_rows(void *ctx, int32_t row0, int32_t n, float *out, pg_error *err)
+{
+    return model_hidden_rows(ctx, row0, n, out, err);
+}
+
 engine_backend model_backend(model *m)
 {
     engine_backend be = {
@@ -737,6 +787,8 @@ engine_backend model_backend(model *m)
         .vocab_size = m->V,
         .forward = backend_forward,
         .copy_blocks = backend_copy_blocks,
+        .hidden_rows = backend_hidden_rows,
+        .hidden_size = m->H,
     };
     return be;
 }

@@ -6,11 +6,13 @@
  * Per layer (DESIGN.md): rmsnorm -> qkv matmul -> rope -> kv_write ->
  * paged attention -> o matmul (+ residual, fused into the next rmsnorm) ->
  * rmsnorm -> gate|up matmul -> silu*mul -> down matmul (+ residual).
- * Final norm and lm_head only for the rows that sample.
+ * Final norm and lm_head only for the rows that sample; final norm only,
+ * on request, for the rows an embedding pools (model_hidden_rows).
  */
 #ifndef PG_MODEL_H
 #define PG_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,7 +40,8 @@ size_t model_kv_bytes_per_block(const llama_config *cfg, const executor *ex, int
 /* Bytes the weights take on ex once uploaded (fused layout). */
 size_t model_weight_bytes(const llama_config *cfg, const executor *ex);
 
-/* Checks every tensor's name, shape and dtype (F32, F16 or BF16) against cfg
+/* Checks every tensor's name ("model.layers.0...", or without "model." for a
+ * base model saved alone: see model_has_lm_head), shape and dtype (F32, F16 or BF16) against cfg
  * (the message names the tensor, expected vs found), uploads them through ex
  * (fusing q|k|v and gate|up), allocates the KV cache and workspace. ex and
  * cfg are borrowed for the model's lifetime; weights only during the call
@@ -64,6 +67,19 @@ int model_forward(model *m, const step_batch *b, float *logits, pg_error *err);
 /* Copies KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in every layer
  * (copy-on-write). PG_EINVAL, nothing copied, for an id outside the pool. */
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err);
+
+/* Right after model_forward: the final-norm hidden states (the rows the
+ * lm_head would read) of the step's token rows row0 .. row0+n-1 into out
+ * [n][H] f32 (host). Each row at most once per forward (the residual
+ * stream is finished in place). PG_EINVAL for rows outside the workspace;
+ * an executor failure returns its status. Embedding requests (pooling.h). */
+int model_hidden_rows(model *m, int32_t row0, int32_t n, float *out, pg_error *err);
+
+/* False for a headless embedding checkpoint (no "model." prefix, untied,
+ * no lm_head.weight: what sentence-transformers saves, e.g.
+ * Qwen3-Embedding-8B): it computes hidden rows only, and model_forward
+ * refuses a batch with logits rows (PG_EUNSUPPORTED). */
+bool model_has_lm_head(const model *m);
 
 /* Times every op of every later forward into p (borrowed; NULL stops):
  * op_profile.h. Meaningful on an executor whose ops complete before they

@@ -5,6 +5,8 @@
 #include <assert.h>
 #include <stdlib.h>
 
+#include "pooling.h"
+
 typedef struct req_list {
     request *head, *tail;
     int32_t n;
@@ -204,8 +206,9 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         int32_t target = request_seq_target(r, q, true);
         int32_t max_hit_blocks = (target - 1) / bs; /* the last token is always computed */
         /* prompt logprobs need every prompt row: no prefix-cache hit (vLLM's
-         * skip_reading_prefix_cache) */
-        int32_t n_hits = r->plp ? 0 : kv_pool_match_prefix(s->pool, q->tokens, max_hit_blocks, s->hits);
+         * skip_reading_prefix_cache); so do mean and cls pooling */
+        bool all_rows = r->plp || (request_root(r)->pooler && pooler_needs_all_rows(request_root(r)->pooler));
+        int32_t n_hits = all_rows ? 0 : kv_pool_match_prefix(s->pool, q->tokens, max_hit_blocks, s->hits);
         int32_t n_new = target - n_hits * bs;
         if (n_new > *budget) n_new = *budget;
         if (r->plp && n_new > 1) n_new = 1; /* a row a step */

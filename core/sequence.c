@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pooling.h"
 #include "tokenizer.h"
 
 static char *dup_str(const char *s, size_t len)
@@ -139,6 +140,8 @@ void request_destroy(request *r)
     free(r->stop_ids);
     free(r->banned);
     free(r->prompt);
+    pooler_destroy(r->pooler);
+    free(r->embedding);
     free(r->plp);
     free(r->p_rank);
     free(r->p_top_ids);
@@ -380,6 +383,14 @@ request_output *request_make_output(const request *r, double now_ms)
         memcpy(o->prompt_top_ids, r->p_top_ids, nt * sizeof(int32_t));
         memcpy(o->prompt_top_logprobs, r->p_top_lp, nt * sizeof(float));
     }
+    if (r->pooler) { /* an embedding request: its vector (NULL if aborted), no sequence */
+        if (r->embedding) {
+            if (!(o->embedding = malloc((size_t)r->n_embedding * sizeof *o->embedding))) goto oom;
+            memcpy(o->embedding, r->embedding, (size_t)r->n_embedding * sizeof *o->embedding);
+            o->n_embedding = r->n_embedding;
+        }
+        return o;
+    }
     o->n_outputs = r->n;
     for (int32_t i = 0; i < r->n; i++) {
         const sequence *s = &r->seqs[i];
@@ -437,5 +448,6 @@ void request_output_free(request_output *o)
     free(o->prompt_ranks);
     free(o->prompt_top_ids);
     free(o->prompt_top_logprobs);
+    free(o->embedding);
     free(o);
 }

@@ -86,6 +86,11 @@ struct request {
     int32_t *p_rank, *p_top_ids;
     float *p_top_lp;
     int32_t n_ptop;
+    /* an embedding request (engine_add_embed_request): its pooler, and the
+     * pooled vector once the prompt is computed (handed to the output) */
+    struct pooler *pooler;      /* owned, or NULL: a generation request */
+    float *embedding;           /* [n_embedding] owned, NULL until finished */
+    int32_t n_embedding;
     grammar *gram;              /* structured outputs constraint, or NULL; borrowed from */
     grammar_cache *gcache;      /* the engine's shared compile (gentry, released by the */
     void *gentry;               /* engine when the request is destroyed) */

@@ -28,10 +28,12 @@
 #include <cmocka.h>
 
 #include "cpu_executor.h"
+#include "engine.h"
 #include "model.h"
 #ifdef PG_MODEL_LOAD_CUDA
 #include "cuda_executor.h"
 #endif
+#include "pooling.h"
 #include "safetensors.h"
 #include "test_support.h"
 
@@ -269,7 +271,11 @@ static void ref_rope(double *head, int pos)
     }
 }
 
-/* logits [n][TV] for every position of tokens[0..n). window 0: full causal
+/* The final-norm hidden state of every position of the last reference
+ * forward (what the lm_head reads; what embeddings pool). */
+static double ref_hidden[32][TH];
+
+/* logits [n][TV] (may be NULL) for every position of tokens[0..n). window 0: full causal
  * attention; W > 0: MistralForCausalLM's sliding window, position t sees
  * keys j with t - W < j <= t (transformers masking_utils
  * sliding_window_overlay: kv_idx > q_idx - sliding_window). */
@@ -330,9 +336,10 @@ static void ref_forward_window(wt_set *s, bool tie, const int32_t *tokens, int n
     }
     const float *head = tie ? emb : W(s, -1, "lm_head.weight");
     for (int t = 0; t < n; t++) {
-        double h[TH];
+        double *h = ref_hidden[t]; /* the final-norm hidden state (embeddings) */
         ref_rmsnorm(h, x[t], W(s, -1, "model.norm.weight"), TH, 1e-5);
-        ref_matvec(logits + (size_t)t * TV, h, head, TV, TH);
+        if (logits)
+            ref_matvec(logits + (size_t)t * TV, h, head, TV, TH);
     }
 }
 
@@ -1187,6 +1194,203 @@ static void test_storage_types_qwen(void **state)
     }
 }
 
+/* ---- embeddings ------------------------------------------------------------ */
+
+/* The pooled embedding of tokens[0..n) in double from the reference
+ * forward: vLLM's pooler (last / mean / cls, then [:dims], then
+ * F.normalize). */
+static void ref_embedding(wt_set *s, const int32_t *tokens, int n, const pooling_params *pp, double *out)
+{
+    ref_forward_window(s, false, tokens, n, 0, NULL);
+    int d = pp->dimensions > 0 ? pp->dimensions : TH;
+    double ss = 0;
+    for (int j = 0; j < d; j++) {
+        double v = 0;
+        if (pp->type == POOLING_LAST)
+            v = ref_hidden[n - 1][j];
+        else if (pp->type == POOLING_CLS)
+            v = ref_hidden[0][j];
+        else {
+            for (int t = 0; t < n; t++)
+                v += ref_hidden[t][j];
+            v /= n;
+        }
+        out[j] = v;
+        ss += v * v;
+    }
+    if (pp->normalize)
+        for (int j = 0; j < d; j++)
+            out[j] /= sqrt(ss);
+}
+
+typedef struct emb_run {
+    float vec[6][TH];      /* per embedding request, by its user index */
+    int32_t dim[6];
+    int32_t n_generated;
+    uint64_t preemptions;
+    int32_t emb_preemptions;   /* of the embedding requests */
+} emb_run;
+
+/* Runs the embedding requests (prompts P[k] of lengths NP[k], params pp[k])
+ * through an engine over m with the given token budget and pool (blocks of
+ * 2 tokens), with or without two generation requests queued between them. */
+static void run_embeddings(model *m, int32_t budget, int32_t blocks, bool mixed, const int32_t (*P)[7],
+                           const int32_t *NP, const pooling_params *pp, int n, emb_run *out)
+{
+    engine_params ep = engine_params_default();
+    ep.block_size = 2;
+    ep.num_blocks = blocks;
+    ep.max_num_seqs = tiny_params.max_num_seqs;
+    ep.max_num_batched_tokens = budget;
+    ep.max_model_len = 16;
+    ep.watermark = 0.0f;
+    engine_backend be = model_backend(m);
+    engine *e = NULL;
+    pg_error err;
+    assert_int_equal(engine_create(&e, &ep, &be, NULL, &err), 0);
+    const int32_t G[4] = {1, 9, 8, 7};
+    sampling_params sp = sampling_params_default();
+    sp.temperature = 0.0f;
+    sp.max_tokens = 3;
+    memset(out, 0, sizeof *out);
+    for (int k = 0; k < n; k++) {
+        if (mixed && k < 2)
+            assert_int_equal(engine_add_request(e, G, 4 - k, &sp, (void *)(intptr_t)(100 + k), NULL, &err), 0);
+        int rc = engine_add_embed_request(e, P[k], NP[k], &pp[k], (void *)(intptr_t)k, NULL, &err);
+        if (rc)
+            fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(rc, 0);
+    }
+    int done = 0;
+    while (engine_has_unfinished(e)) {
+        int rc = engine_step(e, &err);
+        if (rc)
+            fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(rc, 0);
+        request_output *o;
+        while (engine_pop_finished(e, &o)) {
+            intptr_t u = (intptr_t)o->user;
+            if (u >= 100) {
+                assert_null(o->embedding);
+                out->n_generated += o->outputs[0].n_tokens;
+            } else {
+                assert_non_null(o->embedding);
+                assert_int_equal(o->n_outputs, 0);
+                assert_int_equal(o->n_prompt_tokens, NP[u]);
+                memcpy(out->vec[u], o->embedding, (size_t)o->n_embedding * sizeof(float));
+                out->dim[u] = o->n_embedding;
+                out->emb_preemptions += o->n_preemptions;
+                done++;
+            }
+            request_output_free(o);
+        }
+    }
+    assert_int_equal(done, n);
+    engine_stats st;
+    engine_get_stats(e, &st);
+    out->preemptions = st.preemptions;
+    engine_destroy(e);
+}
+
+/* Embedding requests end to end (engine + model on the cpu): the pooled
+ * vectors equal the double reference's within 1e-5 (normalized) for last,
+ * mean and cls pooling, Matryoshka truncation and normalize off; and they
+ * are bit-identical alone, chunked (3 tokens a step), batched with
+ * generation requests, and preempted (recomputed) in a pool of 5 blocks;
+ * and the same from the checkpoint saved headless (no "model.", no lm_head). */
+static void test_embeddings_match_reference(void **state)
+{
+    fixture *f = *state;
+    llama_config cfg = tiny_config(false);
+    wt_set s;
+    tiny_weights(&s, false, 7);
+    model *m = NULL;
+    st_file *st = NULL;
+    pg_error err;
+    assert_int_equal(try_load(f, &s, &cfg, &m, &st, &err), 0);
+    st_close(st);
+
+    const int32_t P[6][7] = {{1, 7, 3, 30, 12, 5, 9}, {1, 22, 4, 4, 17, 31, 0}, {1, 7, 3, 30, 12, 5, 9},
+                             {3}, {1, 5, 5, 2, 8}, {1, 22, 4, 4, 17, 31, 0}};
+    const int32_t NP[6] = {7, 7, 7, 1, 5, 7};
+    const pooling_params pp[6] = {
+        {.type = POOLING_LAST, .normalize = true},
+        {.type = POOLING_MEAN, .normalize = true},
+        {.type = POOLING_CLS, .normalize = true},
+        {.type = POOLING_MEAN, .normalize = true},
+        {.type = POOLING_LAST, .normalize = true, .dimensions = 8},
+        {.type = POOLING_MEAN, .normalize = false},
+    };
+    static emb_run alone, chunked, mixed, tight;
+    const int32_t nb = tiny_params.num_kv_blocks;
+    run_embeddings(m, 16, nb, false, P, NP, pp, 6, &alone);
+    run_embeddings(m, 3, nb, false, P, NP, pp, 6, &chunked);
+    run_embeddings(m, 5, nb, true, P, NP, pp, 6, &mixed);
+    run_embeddings(m, 4, 5, true, P, NP, pp, 6, &tight); /* 10 KV slots: preemption */
+    assert_int_equal(mixed.n_generated, 6);
+    assert_int_equal(tight.n_generated, 6);
+    printf("    preemptions with 5 blocks: %llu, of embedding requests %d\n",
+           (unsigned long long)tight.preemptions, (int)tight.emb_preemptions);
+    assert_true(tight.emb_preemptions > 0);
+    for (int k = 0; k < 6; k++) {
+        double ref[TH];
+        ref_embedding(&s, P[k], NP[k], &pp[k], ref);
+        int d = pp[k].dimensions > 0 ? pp[k].dimensions : TH;
+        assert_int_equal(alone.dim[k], d);
+        double worst = 0, norm = 0;
+        for (int j = 0; j < d; j++) {
+            double diff = fabs((double)alone.vec[k][j] - ref[j]);
+            if (diff > worst)
+                worst = diff;
+            norm += (double)alone.vec[k][j] * (double)alone.vec[k][j];
+        }
+        printf("    embedding %d (%s, dims %d, normalize %d): max |diff| vs double %.3g, norm %.9f\n", k,
+               pooling_type_name(pp[k].type), d, (int)pp[k].normalize, worst, sqrt(norm));
+        assert_true(worst <= 1e-5 * (pp[k].normalize ? 1.0 : 1.0 + max_abs(ref, d)));
+        if (pp[k].normalize)
+            assert_true(fabs(sqrt(norm) - 1.0) < 1e-6);
+        /* batch invariance: the same bits however the prompt was run */
+        assert_memory_equal(alone.vec[k], chunked.vec[k], (size_t)d * sizeof(float));
+        assert_memory_equal(alone.vec[k], mixed.vec[k], (size_t)d * sizeof(float));
+        assert_memory_equal(alone.vec[k], tight.vec[k], (size_t)d * sizeof(float));
+    }
+    /* the same prompt pooled three ways gives three different vectors */
+    assert_true(memcmp(alone.vec[0], alone.vec[2], sizeof alone.vec[0]) != 0);
+    assert_true(model_has_lm_head(m));
+    model_destroy(m);
+
+    /* the same weights saved as sentence-transformers saves a base model
+     * (Qwen3-Embedding-8B: no "model." prefix, no lm_head.weight though
+     * untied): the same vectors, and no logits */
+    wt_set bare = s; /* shallow: the values stay s's */
+    int nb2 = 0;
+    for (int i = 0; i < s.n; i++) {
+        if (strcmp(s.t[i].name, "lm_head.weight") == 0)
+            continue;
+        bare.t[nb2] = s.t[i];
+        if (strncmp(s.t[i].name, "model.", 6) == 0)
+            memmove(bare.t[nb2].name, bare.t[nb2].name + 6, strlen(bare.t[nb2].name + 6) + 1);
+        nb2++;
+    }
+    bare.n = nb2;
+    assert_int_equal(try_load(f, &bare, &cfg, &m, &st, &err), 0);
+    st_close(st);
+    assert_false(model_has_lm_head(m));
+    static emb_run headless;
+    run_embeddings(m, 3, nb, false, P, NP, pp, 6, &headless);
+    assert_memory_equal(headless.vec, alone.vec, sizeof alone.vec);
+    int32_t tok1 = 1, pos1 = 0, slot1 = 0, qs1[2] = {0, 1}, len1 = 1, bt1 = 0, row1 = 0;
+    step_batch b1 = {.num_tokens = 1, .num_seqs = 1, .block_size = 2, .token_ids = &tok1, .positions = &pos1,
+                     .slots = &slot1, .query_start = qs1, .seq_lens = &len1, .block_tables = &bt1,
+                     .block_table_stride = 1, .max_seq_len = 1, .max_query_len = 1, .num_logits = 1,
+                     .logits_rows = &row1};
+    float lg[TV];
+    assert_int_equal(model_forward(m, &b1, lg, &err), PG_EUNSUPPORTED);
+    printf("    %s\n", err.msg);
+    model_destroy(m);
+    wt_free(&s);
+}
+
 int main(void)
 {
 #ifdef PG_MODEL_LOAD_CUDA
@@ -1210,6 +1414,7 @@ int main(void)
 #ifdef PG_MODEL_LOAD_CUDA
         cmocka_unit_test(test_qwen_cuda_bf16),
 #endif
+        cmocka_unit_test(test_embeddings_match_reference),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,7 +1,8 @@
 /* fuzz_request_line: cli_request_parse over arbitrary bytes in every input
  * format; an accepted request must be well formed (one prompt, or one chat
  * request whose kept text is itself one JSON object, valid
- * params, arrays as long as they claim), and an error must come with a
+ * params, arrays as long as they claim; an embedding request's inputs
+ * each a non-empty text or id list), and an error must come with a
  * message; a structured-output constraint it carries is compiled. The
  * record writer is then run on the id it found. */
 #include <stdint.h>
@@ -38,8 +39,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc == PG_OK && strict && r.n_lax != 0)
             abort();
         if (rc == PG_OK) {
-            if ((r.prompt != NULL) + (r.prompt_ids != NULL) + (r.chat_json != NULL) != 1)
+            if ((r.prompt != NULL) + (r.prompt_ids != NULL) + (r.chat_json != NULL) + (r.embed != NULL) != 1)
                 abort();
+            if (r.embed) { /* an embedding line: every input one non-empty text or id list */
+                const cli_embed *em = r.embed;
+                if (em->n_inputs < 1 || em->n_inputs > CLI_EMBED_MAX_INPUTS || em->dimensions < 0)
+                    abort();
+                for (int32_t i = 0; i < em->n_inputs; i++) {
+                    if ((em->texts[i] != NULL) + (em->ids[i] != NULL) != 1)
+                        abort();
+                    if (em->texts[i] ? em->text_lens[i] == 0 : em->n_ids[i] <= 0)
+                        abort();
+                    for (int32_t j = 0; em->ids[i] && j < em->n_ids[i]; j++)
+                        if (em->ids[i][j] < 0)
+                            abort();
+                }
+            }
             if (r.chat_json) {
                 json_doc d;
                 if (json_parse(&d, r.chat_json, r.chat_json_len, "chat", NULL) != PG_OK)

@@ -14,6 +14,11 @@
  *    prefill and with the decode steps as CUDA graphs; on bf16: the same schedule twice gives the same ids (CUDA's
  *    run-to-run determinism) and the agreement with the goldens is printed.
  *
+ *  - embeddings (model_hidden_rows through the engine): last and mean
+ *    pooled vectors of three golden prompts, batched with greedy requests
+ *    whose decode steps run as CUDA graphs, against the CPU's: f32 within
+ *    1e-5, bf16 within 1e-2 (normalized entries), and the same bits twice.
+ *
  * PAGEDGEN_CUDA_E2E_QUICK=N (tests/cuda_emu sets it for the host-emulated
  * device, where a CUDA thread is a fiber): the greedy goldens stop after N
  * tokens and are compared on those (a greedy completion's prefix is the
@@ -45,6 +50,7 @@ int main(void)
 #include "engine.h"
 #include "golden_support.h"
 #include "model.h"
+#include "pooling.h"
 #include "test_support.h"
 
 /* The goldens' fixture: the stories260K model and goldens (golden_support.h). */
@@ -440,6 +446,89 @@ static void test_greedy_bf16(void **state)
     }
 }
 
+/* ---- embeddings --------------------------------------------------------- */
+
+enum { EMB_N = 3 };
+
+/* Pooled vectors of the first EMB_N golden prompts (pooling `type`), two
+ * greedy requests running beside them (decode steps as graphs on cuda).
+ * Destroys ex. */
+static void embed_run(fixture *f, executor *ex, pooling_type type, float (*out)[64])
+{
+    assert_true(f->cfg.hidden_size <= 64 && f->n_g >= EMB_N);
+    model_params mp = {.num_kv_blocks = 64, .block_size = 16, .max_num_batched_tokens = 64, .max_num_seqs = 8};
+    pg_error err;
+    if (strcmp(ex->name, "cuda") == 0 && cuda_executor_set_graphs(ex, 8, 256, &err))
+        fail_msg("cuda_executor_set_graphs: %s", err.msg);
+    model *m = open_model(f, ex, &mp);
+    engine_params ep = engine_params_default();
+    ep.block_size = 16;
+    ep.num_blocks = 64;
+    ep.max_num_seqs = 8;
+    ep.max_num_batched_tokens = 64;
+    ep.max_model_len = 256;
+    engine_backend be = model_backend(m);
+    engine *e = NULL;
+    if (engine_create(&e, &ep, &be, NULL, &err))
+        fail_msg("engine_create: %s", err.msg);
+    sampling_params sp = sampling_params_default();
+    sp.temperature = 0.0f;
+    sp.max_tokens = 6;
+    pooling_params pp = {.type = type, .normalize = true};
+    for (int i = 0; i < EMB_N; i++) {
+        if (i < 2 && engine_add_request(e, f->g[i].prompt_ids, f->g[i].n_prompt, &sp, (void *)(intptr_t)(100 + i),
+                                        NULL, &err))
+            fail_msg("request: %s", err.msg);
+        if (engine_add_embed_request(e, f->g[i].prompt_ids, f->g[i].n_prompt, &pp, (void *)(intptr_t)i, NULL, &err))
+            fail_msg("embedding request: %s", err.msg);
+    }
+    int done = 0;
+    while (engine_has_unfinished(e)) {
+        if (engine_step(e, &err))
+            fail_msg("step: %s", err.msg);
+        request_output *o;
+        while (engine_pop_finished(e, &o)) {
+            intptr_t i = (intptr_t)o->user;
+            if (i < 100) {
+                assert_int_equal(o->n_embedding, f->cfg.hidden_size);
+                memcpy(out[i], o->embedding, (size_t)o->n_embedding * sizeof(float));
+                done++;
+            }
+            request_output_free(o);
+        }
+    }
+    assert_int_equal(done, EMB_N);
+    engine_destroy(e);
+    model_destroy(m);
+    ex->op->destroy(ex);
+}
+
+static void test_embeddings(void **state)
+{
+    fixture *f = *state;
+    const int32_t H = f->cfg.hidden_size;
+    for (int t = 0; t < 2; t++) {
+        pooling_type type = t ? POOLING_MEAN : POOLING_LAST;
+        static float cpu[EMB_N][64], g1[EMB_N][64], g2[EMB_N][64];
+        embed_run(f, make_cpu(), type, cpu);
+        for (int precision = 1; precision >= 0; precision--) {
+            embed_run(f, make_cuda(precision), type, g1);
+            embed_run(f, make_cuda(precision), type, g2);
+            double worst = 0;
+            for (int i = 0; i < EMB_N; i++)
+                for (int32_t j = 0; j < H; j++) {
+                    double d = fabs((double)g1[i][j] - (double)cpu[i][j]);
+                    worst = d > worst || d != d ? d : worst;
+                }
+            double tol = precision ? 1e-5 : 1e-2;
+            printf("    %s pooling, %s: max |diff| vs cpu %.3g (bound %.0e)\n", pooling_type_name(type),
+                   precision ? "f32" : "bf16", worst, tol);
+            assert_true(worst <= tol);
+            assert_memory_equal(g1, g2, sizeof g1);
+        }
+    }
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -454,6 +543,7 @@ int main(void)
         cmocka_unit_test(test_logits_bf16),
         cmocka_unit_test(test_greedy_f32),
         cmocka_unit_test(test_greedy_bf16),
+        cmocka_unit_test(test_embeddings),
     };
     int rc = cmocka_run_group_tests(attn, NULL, NULL);
     rc |= cmocka_run_group_tests(goldens, setup, teardown);
