@@ -83,6 +83,12 @@ class QwenReference:
 
     def logits(self, ids):
         """logits [n][V] of every position of ids"""
+        head = self.w["model.embed_tokens.weight"] if self.tie else self.w["lm_head.weight"]
+        return self.hidden(ids) @ head.T
+
+    def hidden(self, ids):
+        """the final-norm hidden states [n][hidden] of every position of ids
+        (what an embedding model pools)"""
         w, n, hd = self.w, len(ids), self.hd
         x = w["model.embed_tokens.weight"][np.asarray(ids)]
         pos = np.arange(n)
@@ -118,9 +124,7 @@ class QwenReference:
             gt = h @ w[p + "mlp.gate_proj.weight"].T
             up = h @ w[p + "mlp.up_proj.weight"].T
             x = x + (gt / (1.0 + np.exp(-gt)) * up) @ w[p + "mlp.down_proj.weight"].T
-        h = self.rmsnorm(x, w["model.norm.weight"])
-        head = w["model.embed_tokens.weight"] if self.tie else w["lm_head.weight"]
-        return h @ head.T
+        return self.rmsnorm(x, w["model.norm.weight"])
 
     def greedy(self, prompt, max_tokens):
         """[(token, logprob, margin)] of greedy decoding: margin is the gap
