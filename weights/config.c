@@ -315,6 +315,20 @@ static const struct {
     {"Qwen2ForCausalLM", "qwen2"},  /* Qwen2 and Qwen2.5 */
     {"Qwen3ForCausalLM", "qwen3"},  /* Qwen3 dense */
 };
+/* The bare transformer of each family (no lm_head): how embedding models
+ * built on them name themselves (e5-mistral-7b-instruct: MistralModel;
+ * gte-Qwen2: Qwen2Model). The same config class reads them (transformers'
+ * MistralModel takes a MistralConfig), so they are read as the causal-LM
+ * architecture; such a checkpoint serves embedding lines only (no lm_head:
+ * model.c refuses generation). */
+static const struct {
+    const char *base, *arch;
+} base_table[] = {
+    {"LlamaModel", "LlamaForCausalLM"},
+    {"MistralModel", "MistralForCausalLM"},
+    {"Qwen2Model", "Qwen2ForCausalLM"},
+    {"Qwen3Model", "Qwen3ForCausalLM"},
+};
 /* Refused by name: their MLP is a mixture of experts. */
 static const struct {
     const char *arch, *model_type;
@@ -328,7 +342,8 @@ static const struct {
 static int parse_architecture(llama_config *c, const json_doc *d, const char *label, pg_error *err)
 {
     static const char *const supported =
-        "supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+        "supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM "
+        "(and their bare LlamaModel, MistralModel, Qwen2Model, Qwen3Model for embeddings)";
     int a = get_key(d, "architectures");
     if (a < 0) {
         /* no architectures: fall back on model_type, as transformers' AutoModel does */
@@ -352,6 +367,11 @@ static int parse_architecture(llama_config *c, const json_doc *d, const char *la
         for (size_t k = 0; k < ARRAY_LEN(arch_table); k++)
             if (strcmp(c->architecture, arch_table[k].arch) == 0)
                 return PG_OK;
+        for (size_t k = 0; k < ARRAY_LEN(base_table); k++)
+            if (strcmp(c->architecture, base_table[k].base) == 0) {
+                snprintf(c->architecture, sizeof c->architecture, "%s", base_table[k].arch);
+                return PG_OK;
+            }
         for (size_t k = 0; k < ARRAY_LEN(moe_table); k++)
             if (strcmp(c->architecture, moe_table[k].arch) == 0)
                 return pg_error_set(err, PG_EUNSUPPORTED, "%s: architectures [\"%s\"] is a mixture-of-experts model: not supported (%s)",

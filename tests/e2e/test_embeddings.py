@@ -262,9 +262,10 @@ def write_headless(src, dst):
 
 
 def case_headless(exe):
-    """stories260K saved headless and untied (no lm_head): embedding lines
-    give the same records as from the original; generation lines are
-    refused in place."""
+    """stories260K saved headless and untied (no lm_head), named as the bare
+    transformer (architectures ["LlamaModel"], as e5-mistral's MistralModel):
+    embedding lines give the same records as from the original; generation
+    lines are refused in place."""
     lines = [{"id": "e", "input": IDS}, gen_line(0), {"id": "t", "input": "Once upon a time"}]
     want, _ = run(exe, [lines[0], lines[2]], [])
     with tempfile.TemporaryDirectory() as d:
@@ -273,6 +274,7 @@ def case_headless(exe):
         write_headless(os.path.join(MODEL, "model.safetensors"), os.path.join(d, "model.safetensors"))
         cfg = json.load(open(os.path.join(MODEL, "config.json")))
         cfg["tie_word_embeddings"] = False
+        cfg["architectures"] = ["LlamaModel"]
         json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
         text, recs = run(exe, lines, [], model=d, want_rc=1)
         assert "no lm_head.weight" in recs[1]["error"]["message"], recs[1]

@@ -268,6 +268,12 @@ static void test_qwen_defaults(void **state)
     expect_refused("{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":172,"
                    "\"num_hidden_layers\":4,\"num_attention_heads\":16,\"vocab_size\":512}",
                    "num_key_value_heads", "Qwen default");
+    /* the bare transformers of embedding models read as their family */
+    expect_ok(&c, QBASE("Qwen3Model", ""));
+    assert_string_equal(c.architecture, "Qwen3ForCausalLM");
+    expect_ok(&c, QBASE("MistralModel", ""));
+    assert_string_equal(c.architecture, "MistralForCausalLM");
+    assert_int_equal(c.sliding_window, 4096);
     /* model_type without architectures */
     expect_ok(&c, "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"intermediate_size\":172,"
                   "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512}");
