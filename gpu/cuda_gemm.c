@@ -159,7 +159,7 @@ static int grow(cuda_gemm *g, void **p, size_t *cap, size_t bytes, const char *w
 {
     if (*cap >= bytes)
         return 0;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaError_t e = cudaStreamIsCapturing(g->stream, &cs);
     if (e != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
         (void)cudaGetLastError();
