@@ -6,7 +6,8 @@
  *    seq_lens - q_len + i (the kernels' derivation); embed rejects token
  *    ids outside [0, V);
  *  - cuda_executor_argmax: ties -> lowest id, NaN never wins, a row of
- *    -inf/NaN only -> -1 and PG_EINVAL (core/sampler.c's greedy rule);
+ *    -inf/NaN only -> -1 and PG_EINVAL (core/sampler.c's greedy rule),
+ *    and the same ids as sampler_sample at temperature 0 on tie-heavy rows;
  *  - copy_blocks rejects a chained or doubled destination;
  *  - decode attention over more partitions than the grid's 32 splits
  *    (blocks merging several) against a double-precision reference, and
@@ -35,6 +36,8 @@ int main(void)
 #include <cmocka.h>
 
 #include "cuda_executor.h"
+#include "sampler.h"
+#include "sampling_params.h"
 #include "test_support.h"
 #ifdef PG_CUDA_EMU
 #include "emu_hooks.h"
@@ -153,6 +156,50 @@ static void test_argmax_rule(void **state)
     assert_non_null(strstr(ex->op->last_error(ex), "row 3"));
     ex->op->free(ex, d);
     free(lg);
+    ex->op->destroy(ex);
+}
+
+/* The device argmax against core/sampler.c's greedy sampling (temperature
+ * 0, no processors) on rows full of ties: the same id for every row, the
+ * rule a device-side greedy path must keep (ties -> lowest id, +0 = -0,
+ * NaN never wins, +inf wins). */
+static void test_argmax_matches_sampler(void **state)
+{
+    (void)state;
+    executor *ex = make_cuda(1);
+    enum { R = 64, V = 1000 };
+    static const float pool[] = {-1.0f, 0.0f, -0.0f, 0.5f, 0.50000006f, -INFINITY, NAN, 0.25f};
+    float *lg = malloc((size_t)R * V * sizeof *lg), *row = malloc(V * sizeof *row);
+    assert_true(lg && row);
+    uint32_t r = 99u;
+    for (int32_t i = 0; i < R; i++) {
+        /* rows use ever fewer values, so the winner is tied more often */
+        const uint32_t n = 2u + (uint32_t)i % 7u;
+        for (int32_t v = 0; v < V; v++)
+            lg[i * V + v] = pool[((r = r * 1664525u + 1013904223u) >> 16) % n];
+    }
+    lg[5 * V + 999] = INFINITY;
+    float *d = ex->op->alloc(ex, EXEC_F32, (size_t)R * V);
+    assert_non_null(d);
+    assert_int_equal(ex->op->upload(ex, d, EXEC_F32, 0, lg, ST_F32, (size_t)R * V), 0);
+    int32_t ids[R];
+    assert_int_equal(cuda_executor_argmax(ex, ids, d, R, V), 0);
+    sampler_workspace *ws = sampler_workspace_create(V);
+    assert_non_null(ws);
+    sampling_params sp = sampling_params_default();
+    sp.temperature = 0.0f;
+    sampler_rng rng = sampler_rng_init(1, 0);
+    for (int32_t i = 0; i < R; i++) {
+        memcpy(row, lg + (size_t)i * V, V * sizeof *row);
+        sampler_result res = {0};
+        assert_int_equal(sampler_sample(ws, &sp, row, V, NULL, &rng, &res), 0);
+        if (ids[i] != res.token_id)
+            fail_msg("row %d: device argmax %d, sampler %d", (int)i, (int)ids[i], (int)res.token_id);
+    }
+    sampler_workspace_destroy(ws);
+    ex->op->free(ex, d);
+    free(lg);
+    free(row);
     ex->op->destroy(ex);
 }
 
@@ -304,6 +351,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_begin_step_checks),
         cmocka_unit_test(test_argmax_rule),
+        cmocka_unit_test(test_argmax_matches_sampler),
         cmocka_unit_test(test_copy_blocks_pairs),
         cmocka_unit_test(test_decode_beyond_max_splits),
 #ifdef PG_CUDA_EMU
