@@ -9,7 +9,9 @@
  *    warm-up at max_batch 256 makes), so a later partial chunk of the same
  *    (N, K) is capturable, and its replay gives the eager call's bits;
  *  - a padding allocation that fails leaves no CUDA error behind for the
- *    next launch check to report as its own.
+ *    next launch check to report as its own;
+ *  - a row's bits do not depend on M (1, 130, 256) or on its position in
+ *    the batch (0 .. 255), at Llama-3-8B's shapes on a device.
  * Without CUDA built or without a device: SKIP (77). */
 #include <stdio.h>
 
@@ -118,6 +120,89 @@ static void test_padding_and_capture(void **state)
     cudaStreamDestroy(st);
 }
 
+/* Batch invariance of the fixed 128-row mode at the shapes a real model
+ * has: a row's output bits must not depend on M or on its position in the
+ * batch (a stream-K or split-K kernel picked per tile would break that:
+ * cuda_gemm.c). Row x0 is computed alone (M = 1, position 0), then placed
+ * at positions 0, 63, 64, 127 (M = 130, 256), 128, 129 (M = 130), 255
+ * (M = 256) among random rows; its output row must be bit-identical each
+ * time. On a device: Llama-3-8B's V x H (lm_head, f32 out), 2I x H
+ * (gate_up), H x I (down) and (nh + 2 nkv) hd x H in bf16; on the emulator
+ * (whose fake cuBLAS sums in one fixed order) small shapes, which check the
+ * test's own bookkeeping. */
+static void test_row_position_invariance(void **state)
+{
+    (void)state;
+#ifdef PG_CUDA_EMU
+    static const int32_t shapes[][3] = {{96, 64, PGK_F32}, {64, 160, PGK_BF16}, {40, 16, PGK_F32}};
+#else
+    static const int32_t shapes[][3] = {
+        {128256, 4096, PGK_F32}, {28672, 4096, PGK_BF16}, {4096, 14336, PGK_BF16},
+        {6144, 4096, PGK_BF16}};
+#endif
+    static const int32_t cases[][2] = {{130, 0}, {130, 63}, {130, 64}, {130, 127}, {130, 128},
+                                       {130, 129}, {256, 64}, {256, 127}, {256, 255}};
+    cudaStream_t st;
+    check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_gemm *g = NULL;
+    pg_error err;
+    assert_int_equal(cuda_gemm_create(&g, st, &err), 0);
+    cuda_gemm_set_fixed_rows(g, CUDA_GEMM_FIXED_ROWS);
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int32_t Nc = shapes[c][0], Kc = shapes[c][1], ydt = shapes[c][2];
+        const int in_dt = PGK_BF16;
+        const size_t xb = 2, yb = pgk_dtype_bytes(ydt), Mmax = 256;
+        uint16_t *hx = malloc(Mmax * (size_t)Kc * xb), *hw = malloc((size_t)Nc * (size_t)Kc * xb);
+        unsigned char *ref = malloc((size_t)Nc * yb), *got = malloc((size_t)Nc * yb);
+        assert_true(hx && hw && ref && got);
+        uint32_t r = 777u + (uint32_t)c;
+        /* bf16 in [0.5, 2) with a random sign: exponents 0x3f0 .. 0x3ff */
+        for (size_t i = 0; i < Mmax * (size_t)Kc; i++) {
+            r = r * 1664525u + 1013904223u;
+            hx[i] = (uint16_t)((r >> 31) << 15 | (0x3f00u + ((r >> 8) & 0xffu)));
+        }
+        for (size_t i = 0; i < (size_t)Nc * (size_t)Kc; i++) {
+            r = r * 1664525u + 1013904223u;
+            hw[i] = (uint16_t)((r >> 31) << 15 | (0x3f00u + ((r >> 8) & 0xffu)));
+        }
+        void *x = NULL, *w = NULL, *y = NULL;
+        check_cuda(cudaMalloc(&x, Mmax * (size_t)Kc * xb), "cudaMalloc x");
+        check_cuda(cudaMalloc(&w, (size_t)Nc * (size_t)Kc * xb), "cudaMalloc w");
+        check_cuda(cudaMalloc(&y, Mmax * (size_t)Nc * yb), "cudaMalloc y");
+        check_cuda(cudaMemcpy(w, hw, (size_t)Nc * (size_t)Kc * xb, cudaMemcpyHostToDevice), "upload w");
+        /* row x0 = hx row 0, alone */
+        check_cuda(cudaMemcpy(x, hx, (size_t)Kc * xb, cudaMemcpyHostToDevice), "upload x0");
+        assert_int_equal(cuda_gemm_xwt(g, y, ydt, x, w, in_dt, 1, Nc, Kc, &err), 0);
+        check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+        check_cuda(cudaMemcpy(ref, y, (size_t)Nc * yb, cudaMemcpyDeviceToHost), "download");
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            const int32_t M = cases[k][0], pos = cases[k][1];
+            /* rows 1.. of hx as the others, row 0 moved to pos */
+            check_cuda(cudaMemcpy(x, hx + (size_t)Kc, (size_t)(Mmax - 1) * (size_t)Kc * xb,
+                                  cudaMemcpyHostToDevice), "upload rows");
+            check_cuda(cudaMemcpy((char *)x + (size_t)pos * (size_t)Kc * xb, hx, (size_t)Kc * xb,
+                                  cudaMemcpyHostToDevice), "upload x0");
+            assert_int_equal(cuda_gemm_xwt(g, y, ydt, x, w, in_dt, M, Nc, Kc, &err), 0);
+            check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+            check_cuda(cudaMemcpy(got, (char *)y + (size_t)pos * (size_t)Nc * yb, (size_t)Nc * yb,
+                                  cudaMemcpyDeviceToHost), "download");
+            if (memcmp(ref, got, (size_t)Nc * yb) != 0)
+                fail_msg("gemm Nc %d Kc %d: the row at position %d of M %d differs from the row "
+                         "alone (cuBLAS picked a position-dependent kernel: pin the algorithm, "
+                         "gpu/README.md)", (int)Nc, (int)Kc, (int)pos, (int)M);
+        }
+        cudaFree(x);
+        cudaFree(w);
+        cudaFree(y);
+        free(hx);
+        free(hw);
+        free(ref);
+        free(got);
+    }
+    cuda_gemm_destroy(g);
+    cudaStreamDestroy(st);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -126,6 +211,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_padding_and_capture),
+        cmocka_unit_test(test_row_position_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
