@@ -84,6 +84,7 @@ typedef struct dev_model {
     float *n1, *n2, *inv_freq;
     void *k, *v;
     void *x, *normed, *qkv, *attn, *proj, *gu, *mlp, *rows;
+    int fail_next;        /* the next forward fails (before any op): a failed warm-up */
 } dev_model;
 
 static void *dalloc(executor *ex, exec_buf_kind kind, size_t n)
@@ -152,6 +153,10 @@ static int mini_forward(void *ctx, const step_batch *b, float *logits)
     const executor_ops *op = ex->op;
     const int32_t T = b->num_tokens;
     int rc;
+    if (d->fail_next) {
+        d->fail_next = 0;
+        return PG_EINVAL;
+    }
     if ((rc = op->begin_step(ex, b)) || (rc = op->embed(ex, d->x, d->emb, H, V, b)) ||
         (rc = op->rmsnorm(ex, d->normed, NULL, d->x, d->n1, T, H, 1e-5f)) ||
         (rc = op->matmul(ex, d->qkv, d->normed, d->w_qkv, T, QKV, H)) ||
@@ -574,6 +579,29 @@ static void test_failed_capture_runs_eagerly(void **state)
     assert_int_equal(error_count() - f->errors0, 0);
 }
 
+/* A warm-up that fails (its forward returned an error) fails that step;
+ * the next step warms up again and runs as a graph, bit-identical (the
+ * retry reuses the host metadata block: an ASan run reports a leak if not). */
+static void test_failed_warm_up_retried(void **state)
+{
+    fixture *f = *state;
+    executor *gx = f->graph.ex;
+    static const int32_t lens[2] = {7, 520};
+    decode_step s;
+    decode_step_make(&s, 2, lens);
+    static float lg[2 * V];
+    f->graph.fail_next = 1;
+    assert_int_equal(gx->op->run_step(gx, &s.b, lg, mini_forward, &f->graph), PG_EINVAL);
+    assert_true(step_both(f, &s));
+    cuda_graph_info gi;
+    cuda_executor_graph_info(gx, &gi);
+    assert_int_equal(gi.captures, 1);
+    assert_int_equal(gi.replays, 1);
+    assert_int_equal(gi.eager_fallbacks, 0);
+    assert_true(kv_equal(f));
+    assert_int_equal(error_count() - f->errors0, 0);
+}
+
 static long decode_blocks(void)
 {
 #ifdef PG_CUDA_EMU
@@ -655,6 +683,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_negative_skipped_metadata, setup, teardown),
         cmocka_unit_test_setup_teardown(test_regrown_buffer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_capture_runs_eagerly, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_warm_up_retried, setup, teardown),
         cmocka_unit_test_setup_teardown(test_big_batch_one_prompt, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_big_batch_many_prompts, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_long_max_model_len, setup_long, teardown),
