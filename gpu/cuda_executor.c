@@ -69,6 +69,15 @@ typedef struct cuda_exec {
     pinned_buf stage[2];
     /* CUDA graphs of decode steps (run_step) */
     struct cuda_graphs *graphs;
+    /* device greedy rows of the next step (cuda_executor_greedy_next_step);
+     * greedy_L = 0: none pending. Borrowed from the caller. */
+    const uint8_t *greedy;        /* [greedy_L] */
+    int32_t *greedy_ids;          /* [greedy_L] host, written by that step */
+    int32_t greedy_L;
+    int32_t *ids_d;               /* argmax ids of the eager logits [L], device */
+    size_t ids_cap;               /* bytes */
+    pinned_buf ids_h;             /* their host copy */
+    size_t logits_copy_bytes;     /* logits the last step copied to the host */
 } cuda_exec;
 
 #define STAGE_BYTES ((size_t)16 << 20)
@@ -259,7 +268,10 @@ typedef struct cuda_graphs {
     size_t ws_floats;
     float *logits_d;              /* [max_batch][V] f32 */
     size_t logits_cap;            /* bytes */
-    pinned_buf logits_h;          /* its host copy, written by the graph's last node */
+    pinned_buf logits_h;          /* host copy of the rows the step returns (after the replay) */
+    int32_t *ids_d;               /* [max_batch] argmax of each logits row (in the graph) */
+    size_t ids_cap;               /* bytes */
+    pinned_buf ids_h;             /* its host copy, written by the graph's last node */
     int32_t logits_rows, logits_V; /* of the last bound logits() (the captured step's) */
     uint64_t generation;          /* bumped when ws_d or logits_d is reallocated */
     int fault;                    /* CUDA_GRAPH_TEST_* (the tests' faults) */
@@ -290,6 +302,7 @@ static void cuda_destroy(executor *ex)
     pinned_free(&c->meta_h);
     pinned_free(&c->pairs_h);
     pinned_free(&c->logits_h);
+    pinned_free(&c->ids_h);
     pinned_free(&c->stage[0]);
     pinned_free(&c->stage[1]);
     if (c->meta_d)
@@ -300,6 +313,8 @@ static void cuda_destroy(executor *ex)
         cudaFree(c->logits_d);
     if (c->pairs_d)
         cudaFree(c->pairs_d);
+    if (c->ids_d)
+        cudaFree(c->ids_d);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
@@ -758,10 +773,59 @@ static int cuda_gather_rows(executor *ex, void *dst, const void *src, int32_t di
     return pgk_gather_rows(dst, src, c->act_dt, dim, d, c->stream, c->sync_each, &c->err);
 }
 
-static int cuda_logits(executor *ex, float *logits_host, const void *x, const void *w, int32_t L,
+/* The logits rows of a step to the host: rows the pending greedy mask
+ * (cuda_executor_greedy_next_step) marks get only their id (ids_pinned,
+ * an argmax copy queued on the stream), the others their V floats, through
+ * pinned memory (a DMA straight from the device; a pageable copy is staged
+ * by the driver in pieces) — one copy per run of consecutive rows. Waits
+ * for the stream; consumes the mask. */
+static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinned_buf *ph,
+                      const int32_t *ids_pinned, int32_t L, int32_t V)
+{
+    const uint8_t *gm = c->greedy_L ? c->greedy : NULL;
+    int32_t *ids_host = c->greedy_ids;
+    const int32_t gL = c->greedy_L;
+    c->greedy_L = 0;
+    c->logits_copy_bytes = 0;
+    if (gm && (gL != L || !ids_pinned))
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda logits: the greedy mask has %d rows, the step %d", (int)gL, (int)L);
+    const size_t row_bytes = (size_t)V * 4u;
+    void *hv = NULL;
+    int rc = pinned_get(c->stream, ph, (size_t)L * row_bytes, &hv, &c->err);
+    if (rc)
+        return pg_error_wrap(&c->err, rc, "cuda logits");
+    float *h = hv;
+    for (int32_t r = 0, r1; r < L; r = r1) {
+        for (r1 = r; r1 < L && !(gm && gm[r1]); r1++)
+            ;
+        if (r1 == r) {
+            r1 = r + 1; /* a greedy row: not copied */
+            continue;
+        }
+        CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
+                 cudaMemcpyAsync(h + (size_t)r * V, logits_d + (size_t)r * V,
+                                 (size_t)(r1 - r) * row_bytes, cudaMemcpyDeviceToHost, c->stream));
+        c->logits_copy_bytes += (size_t)(r1 - r) * row_bytes;
+    }
+    CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
+    for (int32_t r = 0; r < L; r++) {
+        if (!(gm && gm[r])) {
+            memcpy(logits_host + (size_t)r * V, h + (size_t)r * V, row_bytes);
+            continue;
+        }
+        ids_host[r] = ids_pinned[r];
+        if (ids_host[r] < 0)
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda logits: greedy row %d: no token can be sampled: all %d logits "
+                                "are -inf or nan", (int)r, (int)V);
+    }
+    return 0;
+}
+
+static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const void *w, int32_t L,
                        int32_t V, int32_t H)
 {
-    cuda_exec *c = cx(ex);
     if (L < 1 || V < 1 || H < 1)
         return pg_error_set(&c->err, PG_EINVAL, "cuda logits: expected L, V, H >= 1, got %d, %d, %d",
                             (int)L, (int)V, (int)H);
@@ -776,17 +840,33 @@ static int cuda_logits(executor *ex, float *logits_host, const void *x, const vo
     rc = cuda_gemm_xwt(c->gemm, c->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
     if (rc)
         return rc;
-    /* into pinned memory (a DMA straight from the device; a pageable copy
-     * is staged by the driver in pieces), then into the caller's buffer */
-    void *h = NULL;
-    rc = pinned_get(c->stream, &c->logits_h, bytes, &h, &c->err);
-    if (rc)
-        return pg_error_wrap(&c->err, rc, "cuda logits");
-    CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
-             cudaMemcpyAsync(h, c->logits_d, bytes, cudaMemcpyDeviceToHost, c->stream));
-    CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
-    memcpy(logits_host, h, bytes);
-    return 0;
+    const int32_t *ids = NULL;
+    if (c->greedy_L) { /* the greedy rows' ids: argmax on the device */
+        cap = c->ids_cap;
+        rc = device_grow(c->stream, (void **)&c->ids_d, &cap, (size_t)L * 4u,
+                         "cudaMalloc (argmax ids)", &c->err);
+        c->ids_cap = cap;
+        void *hi = NULL;
+        if (rc || (rc = pgk_argmax(c->ids_d, c->logits_d, L, V, c->stream, c->sync_each, &c->err)) ||
+            (rc = pinned_get(c->stream, &c->ids_h, (size_t)L * 4u, &hi, &c->err))) {
+            c->greedy_L = 0;
+            return rc;
+        }
+        CUDA_TRY(&c->err, "cudaMemcpyAsync (argmax ids)",
+                 cudaMemcpyAsync(hi, c->ids_d, (size_t)L * 4u, cudaMemcpyDeviceToHost, c->stream));
+        ids = hi;
+    }
+    return logits_out(c, logits_host, c->logits_d, &c->logits_h, ids, L, V);
+}
+
+static int cuda_logits(executor *ex, float *logits_host, const void *x, const void *w, int32_t L,
+                       int32_t V, int32_t H)
+{
+    cuda_exec *c = cx(ex);
+    int rc = logits_impl(c, logits_host, x, w, L, V, H);
+    if (!graph_bound(c)) /* a mask is for one step, whatever happened (a graph's is the replay's) */
+        c->greedy_L = 0;
+    return rc;
 }
 
 static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
@@ -850,10 +930,10 @@ static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t pla
  * only into the dummy rows, which no kernel mixes with the others) — and
  * its metadata is copied into the fixed buffers of cuda_graphs. The first
  * step of a bucket captures the model's whole forward (run by the
- * callback: embed, every layer, final norm, lm_head into g->logits_d and
- * its copy into pinned memory) into a graph; every step then launches that
- * graph and waits for it, and the rows of the real sequences are copied
- * out. The kernels see the same per-sequence data as an eager step and are
+ * callback: embed, every layer, final norm, lm_head into g->logits_d, the
+ * argmax of every row and its copy into pinned memory) into a graph; every
+ * step then launches that graph, and the logits rows of the real sequences
+ * (those not asked for as greedy ids) are copied out after it. The kernels see the same per-sequence data as an eager step and are
  * batch-invariant (the decode partition size depends on (hd, G) only, a
  * partition's block on the partition only, the grid is sized for the
  * tier's context and its extra blocks exit; the GEMMs run in fixed 128-row
@@ -901,6 +981,9 @@ static void graph_free(cuda_graphs *g)
     free(g->meta_host);
     pinned_free(&g->meta_h);
     pinned_free(&g->logits_h);
+    pinned_free(&g->ids_h);
+    if (g->ids_d)
+        cudaFree(g->ids_d);
     if (g->meta_d)
         cudaFree(g->meta_d);
     if (g->ws_d)
@@ -944,14 +1027,14 @@ static int graph_bind_batch(cuda_exec *c, const step_batch *b)
     return 0;
 }
 
-/* logits while bound: lm_head into the graph's buffer and its copy into
- * pinned memory, without waiting (capturable); run_step waits after the
- * launch and copies the real rows out. */
+/* logits while bound: lm_head into the graph's buffer, the argmax of each
+ * row and its copy into pinned memory, without waiting (capturable);
+ * run_step copies the real rows out after the launch (logits_out). */
 static int graph_logits(cuda_exec *c, const void *x, const void *w, int32_t L, int32_t V,
                         int32_t H)
 {
     cuda_graphs *g = c->graphs;
-    size_t bytes = (size_t)L * (size_t)V * 4u;
+    const size_t bytes = (size_t)L * (size_t)V * 4u;
     if (g->logits_cap < bytes) {
         size_t cap = g->logits_cap;
         int rc = device_grow(c->stream, (void **)&g->logits_d, &cap, bytes, "cudaMalloc (graph logits)",
@@ -961,14 +1044,28 @@ static int graph_logits(cuda_exec *c, const void *x, const void *w, int32_t L, i
         if (rc)
             return rc;
     }
+    if (g->ids_cap < (size_t)L * 4u) {
+        size_t cap = g->ids_cap;
+        int rc = device_grow(c->stream, (void **)&g->ids_d, &cap, (size_t)L * 4u,
+                             "cudaMalloc (graph argmax ids)", &c->err);
+        g->ids_cap = cap;
+        g->generation++;
+        if (rc)
+            return rc;
+    }
     int rc = cuda_gemm_xwt(c->gemm, g->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
     if (rc)
         return rc;
+    /* every row's argmax (cheap: the rows are read once more on the
+     * device), for the rows the step wants as ids only; the logits rows are
+     * copied after the replay, only those the step returns */
+    if ((rc = pgk_argmax(g->ids_d, g->logits_d, L, V, c->stream, 0, &c->err)))
+        return rc;
     void *h = NULL;
-    if ((rc = pinned_get(c->stream, &g->logits_h, bytes, &h, &c->err))) /* allocates only at the warm-up */
-        return pg_error_wrap(&c->err, rc, "cuda graph logits");
-    CUDA_TRY(&c->err, "cudaMemcpyAsync (graph logits)",
-             cudaMemcpyAsync(h, g->logits_d, bytes, cudaMemcpyDeviceToHost, c->stream));
+    if ((rc = pinned_get(c->stream, &g->ids_h, (size_t)L * 4u, &h, &c->err))) /* allocates only at the warm-up */
+        return pg_error_wrap(&c->err, rc, "cuda graph argmax ids");
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (graph argmax ids)",
+             cudaMemcpyAsync(h, g->ids_d, (size_t)L * 4u, cudaMemcpyDeviceToHost, c->stream));
     g->logits_rows = L;
     g->logits_V = V;
     return 0;
@@ -1143,10 +1240,9 @@ static void graph_fall_back(cuda_exec *c, graph_bucket *bk)
             "(%s); these steps run eagerly\n", (int)bk->size, (int)bk->context, c->err.msg);
 }
 
-static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
+static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
                          exec_forward_fn forward, void *ctx)
 {
-    cuda_exec *c = cx(ex);
     cuda_graphs *g = c->graphs;
     if (!g || !graph_eligible(g, b))
         return forward(ctx, b, logits_host); /* prefill, mixed, too large: eager */
@@ -1195,15 +1291,25 @@ static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
         graph_fall_back(c, bk);
         return forward(ctx, b, logits_host);
     }
-    CUDA_TRY(&c->err, "cudaGraphLaunch (decode step)", cudaGraphLaunch(bk->exec, c->stream));
-    CUDA_TRY(&c->err, "cudaStreamSynchronize (decode step)", cudaStreamSynchronize(c->stream));
-    g->replays++;
-    if (bk->logits_rows != P || bk->logits_V < 1)
+    if (bk->logits_rows != P || bk->logits_V < 1) {
+        c->greedy_L = 0;
         return pg_error_set(&c->err, PG_EINVAL,
                             "cuda graph: the captured step computed %d logits rows, expected %d",
                             (int)bk->logits_rows, (int)P);
-    memcpy(logits_host, g->logits_h.h, (size_t)S * (size_t)bk->logits_V * 4u);
-    return 0;
+    }
+    CUDA_TRY(&c->err, "cudaGraphLaunch (decode step)", cudaGraphLaunch(bk->exec, c->stream));
+    g->replays++;
+    /* the S real rows (of the P computed), after the replay (stream order) */
+    return logits_out(c, logits_host, g->logits_d, &g->logits_h, g->ids_h.h, S, bk->logits_V);
+}
+
+static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
+                         exec_forward_fn forward, void *ctx)
+{
+    cuda_exec *c = cx(ex);
+    int rc = run_step_impl(c, b, logits_host, forward, ctx);
+    c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
+    return rc;
 }
 
 static const executor_ops cuda_ops;
@@ -1277,6 +1383,23 @@ void cuda_executor_graph_info(executor *ex, cuda_graph_info *out)
     out->eager_fallbacks = g->eager_fallbacks;
     out->workspace_bytes = g->ws_floats * 4u;
     out->meta_upload_bytes = g->meta_upload_bytes;
+    out->logits_copy_bytes = c->logits_copy_bytes;
+}
+
+int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t L,
+                                   int32_t *ids_host)
+{
+    cuda_exec *c = as_cuda(ex);
+    if (!c)
+        return PG_EINVAL;
+    if (L < 0 || (L > 0 && (!greedy || !ids_host)))
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda greedy rows: expected L >= 0 and a mask and ids for L > 0, got L %d",
+                            (int)L);
+    c->greedy = greedy;
+    c->greedy_ids = ids_host;
+    c->greedy_L = L;
+    return 0;
 }
 
 int cuda_executor_graph_test_fault(executor *ex, int fault)

@@ -39,8 +39,8 @@
  * of at most max_batch sequences; prefill and mixed steps, and decode steps
  * past the bounds, run eagerly. What is captured: the model's whole
  * forward (embed, every layer's norms, GEMMs, rope, kv_write, decode
- * attention and its reduction, the final norm, lm_head and the copy of the
- * logits into pinned host memory) for the batch padded to its bucket
+ * attention and its reduction, the final norm, lm_head, the argmax of each
+ * logits row and its copy into pinned memory) for the batch padded to its bucket
  * (cuda_plan_graph_sizes: 1, 2, 4, then multiples of 8 up to max_batch)
  * and for the context tier of its longest sequence (cuda_plan_graph_context:
  * 512, 2048, 8192, ... tokens up to max_seq_len), captured on the first step
@@ -49,8 +49,9 @@
  * so that no capture allocates. Before each replay the step's metadata
  * (token ids, positions, slots, seq lens, block tables padded to the tier's
  * ceil(context / block_size) entries, only the bucket's rows) is copied into
- * fixed device buffers; after it the stream is waited for and the real rows
- * of the logits copied out. The decode grid of a graph is the tier's, at most
+ * fixed device buffers; after it the logits rows of the real sequences
+ * (not the padding's; not the greedy rows of cuda_executor_greedy_next_step)
+ * are copied out. The decode grid of a graph is the tier's, at most
  * CUDA_PLAN_DECODE_MAX_SPLITS blocks per sequence and KV head. Graph and
  * eager steps give bit-identical logits and KV (the default fixed-rows GEMMs;
  * with fast_gemm the padded GEMM may differ in the last bits). A capture
@@ -105,6 +106,7 @@ typedef struct cuda_graph_info {
     long eager_fallbacks;      /* buckets whose capture failed: their steps run eagerly */
     size_t workspace_bytes;    /* the graphs' decode split workspace (device) */
     size_t meta_upload_bytes;  /* step metadata the last graphed step copied to the device */
+    size_t logits_copy_bytes;  /* logits the last step (graphed or eager) copied to the host */
 } cuda_graph_info;
 void cuda_executor_graph_info(executor *ex, cuda_graph_info *out);
 
@@ -128,6 +130,20 @@ enum {
     CUDA_GRAPH_TEST_FAIL_CAPTURE = 4,
 };
 int cuda_executor_graph_test_fault(executor *ex, int fault);
+
+/* Device-side greedy rows for the next step (run_step, or logits): for
+ * every row r < L with greedy[r] != 0, ids_host[r] gets argmax_v of its
+ * logits (ties -> lowest id, NaN never wins: core/sampler.c's greedy rule,
+ * tests/gpu/test_cuda_executor.c) and its row of logits_host is left
+ * unwritten: its V floats do not cross PCIe. The other rows are written as
+ * always. For the rows the engine would take the argmax of unchanged
+ * (temperature 0, no penalties, bias, grammar, banned ids or logprobs).
+ * greedy and ids_host are borrowed until that step returns; the step
+ * consumes the mask, and fails with PG_EINVAL when its L differs or a
+ * greedy row has no logit > -inf. L = 0 clears it. PG_EINVAL when ex is
+ * not a cuda executor. Not yet called by core/ (gpu/README.md). */
+int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t L,
+                                   int32_t *ids_host);
 
 /* Number of CUDA devices; 0 when there is no driver or no device (never
  * fails loudly: a machine without a GPU simply has 0). */

@@ -602,6 +602,89 @@ static void test_failed_warm_up_retried(void **state)
     assert_int_equal(error_count() - f->errors0, 0);
 }
 
+/* core/sampler.c's greedy rule on the host: strict > from -inf */
+static int32_t host_argmax(const float *row, int32_t n)
+{
+    float best = -INFINITY;
+    int32_t id = -1;
+    for (int32_t v = 0; v < n; v++)
+        if (row[v] > best) {
+            best = row[v];
+            id = v;
+        }
+    return id;
+}
+
+/* Greedy rows (cuda_executor_greedy_next_step), through a graph and
+ * eagerly (a prefill chunk): their ids are the host argmax of the eager
+ * logits, their rows of logits_host are not written and do not cross to
+ * the host; the other rows are bit-identical to the eager step's. The mask
+ * is for one step: the next copies every row again. */
+static void test_greedy_rows(void **state)
+{
+    fixture *f = *state;
+    executor *gx = f->graph.ex;
+    static const int32_t lens[4] = {9, 300, 600, 64};
+    static const uint8_t mask[3] = {1, 0, 1};
+    static float le[3 * V], lg[3 * V];
+    cuda_graph_info gi;
+    for (int k = 0; k < 3; k++) { /* capture, then two replays */
+        decode_step s;
+        decode_step_make(&s, 3, lens + (k == 2));
+        int32_t ids[3] = {-7, -7, -7};
+        for (int i = 0; i < 3 * V; i++)
+            lg[i] = 12345.0f;
+        assert_int_equal(mini_forward(&f->eager, &s.b, le), 0);
+        assert_int_equal(cuda_executor_greedy_next_step(gx, mask, 3, ids), 0);
+        if (gx->op->run_step(gx, &s.b, lg, mini_forward, &f->graph))
+            fail_msg("graph step: %s", gx->op->last_error(gx));
+        for (int32_t r = 0; r < 3; r++) {
+            if (!mask[r]) {
+                assert_memory_equal(le + r * V, lg + r * V, V * sizeof(float));
+                assert_int_equal(ids[r], -7);
+                continue;
+            }
+            assert_int_equal(ids[r], host_argmax(le + r * V, V));
+            for (int v = 0; v < V; v++)
+                assert_true(lg[r * V + v] == 12345.0f);
+        }
+        cuda_executor_graph_info(gx, &gi);
+        assert_int_equal(gi.logits_copy_bytes, V * sizeof(float)); /* row 1 only */
+    }
+    cuda_executor_graph_info(gx, &gi);
+    assert_int_equal(gi.replays, 3);
+    /* no mask: every row again */
+    decode_step s;
+    decode_step_make(&s, 3, lens);
+    assert_true(step_both(f, &s));
+    cuda_executor_graph_info(gx, &gi);
+    assert_int_equal(gi.logits_copy_bytes, 3 * V * sizeof(float));
+    /* eagerly: a prefill chunk of 2 tokens, its one logits row greedy */
+    int32_t tok[2] = {3, 7}, pos[2] = {598, 599}, slots[2] = {5 * BS + 6, 5 * BS + 7}, qs[2] = {0, 2};
+    int32_t len[1] = {600}, bt[TABLE_STRIDE] = {0}, rows[1] = {1}, id = -7;
+    bt[599 / BS] = 5;
+    step_batch pf = {.num_tokens = 2, .num_seqs = 1, .block_size = BS, .token_ids = tok,
+                     .positions = pos, .slots = slots, .query_start = qs, .seq_lens = len,
+                     .block_tables = bt, .block_table_stride = TABLE_STRIDE, .max_seq_len = 600,
+                     .max_query_len = 2, .num_logits = 1, .logits_rows = rows};
+    assert_int_equal(mini_forward(&f->eager, &pf, le), 0);
+    assert_int_equal(cuda_executor_greedy_next_step(gx, mask, 1, &id), 0);
+    assert_int_equal(gx->op->run_step(gx, &pf, lg, mini_forward, &f->graph), 0);
+    assert_int_equal(id, host_argmax(le, V));
+    cuda_executor_graph_info(gx, &gi);
+    assert_int_equal(gi.logits_copy_bytes, 0);
+    /* a mask of the wrong length fails that step, and only that step */
+    decode_step_make(&s, 3, lens);
+    assert_int_equal(cuda_executor_greedy_next_step(gx, mask, 2, &id), 0);
+    assert_int_equal(gx->op->run_step(gx, &s.b, lg, mini_forward, &f->graph), PG_EINVAL);
+    assert_non_null(strstr(gx->op->last_error(gx), "greedy mask has 2 rows"));
+    assert_int_equal(mini_forward(&f->eager, &s.b, le), 0); /* the KV the failed step wrote */
+    decode_step_make(&s, 3, lens);
+    assert_true(step_both(f, &s));
+    assert_true(kv_equal(f));
+    assert_int_equal(error_count() - f->errors0, 0);
+}
+
 static long decode_blocks(void)
 {
 #ifdef PG_CUDA_EMU
@@ -684,6 +767,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_regrown_buffer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_capture_runs_eagerly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_warm_up_retried, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_greedy_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_big_batch_one_prompt, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_big_batch_many_prompts, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_long_max_model_len, setup_long, teardown),
