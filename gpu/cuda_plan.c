@@ -17,7 +17,7 @@ static size_t decode_smem_bytes(int32_t hd, int32_t gc, int32_t partition)
     size_t q = (size_t)gc * (size_t)hd * 4u;                 /* q [gc][hd] f32 */
     size_t s = (size_t)gc * (size_t)partition * 4u;          /* scores [gc][P] f32 */
     size_t red = (size_t)CUDA_PLAN_ATTN_THREADS * CUDA_PLAN_DECODE_EPT * 4u; /* [threads*EPT] */
-    size_t stats = 4u * (size_t)gc * 4u;  /* max, sum [gc]; running max, sum [gc] */
+    size_t stats = 7u * (size_t)gc * 4u;  /* max, sum; the split's max, sum; merge weights (3) [gc] */
     return q + s + red + stats;
 }
 

@@ -58,7 +58,7 @@ typedef struct cuda_decode_plan {
 /* Geometry of the decode kernel for head_dim hd, G = nh / nkv query heads
  * per KV head and the longest context of the step. The partition size is
  * the largest of 512, 256, 128, 64 whose shared memory (q [G][hd] f32,
- * scores [G][P] f32, reduction [threads*EPT] f32, statistics [4][G] f32)
+ * scores [G][P] f32, reduction [threads*EPT] f32, statistics [7][G] f32)
  * fits smem_limit_bytes.
  * It depends on (hd, G) only, never on the batch, so a sequence is split the
  * same way in every step — and by a CUDA graph, whose grid is planned for

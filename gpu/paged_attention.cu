@@ -51,8 +51,8 @@ extern "C" {
 
 /* grid (nkv * n_chunks, S, nsplit), nsplit = min(max partitions, Z), block
  * DEC_NT, dynamic shared memory (cuda_plan_decode): q_s [gcp][HD],
- * sc [gcp][P], red [NG][HD], smax [gcp], ssum [gcp], rmax [gcp], rsum [gcp]
- * (f32), gcp = min(G, DEC_MAXG).
+ * sc [gcp][P], red [NG][HD], smax, ssum, rmax, rsum, w_prev, w_cur, w_sum
+ * [gcp] (f32), gcp = min(G, DEC_MAXG).
  * Block (x, s, z): KV head kvh = x / n_chunks, query heads
  * h = kvh * G + g0 + g, g < gc, g0 = (x % n_chunks) * DEC_MAXG; the query
  * token t = query_start[s]; partitions p = z, z + Z, ... < np, each over the
@@ -68,9 +68,16 @@ extern "C" {
  * part_out[s][h][z][d] = o, part_max[s][h][z] = m, part_sum[s][h][z] = l of
  * its first partition, then each further partition (m', l', o') is merged in:
  *   M = max(m, m'), w = l exp(m - M), w' = l' exp(m' - M), L = w + w'
- *   o = (o w + o' w') / L, m = M, l = L. */
-template <typename T, typename KV, int HD>
-static __global__ void __launch_bounds__(DEC_NT, 4)
+ *   o = (o w + o' w') / L, m = M, l = L.
+ * LONG = false (every sequence of the launch has at most Z partitions, so
+ * every block runs one): the loop and the merge are compiled out — the
+ * kernel of one partition per block, 101-112 registers (sm_80, sm_90), 4
+ * blocks per SM. LONG = true: the loop and the merge, 128-168 registers,
+ * hence 3 blocks per SM (nvcc_spillcheck.py fails the build on a spill).
+ * A sequence of at most Z partitions gets the same operations, so the same
+ * bits, from both (test_cuda_graphs: a graph at a 32k tier vs eager). */
+template <typename T, typename KV, int HD, bool LONG>
+static __global__ void __launch_bounds__(DEC_NT, LONG ? 3 : 4)
 paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
                               float *__restrict__ part_max, float *__restrict__ part_sum,
                               const T *__restrict__ qkv, const KV *__restrict__ k_cache,
@@ -100,7 +107,6 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
     const int32_t g0 = (blockIdx.x % n_chunks) * DEC_MAXG;
     const int32_t gc = min(DEC_MAXG, G - g0);
     const int32_t gcp = min(DEC_MAXG, G);
-    const int32_t z = blockIdx.z;
 
     float *q_s = smem;                       /* [gcp][HD] */
     float *sc = q_s + gcp * HD;              /* [gcp][P] */
@@ -109,11 +115,13 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
     float *ssum = smax + gcp;                /* [gcp] */
     float *rmax = ssum + gcp;                /* [gcp] split z so far (merged partitions) */
     float *rsum = rmax + gcp;                /* [gcp] */
+    float *w_prev = rsum + gcp;              /* [gcp] merge weights of split z so far, */
+    float *w_cur = w_prev + gcp;             /* [gcp] of this partition */
+    float *w_sum = w_cur + gcp;              /* [gcp] and their sum */
 
     const int tid = threadIdx.x;
     const int group = tid / GT, lane_g = tid % GT, d0 = lane_g * DEC_EPT;
     const size_t row_stride = (size_t)(nh + 2 * nkv) * HD;
-    const int32_t *bt = block_tables + (size_t)s * bt_stride;
 
     /* q heads of this chunk, f32 (read by every partition of the loop) */
     for (int i = tid; i < gc * HD; i += DEC_NT) {
@@ -122,10 +130,14 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
     }
     __syncthreads();
 
-    for (int32_t part = z; part < np; part += CUDA_PLAN_DECODE_MAX_SPLITS) {
-        const bool merge = part != z;            /* split z already holds a partition */
+    /* LONG: the block loops over its partitions; else it runs its one */
+#pragma unroll 1
+    for (int32_t part = blockIdx.z;; part += CUDA_PLAN_DECODE_MAX_SPLITS) {
+        /* split z = blockIdx.z already holds a partition (z < Z <= part) */
+        const bool merge = LONG && part >= CUDA_PLAN_DECODE_MAX_SPLITS;
         const int32_t start = lo + part * P;
         const int32_t end = min(start + P, seq_len);
+        const int32_t *bt = block_tables + (size_t)s * bt_stride; /* (not held across partitions) */
         /* scores: every thread runs the same number of iterations (the group
          * shuffles need the whole warp); keys past `end` compute on zeros. */
         for (int32_t jb = start; jb < end; jb += NG) {
@@ -175,6 +187,26 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
                 smax[g] = m;
                 ssum[g] = sum;
             }
+            if (LONG && lane == 0) {
+                /* this partition's statistics merged into split z's (the
+                 * same lane of the same warp wrote rmax[g], rsum[g] for the
+                 * split's earlier partitions) */
+                float M = m, L = sum;
+                if (merge) {
+                    M = fmaxf(rmax[g], m);
+                    w_prev[g] = rsum[g] * expf(rmax[g] - M);
+                    w_cur[g] = sum * expf(m - M);
+                    L = w_prev[g] + w_cur[g];
+                    w_sum[g] = L;
+                }
+                rmax[g] = M;
+                rsum[g] = L;
+                if (np > 1) {
+                    const size_t split = ((size_t)s * nh + kvh * G + g0 + g) * nsplit + blockIdx.z;
+                    part_max[split] = M;
+                    part_sum[split] = L;
+                }
+            }
         }
         __syncthreads();
 
@@ -212,16 +244,7 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
                 __syncthreads();
                 const int32_t h = kvh * G + g0 + g;
                 const float l = ssum[g];
-                /* this partition's statistics merged into split z's (see above) */
-                float M = smax[g], L = l, w_prev = 0.0f, w_cur = 1.0f;
-                if (merge) {
-                    const float pm = rmax[g], pl = rsum[g];
-                    M = fmaxf(pm, smax[g]);
-                    w_prev = pl * expf(pm - M);
-                    w_cur = l * expf(smax[g] - M);
-                    L = w_prev + w_cur;
-                }
-                const size_t split = ((size_t)s * nh + h) * nsplit + z;
+                const size_t split = ((size_t)s * nh + h) * nsplit + blockIdx.z;
                 for (int d = tid; d < HD; d += DEC_NT) {
                     float o = 0.0f;
                     for (int gr = 0; gr < NG; gr++)
@@ -232,17 +255,18 @@ paged_attention_decode_kernel(T *__restrict__ out, float *__restrict__ part_out,
                     else if (!merge)
                         part_out[split * HD + d] = o;
                     else /* the thread that wrote this element of the split reads it */
-                        part_out[split * HD + d] = (part_out[split * HD + d] * w_prev + o * w_cur) / L;
+                        part_out[split * HD + d] =
+                            (part_out[split * HD + d] * w_prev[g] + o * w_cur[g]) / w_sum[g];
                 }
-                __syncthreads(); /* every thread read rmax, rsum before they change */
-                if (np > 1 && tid == 0) {
-                    rmax[g] = M;
-                    rsum[g] = L;
-                    part_max[split] = M;
-                    part_sum[split] = L;
+                if (!LONG && np > 1 && tid == 0) { /* (LONG: with the merge above) */
+                    part_max[split] = smax[g];
+                    part_sum[split] = l;
                 }
+                __syncthreads(); /* red is rewritten by the next head */
             }
         }
+        if (!LONG || part + CUDA_PLAN_DECODE_MAX_SPLITS >= np)
+            break;
         __syncthreads(); /* sc, red, smax, ssum are rewritten by the next partition */
     }
 }
@@ -312,10 +336,16 @@ static void launch_decode(T *out, float *ws, const T *qkv, const KV *k_cache, co
     float *part_max = ws ? ws + (size_t)S * nh * mp * HD : nullptr;
     float *part_sum = ws ? part_max + (size_t)S * nh * mp : nullptr;
     dim3 grid((unsigned)(nkv * n_chunks), (unsigned)S, (unsigned)mp);
-    paged_attention_decode_kernel<T, KV, HD><<<grid, DEC_NT, pl->smem_bytes, st>>>(
-        out, part_out, part_max, part_sum, qkv, k_cache, v_cache, b->query_start, b->seq_lens,
-        b->block_tables, b->block_table_stride, b->block_size, nh, nkv, scale,
-        pl->partition_size, mp, window);
+    if (pl->max_partitions > CUDA_PLAN_DECODE_MAX_SPLITS)
+        paged_attention_decode_kernel<T, KV, HD, true><<<grid, DEC_NT, pl->smem_bytes, st>>>(
+            out, part_out, part_max, part_sum, qkv, k_cache, v_cache, b->query_start, b->seq_lens,
+            b->block_tables, b->block_table_stride, b->block_size, nh, nkv, scale,
+            pl->partition_size, mp, window);
+    else
+        paged_attention_decode_kernel<T, KV, HD, false><<<grid, DEC_NT, pl->smem_bytes, st>>>(
+            out, part_out, part_max, part_sum, qkv, k_cache, v_cache, b->query_start, b->seq_lens,
+            b->block_tables, b->block_table_stride, b->block_size, nh, nkv, scale,
+            pl->partition_size, mp, window);
     if (mp > 1)
         paged_attention_reduce_kernel<T><<<dim3((unsigned)nh, (unsigned)S), 128, 0, st>>>(
             out, part_out, part_max, part_sum, b->query_start, b->seq_lens, nh, HD,

@@ -754,6 +754,46 @@ static void test_long_max_model_len(void **state)
     assert_int_equal(error_count() - f->errors0, 0);
 }
 
+/* Contexts past 32 partitions of 512 (16k tokens), 128k max_model_len:
+ * {600, 9000} runs the graph of the 32k tier, whose decode kernel loops
+ * (LONG), against an eager step whose longest context has 18 partitions
+ * (one per block); {600, 20000} has 40 partitions, merged two to a block,
+ * in both. Bit-identical logits and KV. Block tables point anywhere in the
+ * small cache (reads only); the written blocks are distinct. */
+static void test_long_contexts_loop(void **state)
+{
+    fixture *f = *state;
+    enum { LEN2 = 20000, STRIDE2 = (LEN2 + BS - 1) / BS };
+    int32_t *bt = malloc(2u * STRIDE2 * sizeof *bt);
+    assert_non_null(bt);
+    for (int c = 0; c < 3; c++) {
+        int32_t lens[2] = {600, c == 0 ? 9000 : LEN2}, tok[2], pos[2], slots[2];
+        int32_t qs[3] = {0, 1, 2}, rows[2] = {0, 1};
+        for (int32_t r = 0; r < 2; r++) {
+            for (int32_t k = 0; k < STRIDE2; k++)
+                bt[r * STRIDE2 + k] = (int32_t)(rnd() % NB);
+            bt[r * STRIDE2 + (lens[r] - 1) / BS] = r; /* the written blocks: 0 and 1 */
+            tok[r] = (int32_t)(rnd() % V);
+            pos[r] = lens[r] - 1;
+            slots[r] = r * BS + (lens[r] - 1) % BS;
+        }
+        step_batch b = {.num_tokens = 2, .num_seqs = 2, .block_size = BS, .token_ids = tok,
+                        .positions = pos, .slots = slots, .query_start = qs, .seq_lens = lens,
+                        .block_tables = bt, .block_table_stride = STRIDE2,
+                        .max_seq_len = lens[1], .max_query_len = 1, .num_logits = 2,
+                        .logits_rows = rows};
+        if (!step_batch_both(f, &b))
+            fail_msg("step %d (contexts 600, %d): graph and eager logits differ", c, (int)lens[1]);
+    }
+    free(bt);
+    cuda_graph_info gi;
+    cuda_executor_graph_info(f->graph.ex, &gi);
+    assert_int_equal(gi.captures, 1); /* (2, 32768): 64 partitions of 512, the looping kernel */
+    assert_int_equal(gi.replays, 3);
+    assert_true(kv_equal(f));
+    assert_int_equal(error_count() - f->errors0, 0);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -771,6 +811,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_big_batch_one_prompt, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_big_batch_many_prompts, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_long_max_model_len, setup_long, teardown),
+        cmocka_unit_test_setup_teardown(test_long_contexts_loop, setup_long, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

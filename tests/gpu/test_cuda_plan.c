@@ -47,8 +47,8 @@ static void test_decode_plan(void **state)
     assert_int_equal(p.group_threads, 16);
     assert_int_equal(p.partition_size, 512);
     assert_int_equal(p.max_partitions, 8);
-    /* q [4][128] + scores [4][512] + red [128*8] + stats [4*4], f32 */
-    assert_int_equal(p.smem_bytes, (4 * 128 + 4 * 512 + 128 * 8 + 16) * 4);
+    /* q [4][128] + scores [4][512] + red [128*8] + stats [7*4], f32 */
+    assert_int_equal(p.smem_bytes, (4 * 128 + 4 * 512 + 128 * 8 + 28) * 4);
     assert_int_equal(p.splits, 8);
     /* stories260K: hd 8, G 2, one thread per key */
     assert_int_equal(cuda_plan_decode(&p, 8, 2, 257, CUDA_PLAN_SMEM_DEFAULT_BYTES, &err), 0);
