@@ -69,14 +69,28 @@ typedef struct cuda_exec {
     pinned_buf stage[2];
     /* CUDA graphs of decode steps (run_step) */
     struct cuda_graphs *graphs;
+    /* device greedy rows of the next step (cuda_executor_greedy_next_step);
+     * greedy_L = 0: none pending. Borrowed from the caller. */
+    const uint8_t *greedy;        /* [greedy_L] */
+    int32_t *greedy_ids;          /* [greedy_L] host, written by that step */
+    int32_t greedy_L;
+    int32_t *ids_d;               /* argmax ids of the eager logits [L], device */
+    size_t ids_cap;               /* bytes */
+    pinned_buf ids_h;             /* their host copy */
+    size_t logits_copy_bytes;     /* logits the last step copied to the host */
 } cuda_exec;
 
 #define STAGE_BYTES ((size_t)16 << 20)
 
 static cuda_exec *cx(executor *ex) { return (cuda_exec *)ex; }
 
+/* Reports a failed CUDA call. Also reads (and so clears) the runtime's
+ * last error: a failed cudaMalloc or copy leaves it set, and the next
+ * launch check (pgk_check_launch, cudaGetLastError) would report it as that
+ * unrelated kernel's failure. A sticky error (a device fault) stays. */
 static int cuda_fail(pg_error *err, int status, const char *what, cudaError_t e)
 {
+    (void)cudaGetLastError();
     return pg_error_set(err, status, "cuda: %s: %s: %s", what, cudaGetErrorName(e),
                         cudaGetErrorString(e));
 }
@@ -105,6 +119,18 @@ cuda_executor_params cuda_executor_params_default(void)
     return p;
 }
 
+/* 1 when st is being captured into a CUDA graph (or its capture was
+ * invalidated): nothing may be allocated or freed then. */
+static int stream_capturing(cudaStream_t st)
+{
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 1;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
 /* ---- pinned staging ---------------------------------------------------- */
 
 static int pinned_wait(pinned_buf *pb, pg_error *err)
@@ -118,7 +144,7 @@ static int pinned_wait(pinned_buf *pb, pg_error *err)
 
 /* Returns (in *h) a pinned buffer of at least bytes that the device no
  * longer reads. */
-static int pinned_get(pinned_buf *pb, size_t bytes, void **h, pg_error *err)
+static int pinned_get(cudaStream_t st, pinned_buf *pb, size_t bytes, void **h, pg_error *err)
 {
     int rc = pinned_wait(pb, err);
     if (rc)
@@ -127,11 +153,16 @@ static int pinned_get(pinned_buf *pb, size_t bytes, void **h, pg_error *err)
         CUDA_TRY(err, "cudaEventCreateWithFlags",
                  cudaEventCreateWithFlags(&pb->ev, cudaEventDisableTiming));
     if (pb->cap < bytes) {
+        if (stream_capturing(st))
+            return pg_error_set(err, PG_EINVAL,
+                                "cuda: pinned staging of %zu bytes (has %zu) while the stream is "
+                                "captured into a CUDA graph: expected it sized by the warm-up",
+                                bytes, pb->cap);
         size_t cap = pb->cap ? pb->cap : 4096;
         while (cap < bytes)
             cap *= 2;
         void *n = NULL;
-        cudaError_t e = cudaMallocHost(&n, cap);
+        cudaError_t e = cudaMallocHost(&n, cap); /* cuda_fail clears the last error */
         if (e != cudaSuccess)
             return cuda_fail(err, PG_ENOMEM, "cudaMallocHost (staging)", e);
         if (pb->h)
@@ -161,16 +192,29 @@ static void pinned_free(pinned_buf *pb)
     memset(pb, 0, sizeof *pb);
 }
 
-/* Grows a device buffer to at least bytes (contents dropped). */
-static int device_grow(void **p, size_t *cap_bytes, size_t bytes, const char *what, pg_error *err)
+/* Grows a device buffer to at least bytes (contents dropped). Refuses while
+ * st is captured (the graph would hold the freed buffer; the driver
+ * invalidates the capture anyway): the graphs' warm-up sizes every buffer a
+ * capture touches. On a failed free nothing changes; on a failed
+ * allocation *p is NULL and *cap_bytes 0. */
+static int device_grow(cudaStream_t st, void **p, size_t *cap_bytes, size_t bytes,
+                       const char *what, pg_error *err)
 {
     if (*cap_bytes >= bytes && *p)
         return 0;
+    if (stream_capturing(st))
+        return pg_error_set(err, PG_EINVAL,
+                            "cuda: %s of %zu bytes (has %zu) while the stream is captured into a "
+                            "CUDA graph: expected it sized by the warm-up before the capture",
+                            what, bytes, *cap_bytes);
     size_t cap = *cap_bytes ? *cap_bytes : 4096;
     while (cap < bytes)
         cap *= 2;
-    if (*p)
-        cudaFree(*p); /* implicitly waits for the work that used it */
+    if (*p) {
+        cudaError_t e = cudaFree(*p); /* implicitly waits for the work that used it */
+        if (e != cudaSuccess)
+            return cuda_fail(err, PG_EDEVICE, "cudaFree (before a larger buffer)", e);
+    }
     *p = NULL;
     *cap_bytes = 0;
     cudaError_t e = cudaMalloc(p, cap);
@@ -184,10 +228,13 @@ static int device_grow(void **p, size_t *cap_bytes, size_t bytes, const char *wh
 
 /* ---- CUDA graphs: state (the step logic is after the ops) ------------------ */
 
-/* One batch-size bucket: the graph of a decode step of exactly `size`
- * sequences, captured on first use. */
+/* One (batch size, context tier) bucket: the graph of a decode step of
+ * exactly `size` sequences whose contexts are at most `context` tokens,
+ * captured on first use. */
 typedef struct graph_bucket {
     int32_t size;
+    int32_t context;              /* cuda_plan_graph_context bound of its tier */
+    int eager;                    /* its capture failed: its steps run eagerly */
     cudaGraphExec_t exec;         /* NULL until captured */
     uint64_t generation;          /* buffers_generation() at the capture */
     int32_t logits_rows, logits_V; /* what its logits node copies to the host */
@@ -196,13 +243,16 @@ typedef struct graph_bucket {
 /* Everything a captured graph reads or writes besides the model's own
  * buffers has a fixed address here, sized for the largest bucket before
  * the first capture (the warm-up): the metadata block (offsets fixed by
- * max_batch and stride, the same for every bucket), the decode workspace,
- * the logits and their pinned host copy. The eager path keeps its own
- * buffers, so an eager step that grows them cannot move a graph's. */
+ * max_batch and the tier's stride, the same for every batch size), the
+ * decode workspace, the logits and their pinned host copy. The eager path
+ * keeps its own buffers, so an eager step that grows them cannot move a
+ * graph's. */
 typedef struct cuda_graphs {
     int32_t max_batch;            /* largest bucket; 0 = graphs off */
-    int32_t max_seq_len;          /* context bound: decode grid and table stride */
-    int32_t block_size, stride;   /* fixed at the first graphed step */
+    int32_t max_seq_len;          /* context bound of the top tier */
+    int32_t n_sizes, n_tiers;     /* buckets = n_sizes x n_tiers, size-major */
+    int32_t block_size, stride;   /* fixed at the first graphed step; stride: of the top tier */
+    int32_t cur_context, cur_stride; /* the tier bound and table stride being bound */
     int32_t window;               /* sliding window the graphs were captured with */
     int32_t vocab;                /* V seen by embed while bound (0 = not yet) */
     int bound;                    /* begin_step binds the fixed buffers (warm-up, capture) */
@@ -218,11 +268,15 @@ typedef struct cuda_graphs {
     size_t ws_floats;
     float *logits_d;              /* [max_batch][V] f32 */
     size_t logits_cap;            /* bytes */
-    pinned_buf logits_h;          /* its host copy, written by the graph's last node */
+    pinned_buf logits_h;          /* host copy of the rows the step returns (after the replay) */
+    int32_t *ids_d;               /* [max_batch] argmax of each logits row (in the graph) */
+    size_t ids_cap;               /* bytes */
+    pinned_buf ids_h;             /* its host copy, written by the graph's last node */
     int32_t logits_rows, logits_V; /* of the last bound logits() (the captured step's) */
     uint64_t generation;          /* bumped when ws_d or logits_d is reallocated */
-    int fault;                    /* CUDA_GRAPH_TEST_SKIP_METADATA (a negative control) */
-    long captures, replays;
+    int fault;                    /* CUDA_GRAPH_TEST_* (the tests' faults) */
+    long captures, replays, eager_fallbacks;
+    size_t meta_upload_bytes;     /* copied by the last graph_upload */
 } cuda_graphs;
 
 static int graph_bound(const cuda_exec *c)
@@ -248,6 +302,7 @@ static void cuda_destroy(executor *ex)
     pinned_free(&c->meta_h);
     pinned_free(&c->pairs_h);
     pinned_free(&c->logits_h);
+    pinned_free(&c->ids_h);
     pinned_free(&c->stage[0]);
     pinned_free(&c->stage[1]);
     if (c->meta_d)
@@ -258,6 +313,8 @@ static void cuda_destroy(executor *ex)
         cudaFree(c->logits_d);
     if (c->pairs_d)
         cudaFree(c->pairs_d);
+    if (c->ids_d)
+        cudaFree(c->ids_d);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
@@ -388,7 +445,7 @@ static int cuda_upload(executor *ex, void *dst, exec_buf_kind kind, size_t dst_e
         size_t n = n_elems - done < per_chunk ? n_elems - done : per_chunk;
         pinned_buf *pb = &c->stage[k % 2];
         void *h = NULL;
-        int rc = pinned_get(pb, STAGE_BYTES, &h, &c->err);
+        int rc = pinned_get(c->stream, pb, STAGE_BYTES, &h, &c->err);
         if (rc)
             return pg_error_wrap(&c->err, rc, "cuda upload");
         if (dt == -1)
@@ -420,7 +477,7 @@ static int cuda_download_f32(executor *ex, float *dst_host, const void *src, exe
     for (size_t done = 0; done < n_elems;) {
         size_t n = n_elems - done < per_chunk ? n_elems - done : per_chunk;
         void *h = NULL;
-        int rc = pinned_get(&c->stage[0], STAGE_BYTES, &h, &c->err);
+        int rc = pinned_get(c->stream, &c->stage[0], STAGE_BYTES, &h, &c->err);
         if (rc)
             return pg_error_wrap(&c->err, rc, "cuda download_f32");
         CUDA_TRY(&c->err, "cudaMemcpyAsync (download)",
@@ -519,11 +576,11 @@ static int begin_step_impl(cuda_exec *c, const step_batch *b, int upload)
     size_t n_bt = (size_t)S * (size_t)b->block_table_stride;
     size_t n = 3u * (size_t)T + (size_t)(S + 1) + (size_t)S + n_bt + (size_t)L + (size_t)n_prefill;
     void *hv = NULL;
-    int rc = pinned_get(&c->meta_h, n * 4u, &hv, &c->err);
+    int rc = pinned_get(c->stream, &c->meta_h, n * 4u, &hv, &c->err);
     if (rc)
         return pg_error_wrap(&c->err, rc, "cuda begin_step");
     size_t cap_bytes = c->meta_cap * 4u;
-    rc = device_grow((void **)&c->meta_d, &cap_bytes, n * 4u, "cudaMalloc (step metadata)", &c->err);
+    rc = device_grow(c->stream, (void **)&c->meta_d, &cap_bytes, n * 4u, "cudaMalloc (step metadata)", &c->err);
     c->meta_cap = cap_bytes / 4u;
     if (rc)
         return rc;
@@ -680,7 +737,7 @@ static int cuda_attention(executor *ex, void *out, const void *qkv, const void *
         size_t *ws_floats = graph_bound(c) ? &c->graphs->ws_floats : &c->ws_floats;
         if (need > *ws_floats) {
             size_t cap = *ws_floats * 4u;
-            rc = device_grow((void **)ws, &cap, need * 4u, "cudaMalloc (decode workspace)",
+            rc = device_grow(c->stream, (void **)ws, &cap, need * 4u, "cudaMalloc (decode workspace)",
                              &c->err);
             *ws_floats = cap / 4u;
             if (graph_bound(c))
@@ -735,10 +792,59 @@ static int cuda_gather_rows(executor *ex, void *dst, const void *src, int32_t di
     return pgk_gather_rows(dst, src, c->act_dt, dim, d, c->stream, c->sync_each, &c->err);
 }
 
-static int cuda_logits(executor *ex, float *logits_host, const void *x, const void *w, int32_t L,
+/* The logits rows of a step to the host: rows the pending greedy mask
+ * (cuda_executor_greedy_next_step) marks get only their id (ids_pinned,
+ * an argmax copy queued on the stream), the others their V floats, through
+ * pinned memory (a DMA straight from the device; a pageable copy is staged
+ * by the driver in pieces) — one copy per run of consecutive rows. Waits
+ * for the stream; consumes the mask. */
+static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinned_buf *ph,
+                      const int32_t *ids_pinned, int32_t L, int32_t V)
+{
+    const uint8_t *gm = c->greedy_L ? c->greedy : NULL;
+    int32_t *ids_host = c->greedy_ids;
+    const int32_t gL = c->greedy_L;
+    c->greedy_L = 0;
+    c->logits_copy_bytes = 0;
+    if (gm && (gL != L || !ids_pinned))
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda logits: the greedy mask has %d rows, the step %d", (int)gL, (int)L);
+    const size_t row_bytes = (size_t)V * 4u;
+    void *hv = NULL;
+    int rc = pinned_get(c->stream, ph, (size_t)L * row_bytes, &hv, &c->err);
+    if (rc)
+        return pg_error_wrap(&c->err, rc, "cuda logits");
+    float *h = hv;
+    for (int32_t r = 0, r1; r < L; r = r1) {
+        for (r1 = r; r1 < L && !(gm && gm[r1]); r1++)
+            ;
+        if (r1 == r) {
+            r1 = r + 1; /* a greedy row: not copied */
+            continue;
+        }
+        CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
+                 cudaMemcpyAsync(h + (size_t)r * V, logits_d + (size_t)r * V,
+                                 (size_t)(r1 - r) * row_bytes, cudaMemcpyDeviceToHost, c->stream));
+        c->logits_copy_bytes += (size_t)(r1 - r) * row_bytes;
+    }
+    CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
+    for (int32_t r = 0; r < L; r++) {
+        if (!(gm && gm[r])) {
+            memcpy(logits_host + (size_t)r * V, h + (size_t)r * V, row_bytes);
+            continue;
+        }
+        ids_host[r] = ids_pinned[r];
+        if (ids_host[r] < 0)
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda logits: greedy row %d: no token can be sampled: all %d logits "
+                                "are -inf or nan", (int)r, (int)V);
+    }
+    return 0;
+}
+
+static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const void *w, int32_t L,
                        int32_t V, int32_t H)
 {
-    cuda_exec *c = cx(ex);
     if (L < 1 || V < 1 || H < 1)
         return pg_error_set(&c->err, PG_EINVAL, "cuda logits: expected L, V, H >= 1, got %d, %d, %d",
                             (int)L, (int)V, (int)H);
@@ -746,24 +852,40 @@ static int cuda_logits(executor *ex, float *logits_host, const void *x, const vo
     if (graph_bound(c))
         return graph_logits(c, x, w, L, V, H);
     size_t cap = c->logits_cap;
-    int rc = device_grow((void **)&c->logits_d, &cap, bytes, "cudaMalloc (logits)", &c->err);
+    int rc = device_grow(c->stream, (void **)&c->logits_d, &cap, bytes, "cudaMalloc (logits)", &c->err);
     c->logits_cap = cap;
     if (rc)
         return rc;
     rc = cuda_gemm_xwt(c->gemm, c->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
     if (rc)
         return rc;
-    /* into pinned memory (a DMA straight from the device; a pageable copy
-     * is staged by the driver in pieces), then into the caller's buffer */
-    void *h = NULL;
-    rc = pinned_get(&c->logits_h, bytes, &h, &c->err);
-    if (rc)
-        return pg_error_wrap(&c->err, rc, "cuda logits");
-    CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
-             cudaMemcpyAsync(h, c->logits_d, bytes, cudaMemcpyDeviceToHost, c->stream));
-    CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
-    memcpy(logits_host, h, bytes);
-    return 0;
+    const int32_t *ids = NULL;
+    if (c->greedy_L) { /* the greedy rows' ids: argmax on the device */
+        cap = c->ids_cap;
+        rc = device_grow(c->stream, (void **)&c->ids_d, &cap, (size_t)L * 4u,
+                         "cudaMalloc (argmax ids)", &c->err);
+        c->ids_cap = cap;
+        void *hi = NULL;
+        if (rc || (rc = pgk_argmax(c->ids_d, c->logits_d, L, V, c->stream, c->sync_each, &c->err)) ||
+            (rc = pinned_get(c->stream, &c->ids_h, (size_t)L * 4u, &hi, &c->err))) {
+            c->greedy_L = 0;
+            return rc;
+        }
+        CUDA_TRY(&c->err, "cudaMemcpyAsync (argmax ids)",
+                 cudaMemcpyAsync(hi, c->ids_d, (size_t)L * 4u, cudaMemcpyDeviceToHost, c->stream));
+        ids = hi;
+    }
+    return logits_out(c, logits_host, c->logits_d, &c->logits_h, ids, L, V);
+}
+
+static int cuda_logits(executor *ex, float *logits_host, const void *x, const void *w, int32_t L,
+                       int32_t V, int32_t H)
+{
+    cuda_exec *c = cx(ex);
+    int rc = logits_impl(c, logits_host, x, w, L, V, H);
+    if (!graph_bound(c)) /* a mask is for one step, whatever happened (a graph's is the replay's) */
+        c->greedy_L = 0;
+    return rc;
 }
 
 static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
@@ -799,11 +921,11 @@ static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t pla
                                     (int)k, (int)src_dst_host[2 * k + 1], (int)j);
     size_t bytes = (size_t)n_pairs * 2u * 4u;
     void *h = NULL;
-    int rc = pinned_get(&c->pairs_h, bytes, &h, &c->err);
+    int rc = pinned_get(c->stream, &c->pairs_h, bytes, &h, &c->err);
     if (rc)
         return rc;
     size_t cap = c->pairs_cap;
-    rc = device_grow((void **)&c->pairs_d, &cap, bytes, "cudaMalloc (copy_blocks pairs)", &c->err);
+    rc = device_grow(c->stream, (void **)&c->pairs_d, &cap, bytes, "cudaMalloc (copy_blocks pairs)", &c->err);
     c->pairs_cap = cap;
     if (rc)
         return rc;
@@ -827,18 +949,20 @@ static int cuda_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t pla
  * only into the dummy rows, which no kernel mixes with the others) — and
  * its metadata is copied into the fixed buffers of cuda_graphs. The first
  * step of a bucket captures the model's whole forward (run by the
- * callback: embed, every layer, final norm, lm_head into g->logits_d and
- * its copy into pinned memory) into a graph; every step then launches that
- * graph and waits for it, and the rows of the real sequences are copied
- * out. The kernels see the same per-sequence data as an eager step and are
- * batch-invariant (the decode partition size depends on (hd, G) only, the
- * grid is sized for max_seq_len and its extra blocks exit; the GEMMs run
- * in fixed 128-row calls by default), so graph and eager logits and KV are
+ * callback: embed, every layer, final norm, lm_head into g->logits_d, the
+ * argmax of every row and its copy into pinned memory) into a graph; every
+ * step then launches that graph, and the logits rows of the real sequences
+ * (those not asked for as greedy ids) are copied out after it. The kernels see the same per-sequence data as an eager step and are
+ * batch-invariant (the decode partition size depends on (hd, G) only, a
+ * partition's block on the partition only, the grid is sized for the
+ * tier's context and its extra blocks exit; the GEMMs run in fixed 128-row
+ * calls by default), so graph and eager logits and KV are
  * bit-identical (tests/gpu/test_cuda_graphs.c). With fast_gemm the GEMM of
  * P padded rows may pick another cuBLAS kernel than the eager S rows.
  *
- * Fixed metadata layout (int32; Pm = max_batch, st = stride =
- * ceil(max_seq_len / block_size)): token_ids [Pm], positions [Pm],
+ * Fixed metadata layout (int32; Pm = max_batch, st = the tier's stride =
+ * ceil(context / block_size), the top tier's for the block's size):
+ * token_ids [Pm], positions [Pm],
  * slots [Pm], query_start [Pm+1], seq_lens [Pm], block_tables [Pm][st],
  * logits_rows [Pm] — the same offsets for every bucket; a step copies
  * only what its bucket reads (graph_upload). */
@@ -876,6 +1000,9 @@ static void graph_free(cuda_graphs *g)
     free(g->meta_host);
     pinned_free(&g->meta_h);
     pinned_free(&g->logits_h);
+    pinned_free(&g->ids_h);
+    if (g->ids_d)
+        cudaFree(g->ids_d);
     if (g->meta_d)
         cudaFree(g->meta_d);
     if (g->ws_d)
@@ -890,7 +1017,7 @@ static void graph_free(cuda_graphs *g)
 static int graph_bind_batch(cuda_exec *c, const step_batch *b)
 {
     cuda_graphs *g = c->graphs;
-    const int32_t P = b->num_seqs, Pm = g->max_batch, st = g->stride;
+    const int32_t P = b->num_seqs, Pm = g->max_batch, st = g->cur_stride;
     c->have_batch = 0;
     if (P < 1 || P > Pm || b->num_tokens != P || b->num_logits != P)
         return pg_error_set(&c->err, PG_EINVAL,
@@ -910,7 +1037,7 @@ static int graph_bind_batch(cuda_exec *c, const step_batch *b)
     d->num_seqs = P;
     d->block_size = g->block_size;
     d->block_table_stride = st;
-    d->max_seq_len = g->max_seq_len; /* the grid of the bound, not of this step */
+    d->max_seq_len = g->cur_context; /* the grid of the tier, not of this step */
     d->max_query_len = 1;
     d->num_logits = P;
     d->num_prefill_seqs = 0;
@@ -919,19 +1046,28 @@ static int graph_bind_batch(cuda_exec *c, const step_batch *b)
     return 0;
 }
 
-/* logits while bound: lm_head into the graph's buffer and its copy into
- * pinned memory, without waiting (capturable); run_step waits after the
- * launch and copies the real rows out. */
+/* logits while bound: lm_head into the graph's buffer, the argmax of each
+ * row and its copy into pinned memory, without waiting (capturable);
+ * run_step copies the real rows out after the launch (logits_out). */
 static int graph_logits(cuda_exec *c, const void *x, const void *w, int32_t L, int32_t V,
                         int32_t H)
 {
     cuda_graphs *g = c->graphs;
-    size_t bytes = (size_t)L * (size_t)V * 4u;
+    const size_t bytes = (size_t)L * (size_t)V * 4u;
     if (g->logits_cap < bytes) {
         size_t cap = g->logits_cap;
-        int rc = device_grow((void **)&g->logits_d, &cap, bytes, "cudaMalloc (graph logits)",
+        int rc = device_grow(c->stream, (void **)&g->logits_d, &cap, bytes, "cudaMalloc (graph logits)",
                              &c->err);
         g->logits_cap = cap;
+        g->generation++;
+        if (rc)
+            return rc;
+    }
+    if (g->ids_cap < (size_t)L * 4u) {
+        size_t cap = g->ids_cap;
+        int rc = device_grow(c->stream, (void **)&g->ids_d, &cap, (size_t)L * 4u,
+                             "cudaMalloc (graph argmax ids)", &c->err);
+        g->ids_cap = cap;
         g->generation++;
         if (rc)
             return rc;
@@ -939,11 +1075,16 @@ static int graph_logits(cuda_exec *c, const void *x, const void *w, int32_t L, i
     int rc = cuda_gemm_xwt(c->gemm, g->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
     if (rc)
         return rc;
+    /* every row's argmax (cheap: the rows are read once more on the
+     * device), for the rows the step wants as ids only; the logits rows are
+     * copied after the replay, only those the step returns */
+    if ((rc = pgk_argmax(g->ids_d, g->logits_d, L, V, c->stream, 0, &c->err)))
+        return rc;
     void *h = NULL;
-    if ((rc = pinned_get(&g->logits_h, bytes, &h, &c->err))) /* allocates only at the warm-up */
-        return pg_error_wrap(&c->err, rc, "cuda graph logits");
-    CUDA_TRY(&c->err, "cudaMemcpyAsync (graph logits)",
-             cudaMemcpyAsync(h, g->logits_d, bytes, cudaMemcpyDeviceToHost, c->stream));
+    if ((rc = pinned_get(c->stream, &g->ids_h, (size_t)L * 4u, &h, &c->err))) /* allocates only at the warm-up */
+        return pg_error_wrap(&c->err, rc, "cuda graph argmax ids");
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (graph argmax ids)",
+             cudaMemcpyAsync(h, g->ids_d, (size_t)L * 4u, cudaMemcpyDeviceToHost, c->stream));
     g->logits_rows = L;
     g->logits_V = V;
     return 0;
@@ -971,7 +1112,7 @@ static int graph_eligible(const cuda_graphs *g, const step_batch *b)
  * (none when b is NULL: the warm-up), then dummies; *pb views it. */
 static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batch *pb)
 {
-    const int32_t Pm = g->max_batch, st = g->stride, S = b ? b->num_seqs : 0;
+    const int32_t Pm = g->max_batch, st = g->cur_stride, S = b ? b->num_seqs : 0;
     int32_t *h = g->meta_host;
     memset(h, 0, GM_USED(Pm, st, P) * 4u); /* the rows of bucket P (graph_upload) */
     for (int32_t s = 0; s < P; s++) {
@@ -999,7 +1140,7 @@ static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batc
     pb->seq_lens = h + GM_LEN(Pm, st);
     pb->block_tables = h + GM_BT(Pm, st);
     pb->block_table_stride = st;
-    pb->max_seq_len = g->max_seq_len;
+    pb->max_seq_len = g->cur_context;
     pb->max_query_len = 1;
     pb->logits_rows = h + GM_ROWS(Pm, st);
     pb->sliding_window = g->window;
@@ -1011,9 +1152,9 @@ static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batc
 static int graph_upload(cuda_exec *c, int32_t P)
 {
     cuda_graphs *g = c->graphs;
-    const int32_t Pm = g->max_batch, st = g->stride;
+    const int32_t Pm = g->max_batch, st = g->cur_stride;
     void *hv = NULL;
-    int rc = pinned_get(&g->meta_h, g->meta_n * 4u, &hv, &c->err);
+    int rc = pinned_get(c->stream, &g->meta_h, g->meta_n * 4u, &hv, &c->err);
     if (rc)
         return pg_error_wrap(&c->err, rc, "cuda graph metadata");
     int32_t *h = hv;
@@ -1025,6 +1166,7 @@ static int graph_upload(cuda_exec *c, int32_t P)
     CUDA_TRY(&c->err, "cudaMemcpyAsync (graph metadata rows)",
              cudaMemcpyAsync(g->meta_d + rows, h + rows, (size_t)P * 4u, cudaMemcpyHostToDevice,
                              c->stream));
+    g->meta_upload_bytes = (head + (size_t)P) * 4u;
     return pinned_mark(&g->meta_h, c->stream, &c->err);
 }
 
@@ -1036,14 +1178,18 @@ static int graph_warm_up(cuda_exec *c, exec_forward_fn forward, void *ctx)
 {
     cuda_graphs *g = c->graphs;
     g->meta_n = GM_N(g->max_batch, g->stride);
+    free(g->meta_host); /* a retried warm-up (the last one failed) */
     g->meta_host = malloc(g->meta_n * 4u);
     if (!g->meta_host)
         return pg_error_set(&c->err, PG_ENOMEM, "cuda graph: out of host memory");
-    size_t cap = 0;
-    int rc = device_grow((void **)&g->meta_d, &cap, g->meta_n * 4u, "cudaMalloc (graph metadata)",
-                         &c->err);
+    size_t cap = 0; /* a retried warm-up frees the last one's block */
+    int rc = device_grow(c->stream, (void **)&g->meta_d, &cap, g->meta_n * 4u,
+                         "cudaMalloc (graph metadata)", &c->err);
     if (rc)
         return rc;
+    /* the top tier: the largest decode workspace and table stride */
+    g->cur_context = g->max_seq_len;
+    g->cur_stride = g->stride;
     step_batch pb;
     graph_fill(g, NULL, g->max_batch, &pb);
     if ((rc = graph_upload(c, g->max_batch)))
@@ -1067,6 +1213,12 @@ static int graph_capture(cuda_exec *c, graph_bucket *bk, const step_batch *pb,
              cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal));
     const int sync_each = c->sync_each; /* a synchronization would invalidate the capture */
     c->sync_each = 0;
+    if (g->fault & CUDA_GRAPH_TEST_FAIL_CAPTURE) {
+        /* illegal while capturing: the driver (and the emulator) invalidate
+         * the capture, which then fails at its end (a negative control) */
+        g->fault &= ~CUDA_GRAPH_TEST_FAIL_CAPTURE;
+        (void)cudaStreamSynchronize(c->stream);
+    }
     g->bound = g->capturing = 1;
     int rc = forward(ctx, pb, NULL);
     g->bound = g->capturing = 0;
@@ -1094,10 +1246,22 @@ static int graph_capture(cuda_exec *c, graph_bucket *bk, const step_batch *pb,
     return 0;
 }
 
-static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
+/* The graph of bucket (P, tier) fell back to eager: one warning per bucket
+ * (a failed capture is not an error: the step runs eagerly, as with
+ * --enforce-eager, with the same bits). */
+static void graph_fall_back(cuda_exec *c, graph_bucket *bk)
+{
+    cuda_graphs *g = c->graphs;
+    bk->eager = 1;
+    g->eager_fallbacks++;
+    fprintf(stderr,
+            "pagedgen: warning: cuda graph of %d sequences (contexts <= %d tokens): capture failed "
+            "(%s); these steps run eagerly\n", (int)bk->size, (int)bk->context, c->err.msg);
+}
+
+static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
                          exec_forward_fn forward, void *ctx)
 {
-    cuda_exec *c = cx(ex);
     cuda_graphs *g = c->graphs;
     if (!g || !graph_eligible(g, b))
         return forward(ctx, b, logits_host); /* prefill, mixed, too large: eager */
@@ -1118,31 +1282,53 @@ static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
         if (b->token_ids[t] < 0 || b->token_ids[t] >= g->vocab)
             return pg_error_set(&c->err, PG_EINVAL, "cuda embed: token %d: expected id in [0,%d), got %d",
                                 (int)t, (int)g->vocab, (int)b->token_ids[t]);
-    int32_t P = cuda_plan_graph_bucket(S, g->max_batch);
+    const int32_t P = cuda_plan_graph_bucket(S, g->max_batch);
+    int32_t max_len = 0, context = 0;
+    for (int32_t s = 0; s < S; s++)
+        max_len = b->seq_lens[s] > max_len ? b->seq_lens[s] : max_len;
+    const int32_t tier = cuda_plan_graph_context(max_len, g->max_seq_len, &context);
     graph_bucket *bk = NULL;
-    for (int32_t i = 0; i < g->n_buckets && !bk; i++)
-        if (g->buckets[i].size == P)
-            bk = &g->buckets[i];
+    for (int32_t i = 0; i < g->n_sizes && !bk && tier >= 0; i++)
+        if (g->buckets[i * g->n_tiers].size == P)
+            bk = &g->buckets[i * g->n_tiers + tier];
     if (!bk)
-        return pg_error_set(&c->err, PG_EINVAL, "cuda graph: no bucket of %d sequences", (int)P);
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda graph: no bucket of %d sequences with contexts of %d tokens",
+                            (int)P, (int)max_len);
+    if (bk->eager)
+        return forward(ctx, b, logits_host);
     /* a buffer a graph uses was reallocated since its capture: capture again */
     if (bk->exec && bk->generation != graph_generation(c))
         graph_drop_all(g);
+    g->cur_context = bk->context;
+    g->cur_stride = (bk->context + g->block_size - 1) / g->block_size;
     step_batch pb;
     graph_fill(g, b, P, &pb);
     if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) && (rc = graph_upload(c, P)))
         return rc;
-    if (!bk->exec && (rc = graph_capture(c, bk, &pb, forward, ctx)))
-        return rc;
-    CUDA_TRY(&c->err, "cudaGraphLaunch (decode step)", cudaGraphLaunch(bk->exec, c->stream));
-    CUDA_TRY(&c->err, "cudaStreamSynchronize (decode step)", cudaStreamSynchronize(c->stream));
-    g->replays++;
-    if (bk->logits_rows != P || bk->logits_V < 1)
+    if (!bk->exec && graph_capture(c, bk, &pb, forward, ctx)) {
+        graph_fall_back(c, bk);
+        return forward(ctx, b, logits_host);
+    }
+    if (bk->logits_rows != P || bk->logits_V < 1) {
+        c->greedy_L = 0;
         return pg_error_set(&c->err, PG_EINVAL,
                             "cuda graph: the captured step computed %d logits rows, expected %d",
                             (int)bk->logits_rows, (int)P);
-    memcpy(logits_host, g->logits_h.h, (size_t)S * (size_t)bk->logits_V * 4u);
-    return 0;
+    }
+    CUDA_TRY(&c->err, "cudaGraphLaunch (decode step)", cudaGraphLaunch(bk->exec, c->stream));
+    g->replays++;
+    /* the S real rows (of the P computed), after the replay (stream order) */
+    return logits_out(c, logits_host, g->logits_d, &g->logits_h, g->ids_h.h, S, bk->logits_V);
+}
+
+static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
+                         exec_forward_fn forward, void *ctx)
+{
+    cuda_exec *c = cx(ex);
+    int rc = run_step_impl(c, b, logits_host, forward, ctx);
+    c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
+    return rc;
 }
 
 static const executor_ops cuda_ops;
@@ -1169,10 +1355,11 @@ int cuda_executor_set_graphs(executor *ex, int32_t max_batch, int32_t max_seq_le
     if (max_batch == 0)
         return 0;
     cuda_graphs *g = calloc(1, sizeof *g);
-    int32_t n = cuda_plan_graph_sizes(NULL, 0, max_batch);
+    const int32_t n = cuda_plan_graph_sizes(NULL, 0, max_batch);
+    const int32_t n_tiers = cuda_plan_graph_tiers(max_seq_len);
     int32_t *sizes = malloc((size_t)n * sizeof *sizes);
     if (g)
-        g->buckets = calloc((size_t)n, sizeof *g->buckets);
+        g->buckets = calloc((size_t)n * (size_t)n_tiers, sizeof *g->buckets);
     if (!g || !sizes || !g->buckets) {
         free(sizes);
         graph_free(g);
@@ -1180,9 +1367,16 @@ int cuda_executor_set_graphs(executor *ex, int32_t max_batch, int32_t max_seq_le
     }
     cuda_plan_graph_sizes(sizes, n, max_batch);
     for (int32_t i = 0; i < n; i++)
-        g->buckets[i].size = sizes[i];
+        for (int32_t k = 0, len = 1; k < n_tiers; k++) {
+            graph_bucket *bk = &g->buckets[i * n_tiers + k];
+            bk->size = sizes[i];
+            cuda_plan_graph_context(len, max_seq_len, &bk->context);
+            len = bk->context + 1;
+        }
     free(sizes);
-    g->n_buckets = n;
+    g->n_buckets = n * n_tiers;
+    g->n_sizes = n;
+    g->n_tiers = n_tiers;
     g->max_batch = max_batch;
     g->max_seq_len = max_seq_len;
     c->graphs = g;
@@ -1196,13 +1390,44 @@ void cuda_executor_graph_stats(executor *ex, long *captures, long *replays)
     *replays = c && c->graphs ? c->graphs->replays : 0;
 }
 
+void cuda_executor_graph_info(executor *ex, cuda_graph_info *out)
+{
+    cuda_exec *c = as_cuda(ex);
+    const cuda_graphs *g = c ? c->graphs : NULL;
+    memset(out, 0, sizeof *out);
+    if (!g)
+        return;
+    out->captures = g->captures;
+    out->replays = g->replays;
+    out->eager_fallbacks = g->eager_fallbacks;
+    out->workspace_bytes = g->ws_floats * 4u;
+    out->meta_upload_bytes = g->meta_upload_bytes;
+    out->logits_copy_bytes = c->logits_copy_bytes;
+}
+
+int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t L,
+                                   int32_t *ids_host)
+{
+    cuda_exec *c = as_cuda(ex);
+    if (!c)
+        return PG_EINVAL;
+    if (L < 0 || (L > 0 && (!greedy || !ids_host)))
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda greedy rows: expected L >= 0 and a mask and ids for L > 0, got L %d",
+                            (int)L);
+    c->greedy = greedy;
+    c->greedy_ids = ids_host;
+    c->greedy_L = L;
+    return 0;
+}
+
 int cuda_executor_graph_test_fault(executor *ex, int fault)
 {
     cuda_exec *c = as_cuda(ex);
     if (!c || !c->graphs || !c->graphs->logits_d)
         return PG_EINVAL;
     cuda_graphs *g = c->graphs;
-    if (fault == CUDA_GRAPH_TEST_SKIP_METADATA) {
+    if (fault == CUDA_GRAPH_TEST_SKIP_METADATA || fault == CUDA_GRAPH_TEST_FAIL_CAPTURE) {
         g->fault |= fault;
         return 0;
     }
@@ -1210,7 +1435,7 @@ int cuda_executor_graph_test_fault(executor *ex, int fault)
         return PG_EINVAL;
     /* what a larger step would do to a buffer grown on demand */
     size_t cap = g->logits_cap;
-    int rc = device_grow((void **)&g->logits_d, &cap, g->logits_cap + 1, "cudaMalloc (test regrow)",
+    int rc = device_grow(c->stream, (void **)&g->logits_d, &cap, g->logits_cap + 1, "cudaMalloc (test regrow)",
                          &c->err);
     g->logits_cap = cap;
     if (fault == CUDA_GRAPH_TEST_REGROW)

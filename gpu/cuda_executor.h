@@ -39,20 +39,29 @@
  * of at most max_batch sequences; prefill and mixed steps, and decode steps
  * past the bounds, run eagerly. What is captured: the model's whole
  * forward (embed, every layer's norms, GEMMs, rope, kv_write, decode
- * attention and its reduction, the final norm, lm_head and the copy of the
- * logits into pinned host memory) for the batch padded to its bucket
- * (cuda_plan_graph_sizes: 1, 2, 4, then multiples of 8 up to max_batch),
- * captured on the first step of each bucket after one warm-up step at
- * max_batch. Before each replay the step's metadata (token ids, positions,
- * slots, seq lens, block tables padded to ceil(max_seq_len / block_size)
- * entries) is copied into fixed device buffers; after it the stream is
- * waited for and the real rows of the logits copied out. Graph and eager
- * steps give bit-identical logits and KV (the default fixed-rows GEMMs;
- * with fast_gemm the padded GEMM may differ in the last bits).
+ * attention and its reduction, the final norm, lm_head, the argmax of each
+ * logits row and its copy into pinned memory) for the batch padded to its bucket
+ * (cuda_plan_graph_sizes: 1, 2, 4, then multiples of 8 up to max_batch)
+ * and for the context tier of its longest sequence (cuda_plan_graph_context:
+ * 512, 2048, 8192, ... tokens up to max_seq_len), captured on the first step
+ * of each (bucket, tier) after one warm-up step at max_batch and the top
+ * tier, which sizes every buffer a capture touches (GEMM padding included)
+ * so that no capture allocates. Before each replay the step's metadata
+ * (token ids, positions, slots, seq lens, block tables padded to the tier's
+ * ceil(context / block_size) entries, only the bucket's rows) is copied into
+ * fixed device buffers; after it the logits rows of the real sequences
+ * (not the padding's; not the greedy rows of cuda_executor_greedy_next_step)
+ * are copied out. The decode grid of a graph is the tier's, at most
+ * CUDA_PLAN_DECODE_MAX_SPLITS blocks per sequence and KV head. Graph and
+ * eager steps give bit-identical logits and KV (the default fixed-rows GEMMs;
+ * with fast_gemm the padded GEMM may differ in the last bits). A capture
+ * that fails (the driver refused a call) is not an error: that (bucket,
+ * tier) runs eagerly from then on, with one warning on stderr
+ * (cuda_graph_info.eager_fallbacks).
  * Memory besides the eager path's: metadata (6 Pm + 1 + Pm * stride) int32,
  * logits Pm * V f32 on the device and pinned, the decode workspace for Pm
- * sequences of max_seq_len (Pm = max_batch), plus what the driver keeps per
- * graph (not measurable here).
+ * sequences of min(partitions of max_seq_len, 32) splits (Pm = max_batch),
+ * plus what the driver keeps per graph (not measurable here).
  */
 #ifndef PG_CUDA_EXECUTOR_H
 #define PG_CUDA_EXECUTOR_H
@@ -82,7 +91,8 @@ int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error
 
 /* CUDA graphs for decode steps of up to max_batch sequences (0: off, the
  * default: every step eager) whose contexts are at most max_seq_len tokens
- * (max_model_len: it sizes the decode grid and the fixed block tables).
+ * (max_model_len: the top context tier, which sizes the fixed block tables
+ * and the graphs' decode workspace).
  * max_batch must not exceed the model's max_num_seqs nor its
  * max_num_batched_tokens (the warm-up runs a step of max_batch sequences).
  * Drops the graphs captured so far. PG_EINVAL when ex is not a cuda
@@ -90,6 +100,15 @@ int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error
 int cuda_executor_set_graphs(executor *ex, int32_t max_batch, int32_t max_seq_len, pg_error *err);
 /* Graphs captured and replays run so far (0 and 0 with graphs off). */
 void cuda_executor_graph_stats(executor *ex, long *captures, long *replays);
+/* The same and more (all 0 with graphs off). */
+typedef struct cuda_graph_info {
+    long captures, replays;
+    long eager_fallbacks;      /* buckets whose capture failed: their steps run eagerly */
+    size_t workspace_bytes;    /* the graphs' decode split workspace (device) */
+    size_t meta_upload_bytes;  /* step metadata the last graphed step copied to the device */
+    size_t logits_copy_bytes;  /* logits the last step (graphed or eager) copied to the host */
+} cuda_graph_info;
+void cuda_executor_graph_info(executor *ex, cuda_graph_info *out);
 
 /* Negative controls for the tests (tests/gpu/test_cuda_graphs.c), each of
  * which must make a graph-vs-eager comparison fail or be reported:
@@ -99,14 +118,32 @@ void cuda_executor_graph_stats(executor *ex, long *captures, long *replays);
  *     would; tracked, so the graphs are captured again (a positive control);
  *   REGROW_UNTRACKED: the same without telling the graphs: the next replay
  *     writes to the freed buffer (the host emulator reports it; on a device
- *     it is a use-after-free — emulator only).
+ *     it is a use-after-free — emulator only);
+ *   FAIL_CAPTURE: the next capture synchronizes the stream, which the
+ *     driver forbids while capturing: the capture fails, and that bucket
+ *     must run eagerly from then on (with one warning), not end the run.
  * 0, or PG_EINVAL before the first graphed step. */
 enum {
     CUDA_GRAPH_TEST_SKIP_METADATA = 1,
     CUDA_GRAPH_TEST_REGROW = 2,
     CUDA_GRAPH_TEST_REGROW_UNTRACKED = 3,
+    CUDA_GRAPH_TEST_FAIL_CAPTURE = 4,
 };
 int cuda_executor_graph_test_fault(executor *ex, int fault);
+
+/* Device-side greedy rows for the next step (run_step, or logits): for
+ * every row r < L with greedy[r] != 0, ids_host[r] gets argmax_v of its
+ * logits (ties -> lowest id, NaN never wins: core/sampler.c's greedy rule,
+ * tests/gpu/test_cuda_executor.c) and its row of logits_host is left
+ * unwritten: its V floats do not cross PCIe. The other rows are written as
+ * always. For the rows the engine would take the argmax of unchanged
+ * (temperature 0, no penalties, bias, grammar, banned ids or logprobs).
+ * greedy and ids_host are borrowed until that step returns; the step
+ * consumes the mask, and fails with PG_EINVAL when its L differs or a
+ * greedy row has no logit > -inf. L = 0 clears it. PG_EINVAL when ex is
+ * not a cuda executor. Not yet called by core/ (gpu/README.md). */
+int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t L,
+                                   int32_t *ids_host);
 
 /* Number of CUDA devices; 0 when there is no driver or no device (never
  * fails loudly: a machine without a GPU simply has 0). */

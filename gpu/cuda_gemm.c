@@ -78,6 +78,7 @@ int cuda_gemm_create(cuda_gemm **out, cudaStream_t st, pg_error *err)
     int rc = 0;
     cudaError_t ce = cudaMalloc(&g->workspace, CUDA_GEMM_WORKSPACE_BYTES);
     if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
         g->workspace = NULL;
         rc = pg_error_set(err, PG_ENOMEM, "cublas: workspace of %zu MiB: %s: %s",
                           CUDA_GEMM_WORKSPACE_BYTES >> 20, cudaGetErrorName(ce),
@@ -146,27 +147,52 @@ static int gemm_call(cuda_gemm *g, void *y, int y_dt, const void *x, const void 
     return 0;
 }
 
-static int grow(cuda_gemm *g, void **p, size_t *cap, size_t bytes, pg_error *err)
+/* Grows *p to at least bytes (contents dropped, then zeroed: defined
+ * padding rows, whose results are dropped). Never inside a CUDA graph
+ * capture: an allocation there is illegal (the driver invalidates the
+ * capture) and the graph would hold the freed buffer; the executor's
+ * warm-up makes every shape's call uncaptured first. On error nothing is
+ * freed unless the new allocation is what failed (then *p is NULL, *cap 0,
+ * and the generation says the old buffer is gone). */
+static int grow(cuda_gemm *g, void **p, size_t *cap, size_t bytes, const char *what,
+                pg_error *err)
 {
     if (*cap >= bytes)
         return 0;
-    if (*p)
-        cudaFree(*p); /* waits for the work that used it */
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(g->stream, &cs);
+    if (e != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        (void)cudaGetLastError();
+        return pg_error_set(err, PG_EINVAL,
+                            "gemm: %s padding buffer of %zu bytes (has %zu) while the stream is "
+                            "captured into a CUDA graph: expected it grown by an uncaptured call of "
+                            "this shape first", what, bytes, *cap);
+    }
+    if (*p) {
+        e = cudaFree(*p); /* waits for the work that used it */
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return pg_error_set(err, PG_EDEVICE, "gemm: freeing the %s padding buffer: %s: %s",
+                                what, cudaGetErrorName(e), cudaGetErrorString(e));
+        }
+    }
     *p = NULL;
     *cap = 0;
     g->pad_generation++;
-    cudaError_t e = cudaMalloc(p, bytes);
+    e = cudaMalloc(p, bytes);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not left for the next launch check to report */
         *p = NULL;
-        return pg_error_set(err, PG_ENOMEM, "gemm: padding buffer of %zu bytes: %s: %s", bytes,
-                            cudaGetErrorName(e), cudaGetErrorString(e));
+        return pg_error_set(err, PG_ENOMEM, "gemm: %s padding buffer of %zu bytes: %s: %s", what,
+                            bytes, cudaGetErrorName(e), cudaGetErrorString(e));
     }
     *cap = bytes;
-    /* defined padding rows (their results are dropped) */
     e = cudaMemsetAsync(*p, 0, bytes, g->stream);
-    if (e != cudaSuccess)
-        return pg_error_set(err, PG_EDEVICE, "gemm: padding buffer clear: %s: %s",
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return pg_error_set(err, PG_EDEVICE, "gemm: %s padding buffer clear: %s: %s", what,
                             cudaGetErrorName(e), cudaGetErrorString(e));
+    }
     return 0;
 }
 
@@ -184,11 +210,18 @@ int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w,
     if (mc == 0)
         return gemm_call(g, y, y_dt, x, w, in_dt, M, N, K, err);
     const size_t xb = pgk_dtype_bytes(in_dt), yb = pgk_dtype_bytes(y_dt);
+    /* the padding buffers grow on every call, full chunks or not, to the
+     * largest K and N seen: a warm-up step whose M is a multiple of mc then
+     * sizes them for every later partial chunk of these shapes, which a
+     * CUDA graph capture must not allocate (grow refuses there) */
+    int rc;
+    if ((rc = grow(g, &g->x_pad, &g->x_pad_bytes, (size_t)mc * (size_t)K * xb, "input", err)) ||
+        (rc = grow(g, &g->y_pad, &g->y_pad_bytes, (size_t)mc * (size_t)N * yb, "output", err)))
+        return rc;
     for (int32_t m0 = 0; m0 < M; m0 += mc) {
         const int32_t rows = M - m0 < mc ? M - m0 : mc;
         const char *xs = (const char *)x + (size_t)m0 * (size_t)K * xb;
         char *ys = (char *)y + (size_t)m0 * (size_t)N * yb;
-        int rc;
         if (rows == mc) {
             rc = gemm_call(g, ys, y_dt, xs, w, in_dt, mc, N, K, err);
             if (rc)
@@ -198,9 +231,6 @@ int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w,
         /* the last, partial chunk: through [mc] row buffers (the padding
          * rows hold zeros or older rows; rows of a GEMM never mix) */
         size_t xbytes = (size_t)rows * (size_t)K * xb, ybytes = (size_t)rows * (size_t)N * yb;
-        if ((rc = grow(g, &g->x_pad, &g->x_pad_bytes, (size_t)mc * (size_t)K * xb, err)) ||
-            (rc = grow(g, &g->y_pad, &g->y_pad_bytes, (size_t)mc * (size_t)N * yb, err)))
-            return rc;
         cudaError_t e = cudaMemcpyAsync(g->x_pad, xs, xbytes, cudaMemcpyDeviceToDevice, g->stream);
         if (e != cudaSuccess)
             return pg_error_set(err, PG_EDEVICE, "gemm: padding copy: %s: %s", cudaGetErrorName(e),

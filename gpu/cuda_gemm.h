@@ -40,7 +40,7 @@ void cuda_gemm_destroy(cuda_gemm *g); /* accepts NULL */
 void cuda_gemm_set_fixed_rows(cuda_gemm *g, int32_t fixed_rows);
 
 /* Counts the (re)allocations of the padding buffers of the fixed-rows mode
- * (they grow to the largest K and N seen). A CUDA graph captured over
+ * (they grow to the largest K and N seen, on every call, whatever M). A CUDA graph captured over
  * cuda_gemm_xwt holds their addresses: the executor re-captures its graphs
  * when this changed since their capture (cuda_executor.c). */
 uint64_t cuda_gemm_buffers_generation(const cuda_gemm *g);
@@ -51,7 +51,8 @@ uint64_t cuda_gemm_buffers_generation(const cuda_gemm *g);
  * Asynchronous on the handle's stream. Capturable into a CUDA graph (the
  * workspace is set explicitly, cuBLAS allocates nothing) once the padding
  * buffers have grown for the shapes used: one uncaptured call of each
- * shape first. */
+ * (N, K) first, with any M (a call that would have to grow them while its
+ * stream is capturing fails with PG_EINVAL and says so, allocating nothing). */
 int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w, int in_dt,
                   int32_t M, int32_t N, int32_t K, pg_error *err);
 

@@ -17,7 +17,7 @@ static size_t decode_smem_bytes(int32_t hd, int32_t gc, int32_t partition)
     size_t q = (size_t)gc * (size_t)hd * 4u;                 /* q [gc][hd] f32 */
     size_t s = (size_t)gc * (size_t)partition * 4u;          /* scores [gc][P] f32 */
     size_t red = (size_t)CUDA_PLAN_ATTN_THREADS * CUDA_PLAN_DECODE_EPT * 4u; /* [threads*EPT] */
-    size_t stats = 2u * (size_t)gc * 4u;                     /* max, sum [gc] */
+    size_t stats = 7u * (size_t)gc * 4u;  /* max, sum; the split's max, sum; merge weights (3) [gc] */
     return q + s + red + stats;
 }
 
@@ -52,6 +52,8 @@ int cuda_plan_decode(cuda_decode_plan *out, int32_t hd, int32_t G, int32_t max_s
             out->group_threads = hd / CUDA_PLAN_DECODE_EPT;
             out->partition_size = sizes[i];
             out->max_partitions = cuda_plan_num_partitions(max_seq_len, sizes[i]);
+            out->splits = out->max_partitions < CUDA_PLAN_DECODE_MAX_SPLITS
+                              ? out->max_partitions : CUDA_PLAN_DECODE_MAX_SPLITS;
             out->smem_bytes = need;
             return 0;
         }
@@ -173,4 +175,24 @@ int32_t cuda_plan_graph_bucket(int32_t batch, int32_t max_batch)
     else
         b = (batch + 7) / 8 * 8;
     return b > max_batch ? max_batch : b;
+}
+
+int32_t cuda_plan_graph_context(int32_t seq_len, int32_t max_seq_len, int32_t *bound)
+{
+    if (seq_len < 1 || seq_len > max_seq_len)
+        return -1;
+    int64_t b = CUDA_PLAN_GRAPH_TIER0;
+    int32_t k = 0;
+    while (b < seq_len && b < max_seq_len) {
+        b *= 4;
+        k++;
+    }
+    *bound = b < max_seq_len ? (int32_t)b : max_seq_len;
+    return k;
+}
+
+int32_t cuda_plan_graph_tiers(int32_t max_seq_len)
+{
+    int32_t bound = 0;
+    return max_seq_len < 1 ? 0 : cuda_plan_graph_context(max_seq_len, max_seq_len, &bound) + 1;
 }

@@ -28,6 +28,15 @@
  * per-thread accumulators are [CUDA_PLAN_DECODE_MAX_G][EPT] registers); a
  * larger GQA group is processed in chunks of this many heads. */
 #define CUDA_PLAN_DECODE_MAX_G 8
+/* Blocks of the decode kernel per (sequence, KV-head chunk) at most: its
+ * grid.z is min(partitions, this) and block z handles partitions z, z + 32,
+ * z + 64, ... of a sequence (merging them in that order), so the grid and
+ * the split workspace are bounded whatever max_model_len is (a CUDA graph's
+ * grid is planned for its longest context: 256 partitions of 512 at 128k
+ * tokens). A partition's arithmetic and its block do not depend on the grid:
+ * partition p always goes to block p mod 32, so graph and eager steps, and
+ * any two batches, give the same bits. */
+#define CUDA_PLAN_DECODE_MAX_SPLITS 32
 /* Shared memory a block may use without an opt-in on every sm_80+ GPU. */
 #define CUDA_PLAN_SMEM_DEFAULT_BYTES (48u * 1024u)
 
@@ -40,18 +49,22 @@ typedef struct cuda_decode_plan {
     int32_t threads;          /* CUDA_PLAN_ATTN_THREADS */
     int32_t group_threads;    /* threads that share one key: hd / EPT */
     int32_t partition_size;   /* context tokens per block (multiple of 32) */
-    int32_t max_partitions;   /* ceil(max_seq_len / partition_size) = grid.z */
+    int32_t max_partitions;   /* ceil(max_seq_len / partition_size) */
+    int32_t splits;           /* min(max_partitions, CUDA_PLAN_DECODE_MAX_SPLITS) = grid.z,
+                                 and the partial results per (sequence, head) */
     size_t smem_bytes;        /* dynamic shared memory per block */
 } cuda_decode_plan;
 
 /* Geometry of the decode kernel for head_dim hd, G = nh / nkv query heads
  * per KV head and the longest context of the step. The partition size is
  * the largest of 512, 256, 128, 64 whose shared memory (q [G][hd] f32,
- * scores [G][P] f32, reduction [threads*EPT] f32) fits smem_limit_bytes.
+ * scores [G][P] f32, reduction [threads*EPT] f32, statistics [7][G] f32)
+ * fits smem_limit_bytes.
  * It depends on (hd, G) only, never on the batch, so a sequence is split the
  * same way in every step — and by a CUDA graph, whose grid is planned for
- * max_model_len (blocks past a sequence's partitions exit at once), so
- * graph and eager steps give the same bits (cuda_executor.h). */
+ * the context bound of its tier (cuda_plan_graph_context; blocks past a
+ * sequence's partitions exit at once), so graph and eager steps give the
+ * same bits (cuda_executor.h). */
 int cuda_plan_decode(cuda_decode_plan *out, int32_t hd, int32_t G, int32_t max_seq_len,
                      size_t smem_limit_bytes, pg_error *err);
 
@@ -102,6 +115,17 @@ int cuda_plan_kv_blocks(int32_t *num_blocks, const cuda_mem_plan_in *in, pg_erro
  * one of them). Writes at most cap sizes in increasing order and returns how
  * many there are in all (may exceed cap). */
 int32_t cuda_plan_graph_sizes(int32_t *sizes, int32_t cap, int32_t max_batch);
+/* CUDA-graph context tiers: a decode step whose longest context is seq_len
+ * runs the graph planned for cuda_plan_graph_context(seq_len, max_seq_len)
+ * tokens: the smallest of 512, 2048, 8192, ... (x4) that holds seq_len,
+ * clamped to max_seq_len; its decode grid and its block-table stride are
+ * sized by that bound, not by max_model_len, so a step's launches and
+ * metadata copy stay within 4x of the context in use. Returns the tier's
+ * index (0, 1, ...) and its bound in *bound; -1 when seq_len is outside
+ * [1, max_seq_len]. cuda_plan_graph_tiers: how many tiers max_seq_len has. */
+#define CUDA_PLAN_GRAPH_TIER0 512
+int32_t cuda_plan_graph_context(int32_t seq_len, int32_t max_seq_len, int32_t *bound);
+int32_t cuda_plan_graph_tiers(int32_t max_seq_len);
 /* The smallest bucket >= batch (the padded batch a captured graph runs),
  * or -1 when batch > max_batch or batch < 1. */
 int32_t cuda_plan_graph_bucket(int32_t batch, int32_t max_batch);

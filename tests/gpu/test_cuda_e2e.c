@@ -375,6 +375,9 @@ static void run_engine(fixture *f, int precision, const run_cfg *c, int32_t **id
         cuda_executor_graph_stats(ex, &captures, &replays);
         printf("    [%s] graphs captured %ld, replayed %ld\n", c->name, captures, replays);
         assert_true(captures > 0 && replays > captures); /* the decode steps ran as graphs */
+        cuda_graph_info gi;
+        cuda_executor_graph_info(ex, &gi);
+        assert_int_equal(gi.eager_fallbacks, 0); /* no capture was refused */
     }
     engine_destroy(e);
     model_destroy(m);

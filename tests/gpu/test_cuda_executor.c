@@ -6,8 +6,12 @@
  *    seq_lens - q_len + i (the kernels' derivation); embed rejects token
  *    ids outside [0, V);
  *  - cuda_executor_argmax: ties -> lowest id, NaN never wins, a row of
- *    -inf/NaN only -> -1 and PG_EINVAL (core/sampler.c's greedy rule);
+ *    -inf/NaN only -> -1 and PG_EINVAL (core/sampler.c's greedy rule),
+ *    and the same ids as sampler_sample at temperature 0 on tie-heavy rows;
  *  - copy_blocks rejects a chained or doubled destination;
+ *  - decode attention over more partitions than the grid's 32 splits
+ *    (blocks merging several) against a double-precision reference, and
+ *    bit-identical alone and in a batch;
  *  - on the emulated device, the prefill kernel launches blocks for the
  *    prefill sequences only (the emulator counts them).
  * Without CUDA built or without a device: SKIP (77). */
@@ -32,6 +36,8 @@ int main(void)
 #include <cmocka.h>
 
 #include "cuda_executor.h"
+#include "sampler.h"
+#include "sampling_params.h"
 #include "test_support.h"
 #ifdef PG_CUDA_EMU
 #include "emu_hooks.h"
@@ -153,6 +159,50 @@ static void test_argmax_rule(void **state)
     ex->op->destroy(ex);
 }
 
+/* The device argmax against core/sampler.c's greedy sampling (temperature
+ * 0, no processors) on rows full of ties: the same id for every row, the
+ * rule a device-side greedy path must keep (ties -> lowest id, +0 = -0,
+ * NaN never wins, +inf wins). */
+static void test_argmax_matches_sampler(void **state)
+{
+    (void)state;
+    executor *ex = make_cuda(1);
+    enum { R = 64, V = 1000 };
+    static const float pool[] = {-1.0f, 0.0f, -0.0f, 0.5f, 0.50000006f, -INFINITY, NAN, 0.25f};
+    float *lg = malloc((size_t)R * V * sizeof *lg), *row = malloc(V * sizeof *row);
+    assert_true(lg && row);
+    uint32_t r = 99u;
+    for (int32_t i = 0; i < R; i++) {
+        /* rows use ever fewer values, so the winner is tied more often */
+        const uint32_t n = 2u + (uint32_t)i % 7u;
+        for (int32_t v = 0; v < V; v++)
+            lg[i * V + v] = pool[((r = r * 1664525u + 1013904223u) >> 16) % n];
+    }
+    lg[5 * V + 999] = INFINITY;
+    float *d = ex->op->alloc(ex, EXEC_F32, (size_t)R * V);
+    assert_non_null(d);
+    assert_int_equal(ex->op->upload(ex, d, EXEC_F32, 0, lg, ST_F32, (size_t)R * V), 0);
+    int32_t ids[R];
+    assert_int_equal(cuda_executor_argmax(ex, ids, d, R, V), 0);
+    sampler_workspace *ws = sampler_workspace_create(V);
+    assert_non_null(ws);
+    sampling_params sp = sampling_params_default();
+    sp.temperature = 0.0f;
+    sampler_rng rng = sampler_rng_init(1, 0);
+    for (int32_t i = 0; i < R; i++) {
+        memcpy(row, lg + (size_t)i * V, V * sizeof *row);
+        sampler_result res = {0};
+        assert_int_equal(sampler_sample(ws, &sp, row, V, NULL, &rng, &res), 0);
+        if (ids[i] != res.token_id)
+            fail_msg("row %d: device argmax %d, sampler %d", (int)i, (int)ids[i], (int)res.token_id);
+    }
+    sampler_workspace_destroy(ws);
+    ex->op->free(ex, d);
+    free(lg);
+    free(row);
+    ex->op->destroy(ex);
+}
+
 static void test_copy_blocks_pairs(void **state)
 {
     (void)state;
@@ -170,6 +220,94 @@ static void test_copy_blocks_pairs(void **state)
     assert_int_equal(ex->op->sync(ex), 0);
     ex->op->free(ex, kv);
     ex->op->destroy(ex);
+}
+
+/* Decode attention over more than CUDA_PLAN_DECODE_MAX_SPLITS (32)
+ * partitions: a context of 17000 tokens is 34 partitions of 512, so blocks
+ * 0 and 1 each merge two (paged_attention.cu). The output must match a
+ * double-precision softmax(q.k) v to f32 accuracy, and be bit-identical
+ * alone and beside a short sequence (the merge order does not depend on
+ * the batch's grid). */
+static void test_decode_beyond_max_splits(void **state)
+{
+    (void)state;
+    enum { NH = 2, NKV = 1, HD = 8, W = (NH + 2 * NKV) * HD, LEN = 17000, BSZ = 16,
+           NBLK = (LEN + BSZ - 1) / BSZ + 1 };
+    executor *ex = make_cuda(1);
+    const size_t plane = (size_t)NBLK * BSZ * NKV * HD;
+    float *hq = malloc(2 * W * sizeof *hq), *hkv = malloc(2 * plane * sizeof *hkv);
+    float *o1 = malloc(2 * NH * HD * sizeof *o1), *o2 = malloc(2 * NH * HD * sizeof *o2);
+    int32_t *bt = malloc(2 * NBLK * sizeof *bt);
+    assert_true(hq && hkv && o1 && o2 && bt);
+    uint32_t r = 7u;
+    for (size_t i = 0; i < 2 * W; i++)
+        hq[i] = (float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    for (size_t i = 0; i < 2 * plane; i++)
+        hkv[i] = (float)((r = r * 1664525u + 1013904223u) >> 8) / 8388608.0f - 1.0f;
+    /* sequence 0: blocks in reverse order; sequence 1 (17 tokens): block 0, 1 */
+    for (int32_t k = 0; k < NBLK; k++) {
+        bt[k] = NBLK - 1 - k;
+        bt[NBLK + k] = k;
+    }
+    void *qkv = ex->op->alloc(ex, EXEC_ACT, 2 * W), *kv = ex->op->alloc(ex, EXEC_KV, 2 * plane);
+    void *out = ex->op->alloc(ex, EXEC_ACT, 2 * NH * HD);
+    assert_true(qkv && kv && out);
+    assert_int_equal(ex->op->upload(ex, qkv, EXEC_ACT, 0, hq, ST_F32, 2 * W), 0);
+    assert_int_equal(ex->op->upload(ex, kv, EXEC_KV, 0, hkv, ST_F32, 2 * plane), 0);
+    void *v_cache = (char *)kv + plane * ex->kv_bytes;
+    const float scale = 0.35f;
+    int32_t tok[2] = {0, 0}, pos[2] = {LEN - 1, 16}, slots[2] = {0, 16}, qs[3] = {0, 1, 2};
+    int32_t lens[2] = {LEN, 17}, rows[2] = {0, 1};
+    for (int pass = 0; pass < 2; pass++) { /* alone, then beside sequence 1 */
+        const int32_t S = pass + 1;
+        step_batch b = {.num_tokens = S, .num_seqs = S, .block_size = BSZ, .token_ids = tok,
+                        .positions = pos, .slots = slots, .query_start = qs, .seq_lens = lens,
+                        .block_tables = bt, .block_table_stride = NBLK, .max_seq_len = LEN,
+                        .max_query_len = 1, .num_logits = S, .logits_rows = rows};
+        assert_int_equal(ex->op->begin_step(ex, &b), 0);
+        if (ex->op->attention(ex, out, qkv, kv, v_cache, NH, NKV, HD, scale, &b))
+            fail_msg("attention: %s", ex->op->last_error(ex));
+        assert_int_equal(ex->op->download_f32(ex, pass ? o2 : o1, out, EXEC_ACT, (size_t)S * NH * HD),
+                         0);
+    }
+    assert_memory_equal(o1, o2, NH * HD * sizeof *o1);
+    /* the reference, in double */
+    for (int32_t h = 0; h < NH; h++) {
+        const float *q = hq + h * HD;
+        double m = -INFINITY, l = 0.0, o[HD] = {0};
+        double *sc = malloc(LEN * sizeof *sc);
+        assert_non_null(sc);
+        for (int32_t j = 0; j < LEN; j++) {
+            size_t slot = (size_t)bt[j / BSZ] * BSZ + (size_t)(j % BSZ);
+            double d = 0.0;
+            for (int32_t e = 0; e < HD; e++)
+                d += (double)q[e] * (double)hkv[slot * HD + e];
+            sc[j] = d * (double)scale;
+            m = sc[j] > m ? sc[j] : m;
+        }
+        for (int32_t j = 0; j < LEN; j++) {
+            size_t slot = (size_t)bt[j / BSZ] * BSZ + (size_t)(j % BSZ);
+            double p = exp(sc[j] - m);
+            l += p;
+            for (int32_t e = 0; e < HD; e++)
+                o[e] += p * (double)hkv[plane + slot * HD + e];
+        }
+        free(sc);
+        for (int32_t e = 0; e < HD; e++) {
+            double ref = o[e] / l, got = (double)o1[h * HD + e];
+            if (fabs(got - ref) > 2e-6 + 1e-5 * fabs(ref))
+                fail_msg("head %d dim %d: expected %.9g, got %.9g", (int)h, (int)e, ref, got);
+        }
+    }
+    ex->op->free(ex, qkv);
+    ex->op->free(ex, kv);
+    ex->op->free(ex, out);
+    ex->op->destroy(ex);
+    free(hq);
+    free(hkv);
+    free(o1);
+    free(o2);
+    free(bt);
 }
 
 #ifdef PG_CUDA_EMU
@@ -213,7 +351,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_begin_step_checks),
         cmocka_unit_test(test_argmax_rule),
+        cmocka_unit_test(test_argmax_matches_sampler),
         cmocka_unit_test(test_copy_blocks_pairs),
+        cmocka_unit_test(test_decode_beyond_max_splits),
 #ifdef PG_CUDA_EMU
         cmocka_unit_test(test_prefill_grid),
 #endif

@@ -47,8 +47,9 @@ static void test_decode_plan(void **state)
     assert_int_equal(p.group_threads, 16);
     assert_int_equal(p.partition_size, 512);
     assert_int_equal(p.max_partitions, 8);
-    /* q [4][128] + scores [4][512] + red [128*8] + stats [2*4], f32 */
-    assert_int_equal(p.smem_bytes, (4 * 128 + 4 * 512 + 128 * 8 + 8) * 4);
+    /* q [4][128] + scores [4][512] + red [128*8] + stats [7*4], f32 */
+    assert_int_equal(p.smem_bytes, (4 * 128 + 4 * 512 + 128 * 8 + 28) * 4);
+    assert_int_equal(p.splits, 8);
     /* stories260K: hd 8, G 2, one thread per key */
     assert_int_equal(cuda_plan_decode(&p, 8, 2, 257, CUDA_PLAN_SMEM_DEFAULT_BYTES, &err), 0);
     assert_int_equal(p.group_threads, 1);
@@ -65,6 +66,11 @@ static void test_decode_plan(void **state)
     assert_int_equal(cuda_plan_decode(&b, 64, 4, 100000, CUDA_PLAN_SMEM_DEFAULT_BYTES, &err), 0);
     assert_int_equal(a.partition_size, b.partition_size);
     assert_int_equal(b.max_partitions, cuda_plan_num_partitions(100000, b.partition_size));
+    /* the grid is bounded whatever the context (128k: 256 partitions, 32 blocks) */
+    assert_int_equal(b.splits, CUDA_PLAN_DECODE_MAX_SPLITS);
+    assert_int_equal(cuda_plan_decode(&b, 128, 4, 131072, CUDA_PLAN_SMEM_DEFAULT_BYTES, &err), 0);
+    assert_int_equal(b.max_partitions, 256);
+    assert_int_equal(b.splits, 32);
     /* a tight limit picks a smaller partition, or fails with the numbers */
     assert_int_equal(cuda_plan_decode(&p, 128, 8, 1000, 20000, &err), 0);
     assert_true(p.partition_size < 512 && p.smem_bytes <= 20000);
@@ -169,6 +175,29 @@ static void test_kv_blocks(void **state)
     assert_int_equal(cuda_plan_kv_blocks(&n, &in, &err), PG_EINVAL);
 }
 
+/* context tiers of the graphs: x4 from 512, clamped to max_model_len */
+static void test_graph_context(void **state)
+{
+    (void)state;
+    int32_t b = 0;
+    assert_int_equal(cuda_plan_graph_context(1, 131072, &b), 0);
+    assert_int_equal(b, 512);
+    assert_int_equal(cuda_plan_graph_context(512, 131072, &b), 0);
+    assert_int_equal(cuda_plan_graph_context(513, 131072, &b), 1);
+    assert_int_equal(b, 2048);
+    assert_int_equal(cuda_plan_graph_context(8193, 131072, &b), 3);
+    assert_int_equal(b, 32768);
+    assert_int_equal(cuda_plan_graph_context(131072, 131072, &b), 4);
+    assert_int_equal(b, 131072);
+    assert_int_equal(cuda_plan_graph_tiers(131072), 5);
+    assert_int_equal(cuda_plan_graph_context(600, 700, &b), 1); /* clamped */
+    assert_int_equal(b, 700);
+    assert_int_equal(cuda_plan_graph_tiers(700), 2);
+    assert_int_equal(cuda_plan_graph_tiers(512), 1);
+    assert_int_equal(cuda_plan_graph_context(300, 256, &b), -1);
+    assert_int_equal(cuda_plan_graph_context(0, 256, &b), -1);
+}
+
 static void test_graph_sizes(void **state)
 {
     (void)state;
@@ -222,6 +251,7 @@ int main(void)
         cmocka_unit_test(test_prefill_plan),
         cmocka_unit_test(test_blocks),
         cmocka_unit_test(test_kv_blocks),
+        cmocka_unit_test(test_graph_context),
         cmocka_unit_test(test_graph_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

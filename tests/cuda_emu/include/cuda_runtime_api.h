@@ -47,17 +47,20 @@ typedef enum cudaFuncAttribute {
     cudaFuncAttributePreferredSharedMemoryCarveout = 9
 } cudaFuncAttribute;
 
-typedef enum cudaStreamCaptureMode {
+/* enum tags without a typedef, as in CUDA's driver_types.h: C code must
+ * write `enum cudaStreamCaptureStatus`, or it would compile here and not
+ * against the real headers */
+enum cudaStreamCaptureMode {
     cudaStreamCaptureModeGlobal = 0,
     cudaStreamCaptureModeThreadLocal = 1,
     cudaStreamCaptureModeRelaxed = 2
-} cudaStreamCaptureMode;
+};
 
-typedef enum cudaStreamCaptureStatus {
+enum cudaStreamCaptureStatus {
     cudaStreamCaptureStatusNone = 0,
     cudaStreamCaptureStatusActive = 1,
     cudaStreamCaptureStatusInvalidated = 2
-} cudaStreamCaptureStatus;
+};
 
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
@@ -124,9 +127,9 @@ cudaError_t cudaEventQuery(cudaEvent_t ev);
 cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value);
 
 /* graphs: stream capture of kernel launches, copies and memsets */
-cudaError_t cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *graph);
-cudaError_t cudaStreamIsCapturing(cudaStream_t st, cudaStreamCaptureStatus *status);
+cudaError_t cudaStreamIsCapturing(cudaStream_t st, enum cudaStreamCaptureStatus *status);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
