@@ -19,7 +19,7 @@ enum {
     OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM, OPT_ENFORCE_EAGER,
     OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
-    OPT_QUANT, OPT_PROFILE_OPS,
+    OPT_QUANT, OPT_PROFILE_OPS, OPT_PLP_PER_STEP,
 };
 
 static const struct option generate_opts[] = {
@@ -41,6 +41,7 @@ static const struct option generate_opts[] = {
     {"seed", required_argument, NULL, OPT_SEED},
     {"kv-layout", required_argument, NULL, OPT_KV_LAYOUT},
     {"check-invariants", no_argument, NULL, OPT_CHECK_INV},
+    {"prompt-logprobs-per-step", no_argument, NULL, OPT_PLP_PER_STEP},
     {"gpu-memory-utilization", required_argument, NULL, OPT_GPU_UTIL},
     {"kv-cache-dtype", required_argument, NULL, OPT_KV_DTYPE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
@@ -155,6 +156,9 @@ static const char *const generate_help[] = {
 "      --kv-layout L          paged|contiguous [default: paged]\n"
 "      --check-invariants     check the block pool after every step (slow; debugging)\n"
 "                             [default: off]\n"
+"      --prompt-logprobs-per-step  prefill a request with prompt logprobs one token\n"
+"                             a step, as before issue 21 (tests and benchmarks;\n"
+"                             the same values, slower) [default: in chunks]\n"
 "\n"
 "Precision and CUDA (vLLM names; see cli/README.md):\n"
 "      --gpu-memory-utilization X  share of the device's total memory pagedgen may\n"
@@ -613,6 +617,7 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         else return pg_error_set(err, PG_EINVAL, "--kv-layout: expected paged or contiguous, got '%s'", arg);
         break;
     case OPT_CHECK_INV: o->check_invariants = true; break;
+    case OPT_PLP_PER_STEP: o->prompt_logprobs_per_step = true; break;
     case OPT_GPU_UTIL:
         rc = cli_parse_double(arg, 0.0, 1.0, "--gpu-memory-utilization", &o->gpu_memory_utilization,
                               err);

@@ -93,6 +93,7 @@ typedef struct cli_options {
     uint64_t seed;                 /* 0 */
     kv_layout layout;              /* paged */
     bool check_invariants;         /* hidden: engine pool checks after every step */
+    bool prompt_logprobs_per_step; /* engine_params prompt_logprobs_per_step (tests) */
 
     /* cuda (accepted everywhere; checked against the device in device.c) */
     double gpu_memory_utilization; /* (0, 1]; 0.9 */

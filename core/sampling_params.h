@@ -38,7 +38,8 @@ typedef struct sampling_params {
     int32_t prompt_logprobs;      /* -1 = none; k in [0, 20]: each prompt token's logprob (from
                                      the raw logits of the positions before it) plus the top k.
                                      Such a request skips prefix-cache hits (vLLM's
-                                     skip_reading_prefix_cache) and prefills one token a step */
+                                     skip_reading_prefix_cache); its chunks return the logits
+                                     of every prompt position (engine forward_rows) */
     /* structured outputs (vLLM's StructuredOutputsParams): GRAMMAR_NONE, or
      * the kind of constraint and its text (grammar.h: a schema as JSON, a
      * regex, a JSON array of choices; none for json_object), copied and
