@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""`pagedgen perplexity` end to end (suite e2e), stdlib only.
+"""Scoring end to end (suite e2e), stdlib only: `pagedgen perplexity` and
+the worked multiple-choice evaluation of samples/.
 
-usage: test_perplexity.py PAGEDGEN CASE
+usage: test_scoring.py PAGEDGEN CASE
 
 Cases:
   perplexity        stories260K over samples/story.txt at --ctx 128 against
@@ -17,6 +18,12 @@ Cases:
                     bench/hf_to_gguf.py): within 0.1%; skipped (exit 77, with the
                     reason) when the variable is not set.
   perplexity_errors a text shorter than two windows, a missing -f: usage errors.
+  mc_sample         samples/mc_stories.jsonl is what samples/mc_accuracy.py makes
+                    of samples/mc_stories.questions.jsonl; the command of
+                    samples/README.md scores it; mc_accuracy.py's choice scores
+                    equal sums of the records' prompt_logprobs past the context's
+                    tokens (`pagedgen tokenize`), and its accuracy follows; the
+                    output is byte-identical with --prompt-logprobs-per-step.
 
 Test data: $PAGEDGEN_SHARED/models/stories260K (skipped without it, failed in CI).
 """
@@ -172,6 +179,59 @@ def case_perplexity_errors():
     check(rc == 2 and "-f TEXT" in err, f"no -f: {rc} {err}")
     rc, out, err = run(["perplexity", "-m", MODEL, "-f", TEXT, "--ctx", "1000"])
     check(rc == 2 and "max_position_embeddings" in err, f"--ctx over the model's: {rc} {err}")
+
+
+def case_mc_sample():
+    samples = os.path.join(SRC, "samples")
+    questions = os.path.join(samples, "mc_stories.questions.jsonl")
+    script = os.path.join(samples, "mc_accuracy.py")
+    p = subprocess.run([sys.executable, script, "requests", questions], stdout=subprocess.PIPE, timeout=60)
+    check(p.returncode == 0, "mc_accuracy.py requests")
+    with open(os.path.join(samples, "mc_stories.jsonl"), "rb") as f:
+        check(f.read() == p.stdout, "samples/mc_stories.jsonl is not what mc_accuracy.py requests writes: "
+              "regenerate it (samples/README.md)")
+    with tempfile.TemporaryDirectory() as td:
+        outs = []
+        for flags in ([], ["--prompt-logprobs-per-step", "--max-num-batched-tokens", "64"]):
+            out = os.path.join(td, f"out{len(outs)}.jsonl")
+            rc, _, err = run(["-m", MODEL, "-q", "-i", os.path.join(samples, "mc_stories.jsonl"), "-o", out] + flags)
+            check(rc == 0, f"pagedgen {flags}: exit {rc}: {err[-400:]}")
+            outs.append(out)
+        with open(outs[0], "rb") as a, open(outs[1], "rb") as b:
+            check(a.read() == b.read(), "the output differs with --prompt-logprobs-per-step")
+        p = subprocess.run([sys.executable, script, "score", questions, outs[0]], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=60)
+        check(p.returncode == 0, f"mc_accuracy.py score: {p.stderr.decode()[-400:]}")
+        res = json.loads(p.stdout)
+        recs = {}
+        with open(outs[0], encoding="utf-8") as f:
+            for line in f:
+                r = json.loads(line)
+                recs[r["custom_id"]] = r
+    qs = [json.loads(l) for l in open(questions, encoding="utf-8")]
+    check(res["questions"] == len(qs) == len(res["per_question"]), f"questions: {res['questions']}")
+    # independent: the context's token count from `pagedgen tokenize`, the
+    # continuation's logprobs from the vLLM-style prompt_logprobs field
+    lines = "".join(json.dumps({"text": q["context"]}) + "\n" for q in qs)
+    rc, out, err = run(["tokenize", "--tokenizer", MODEL, "--input-format", "jsonl"], stdin_bytes=lines.encode())
+    check(rc == 0, f"tokenize: {err}")
+    ctx_len = [json.loads(l)["count"] for l in out.splitlines()]
+    correct = 0
+    for q, pq, n_ctx in zip(qs, res["per_question"], ctx_len):
+        mine = []
+        for k in range(len(q["choices"])):
+            plp = recs[f"{q['id']}/{k}"]["response"]["body"]["choices"][0]["prompt_logprobs"]
+            total = 0.0
+            for entry in plp[n_ctx:]:
+                tok_id = next(iter(entry))  # the prompt token's own key comes first (cli/README)
+                total += entry[tok_id]["logprob"]
+            mine.append(total)
+        for a, b in zip(mine, pq["logprobs"]):
+            check(abs(a - b) <= 2e-5, f"{q['id']}: choice logprob {b} vs {a} from prompt_logprobs")
+        correct += max(range(len(mine)), key=lambda k: (mine[k], -k)) == q["answer"]
+    check(abs(res["acc"] - correct / len(qs)) < 1e-12, f"acc {res['acc']} vs {correct}/{len(qs)}")
+    print(f"  stories260K: acc {res['acc']:.3f}, acc_norm {res['acc_norm']:.3f} over {len(qs)} questions")
+    check(res["acc"] >= 0.75, f"acc {res['acc']}: the sample's questions are easy for stories260K (0.917)")
 
 
 def main():
