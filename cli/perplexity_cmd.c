@@ -210,6 +210,7 @@ int cli_run_perplexity(const cli_options *o)
     sp.temperature = 0.0f;
     sp.ignore_eos = true;
     sp.prompt_logprobs = 0;
+    sp.prompt_logprobs_from = first + 1; /* llama.cpp asks no logits of the first half */
     /* windows in flight: enough to fill every step, few enough that their
      * prompt copies stay small */
     const int32_t in_flight_max = 2 * (o->max_num_batched_tokens / n_ctx) + 2;

@@ -179,7 +179,10 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->row_req = malloc(T * sizeof(request *));
     e->row_pos = malloc(T * sizeof(int32_t));
     e->plp_per_step = p->prompt_logprobs_per_step || !backend->forward_rows;
+    /* at most max_seqs rows too: the logits buffers an executor sizes for
+     * a step's sampling rows then hold a slice (cli/device.c's CUDA plan) */
     e->slice_rows = (int32_t)(T < ENGINE_SCORE_SLICE_ROWS ? T : ENGINE_SCORE_SLICE_ROWS);
+    if (e->slice_rows > e->max_seqs) e->slice_rows = e->max_seqs;
     if (!e->plp_per_step) e->slice = malloc((size_t)e->slice_rows * V * sizeof(float));
     e->block_tables = malloc(S * (size_t)e->max_blocks * sizeof(int32_t));
     e->seq_ids = malloc(S * sizeof(uint64_t));
@@ -511,9 +514,14 @@ static int32_t prompt_rows(const engine *e, const sched_entry *en, int32_t start
     *lo = start;
     if (!r->plp) return start;
     if (e->plp_per_step)
-        return en->samples || en->n_new != 1 || start + 1 >= r->n_prompt ? start : start + 1;
+        return en->samples || en->n_new != 1 || start + 1 >= r->n_prompt || start + 1 < r->plp_from
+                   ? start : start + 1;
+    /* positions p in [start, start + n_new) with from <= p + 1 < n_prompt */
     int32_t hi = start + en->n_new;
-    return hi < r->n_prompt - 1 ? hi : (start < r->n_prompt - 1 ? r->n_prompt - 1 : start);
+    if (hi > r->n_prompt - 1) hi = r->n_prompt - 1;
+    if (*lo < r->plp_from - 1) *lo = r->plp_from - 1;
+    if (hi < *lo) hi = *lo;
+    return hi;
 }
 
 /* Prompt logprobs of request r from the raw logits row of position p:

@@ -40,6 +40,10 @@ typedef struct sampling_params {
                                      Such a request skips prefix-cache hits (vLLM's
                                      skip_reading_prefix_cache); its chunks return the logits
                                      of every prompt position (engine forward_rows) */
+    int32_t prompt_logprobs_from; /* >= 0, with prompt_logprobs: only prompt tokens p >= this
+                                     get logprobs; the logits rows before are not computed and
+                                     the entries stay empty (NaN, rank 0). 0 (default): all.
+                                     `pagedgen perplexity` scores each window's second half */
     /* structured outputs (vLLM's StructuredOutputsParams): GRAMMAR_NONE, or
      * the kind of constraint and its text (grammar.h: a schema as JSON, a
      * regex, a JSON array of choices; none for json_object), copied and

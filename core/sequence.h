@@ -86,6 +86,7 @@ struct request {
     int32_t *p_rank, *p_top_ids;
     float *p_top_lp;
     int32_t n_ptop;
+    int32_t plp_from;           /* sp.prompt_logprobs_from: entries before it are not computed */
     grammar *gram;              /* structured outputs constraint, or NULL; borrowed from */
     grammar_cache *gcache;      /* the engine's shared compile (gentry, released by the */
     void *gentry;               /* engine when the request is destroyed) */

@@ -538,7 +538,7 @@ typedef struct plp_bytes {
 
 /* Runs the three requests (a plain one that grows while the others prefill,
  * a long prompt with prompt logprobs 3, a second prompt with prompt
- * logprobs 0 and max_tokens 1) on
+ * logprobs 0 from token 41 on and max_tokens 1) on
  * a fresh engine of `pool` and keeps the prompt logprobs of the two. */
 static uint64_t run_plp(fixture *f, const run_cfg *c, bool per_step, const int32_t *ids, int32_t n,
                         int32_t n2, plp_bytes out[2])
@@ -561,6 +561,7 @@ static uint64_t run_plp(fixture *f, const run_cfg *c, bool per_step, const int32
     plain.prompt_logprobs = -1;
     plain.max_tokens = 40;
     sp2.prompt_logprobs = 0;
+    sp2.prompt_logprobs_from = 41; /* rows 0..39 not computed (perplexity's first half) */
     sp2.max_tokens = 1;
     uint64_t id;
     assert_int_equal(engine_add_request(e, ids + 5, 20, &plain, (void *)2, &id, &err), 0);
