@@ -129,6 +129,7 @@ static int add_requests(engine *e, const bench_workload *w, const bench_run_para
         sp.seed = rp->seed + (uint64_t)i;
         sp.ignore_eos = true;
         sp.prompt_logprobs = rp->prompt_logprobs;
+        sp.prompt_logprobs_from = rp->prompt_logprobs_from ? rp->prompt_logprobs_from[i] : 0;
         uint64_t id;
         int rc = engine_add_request(e, w->prompt_ids[i], w->prompt_len[i], &sp,
                                     (void *)(intptr_t)i, &id, err);

@@ -69,6 +69,8 @@ typedef struct bench_run_params {
                                         for prompt logprobs with top k (scoring) */
     bool prompt_logprobs_per_step;   /* engine_params.prompt_logprobs_per_step: the
                                         one-row-a-step path before issue 21 */
+    const int32_t *prompt_logprobs_from; /* [requests] sampling_params.prompt_logprobs_from
+                                        of each request; NULL: 0 (every prompt token) */
     float temperature;               /* 0 = greedy */
     uint64_t seed;
     /* Request 0 is added alone and stepped until its prompt is computed, and

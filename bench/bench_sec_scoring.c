@@ -5,7 +5,12 @@
  *   prefill    prompt logprobs computed in the prefill pass (chunks; every
  *              row's logits through forward_rows);
  *   per step   the path before issue 21 (engine_params
- *              prompt_logprobs_per_step: one prompt token a step).
+ *              prompt_logprobs_per_step: one prompt token a step);
+ *   cached     (multiple choice) prompt logprobs from the continuation on
+ *              (sampling_params.prompt_logprobs_from = the context length):
+ *              the choices after a question's first read its context's
+ *              full blocks from the prefix cache, their values unchanged
+ *              (no row of a cached position is needed).
  * Workloads: 16 prompts x 256 tokens (max_tokens 1), one 512-token request,
  * and an lm-eval-shaped multiple choice: questions of a 200-400 token
  * context with 4 continuations of 5-30 tokens, each choice one request
@@ -23,15 +28,15 @@
 #include "bench_sections.h"
 #include "bench_workload.h"
 
-enum { MODE_PLAIN, MODE_PREFILL, MODE_PER_STEP, N_MODES };
-static const char *const mode_name[N_MODES] = {"plain", "prefill", "per_step"};
+enum { MODE_PLAIN, MODE_PREFILL, MODE_PER_STEP, MODE_CACHED, N_MODES };
+static const char *const mode_name[N_MODES] = {"plain", "prefill", "per_step", "cached"};
 
 /* Runs w in the modes asked (mask), best wall time of `rounds` interleaved
  * rounds into r[mode]. Plain runs without the prefix cache (the same token
  * count computed); scoring runs with it on (a prompt-logprob request reads
  * no hits: engine.h). */
 static int run_modes(bench_model *bm, const bench_workload *w, unsigned mask, int rounds,
-                     bench_result r[N_MODES])
+                     const int32_t *from, bench_result r[N_MODES])
 {
     for (int m = 0; m < N_MODES; m++)
         r[m].wall_s = 0.0;
@@ -43,6 +48,7 @@ static int run_modes(bench_model *bm, const bench_workload *w, unsigned mask, in
             rp.prefix_caching = m != MODE_PLAIN;
             rp.prompt_logprobs = m == MODE_PLAIN ? -1 : 1;
             rp.prompt_logprobs_per_step = m == MODE_PER_STEP;
+            rp.prompt_logprobs_from = m == MODE_CACHED ? from : NULL;
             bench_result x;
             int rc = bench_run_or_report(bm, w, &rp, &x);
             if (rc != 0)
@@ -53,28 +59,29 @@ static int run_modes(bench_model *bm, const bench_workload *w, unsigned mask, in
     return 0;
 }
 
-static double scored_tokens(const bench_workload *w)
+static double scored_tokens(const bench_workload *w, const int32_t *from)
 {
     double n = 0.0;
     for (int32_t i = 0; i < w->n; i++)
-        n += w->prompt_len[i] - 1;
+        n += from ? w->prompt_len[i] - from[i] : w->prompt_len[i] - 1;
     return n;
 }
 
 static void report(bench_ctx *c, const char *key, const bench_workload *w, unsigned mask,
-                   const bench_result r[N_MODES])
+                   const int32_t *from, const bench_result r[N_MODES])
 {
-    double scored = scored_tokens(w);
     bench_json *j = c->j;
     bench_json_obj(j, key);
     bench_json_workload(j, "workload", w);
     for (int m = 0; m < N_MODES; m++) {
         if (!(mask & (1u << m)))
             continue;
+        double scored = scored_tokens(w, m == MODE_CACHED ? from : NULL);
         double sc = r[m].wall_s > 0.0 ? scored / r[m].wall_s : 0.0;
-        printf("    %-9s %8.3f s  %8.2f req/s  %9.1f prompt tok/s  %9.1f scored tok/s  steps %6llu\n",
-               mode_name[m], r[m].wall_s, r[m].req_per_s, r[m].prompt_tok_s,
-               m == MODE_PLAIN ? 0.0 : sc, (unsigned long long)r[m].stats.steps);
+        printf("    %-9s %8.3f s  %8.2f req/s  %9.1f prompt tok/s  %9.1f scored tok/s  steps %6llu  "
+               "prefix hits %llu\n", mode_name[m], r[m].wall_s, r[m].req_per_s, r[m].prompt_tok_s,
+               m == MODE_PLAIN ? 0.0 : sc, (unsigned long long)r[m].stats.steps,
+               (unsigned long long)r[m].stats.prefix_cache_hits);
         bench_json_obj(j, mode_name[m]);
         bench_json_num(j, "wall_s", r[m].wall_s);
         bench_json_num(j, "req_per_s", r[m].req_per_s);
@@ -82,6 +89,7 @@ static void report(bench_ctx *c, const char *key, const bench_workload *w, unsig
         if (m != MODE_PLAIN)
             bench_json_num(j, "scored_tok_per_s", sc);
         bench_json_int(j, "steps", (int64_t)r[m].stats.steps);
+        bench_json_int(j, "prefix_cache_hits", (int64_t)r[m].stats.prefix_cache_hits);
         bench_json_end(j);
     }
     if ((mask & 3u) == 3u && r[MODE_PLAIN].wall_s > 0.0) {
@@ -94,6 +102,11 @@ static void report(bench_ctx *c, const char *key, const bench_workload *w, unsig
         printf("    prefill pass / one row a step: %.2fx faster\n", q);
         bench_json_num(j, "prefill_over_per_step", q);
     }
+    if ((mask & 12u) == 12u && r[MODE_CACHED].wall_s > 0.0) {
+        double q = r[MODE_PER_STEP].wall_s / r[MODE_CACHED].wall_s;
+        printf("    continuations only + prefix cache / one row a step: %.2fx requests/s\n", q);
+        bench_json_num(j, "cached_over_per_step", q);
+    }
     bench_json_end(j);
 }
 
@@ -101,7 +114,8 @@ static void report(bench_ctx *c, const char *key, const bench_workload *w, unsig
  * tokens (quick: 40-80) shared by 4 choices of 5-30 tokens, requests in
  * question order (the 4 choices of a question are neighbours, as lm-eval
  * sends them). */
-static int make_mc(const bench_model *bm, int32_t n_q, bool quick, bench_workload *w)
+static int make_mc(const bench_model *bm, int32_t n_q, bool quick, bench_workload *w,
+                   int32_t *ctx_len)
 {
     bench_workload_spec s = {.name = "multiple-choice", .dist = BENCH_DIST_FIXED,
                              .n_requests = 4 * n_q, .prompt_len = 2, .output_len = 1, .seed = 53};
@@ -129,6 +143,7 @@ static int make_mc(const bench_model *bm, int32_t n_q, bool quick, bench_workloa
             free(w->prompt_ids[i]);
             w->prompt_ids[i] = ids;
             w->prompt_len[i] = ctx + cont;
+            ctx_len[i] = ctx;
             sum += ctx + cont;
             if (ctx + cont > w->max_prompt)
                 w->max_prompt = ctx + cont;
@@ -165,9 +180,9 @@ int bench_section_scoring(bench_ctx *c)
         rc = -1;
         goto out_json;
     }
-    rc = run_modes(&bm, &w, 7u, rounds, r);
+    rc = run_modes(&bm, &w, 7u, rounds, NULL, r);
     if (rc == 0)
-        report(c, "batch", &w, 7u, r);
+        report(c, "batch", &w, 7u, NULL, r);
     bench_workload_free(&w);
     if (rc != 0)
         goto out_json;
@@ -179,9 +194,9 @@ int bench_section_scoring(bench_ctx *c)
         rc = -1;
         goto out_json;
     }
-    rc = run_modes(&bm, &w, 7u, rounds, r);
+    rc = run_modes(&bm, &w, 7u, rounds, NULL, r);
     if (rc == 0)
-        report(c, "single", &w, 7u, r);
+        report(c, "single", &w, 7u, NULL, r);
     bench_workload_free(&w);
     if (rc != 0)
         goto out_json;
@@ -190,14 +205,17 @@ int bench_section_scoring(bench_ctx *c)
            "prompt logprobs 1 + max_tokens 1 (echo + max_tokens 0 + logprobs 1)\n", n_q,
            quick ? "40-80" : "200-400");
     memset(&w, 0, sizeof w);
-    if (make_mc(&bm, n_q, quick, &w) != 0) {
+    int32_t *ctx_len = calloc((size_t)(4 * n_q), sizeof *ctx_len);
+    if (!ctx_len || make_mc(&bm, n_q, quick, &w, ctx_len) != 0) {
+        free(ctx_len);
         bench_workload_free(&w);
         rc = -1;
         goto out_json;
     }
-    rc = run_modes(&bm, &w, 7u, rounds, r);
+    rc = run_modes(&bm, &w, 15u, rounds, ctx_len, r);
     if (rc == 0)
-        report(c, "multiple_choice", &w, 7u, r);
+        report(c, "multiple_choice", &w, 15u, ctx_len, r);
+    free(ctx_len);
     bench_workload_free(&w);
 
 out_json:

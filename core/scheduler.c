@@ -211,9 +211,15 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         sequence *q = request_leader(r);
         int32_t target = request_seq_target(r, q, true);
         int32_t max_hit_blocks = (target - 1) / bs; /* the last token is always computed */
-        /* prompt logprobs need every prompt row: no prefix-cache hit (vLLM's
-         * skip_reading_prefix_cache) */
-        int32_t n_hits = r->plp ? 0 : kv_pool_match_prefix(s->pool, q->tokens, max_hit_blocks, s->hits);
+        /* prompt logprobs need the rows of positions prompt_logprobs_from - 1
+         * on: hits only on blocks wholly before it (a cached block holds K/V,
+         * not rows), none on the one-row-a-step path or without a start
+         * (vLLM's skip_reading_prefix_cache) */
+        if (r->plp) {
+            int32_t cap = one_row(s, r) || r->plp_from < 1 ? 0 : (r->plp_from - 1) / bs;
+            if (cap < max_hit_blocks) max_hit_blocks = cap;
+        }
+        int32_t n_hits = kv_pool_match_prefix(s->pool, q->tokens, max_hit_blocks, s->hits);
         int32_t n_new = target - n_hits * bs;
         if (n_new > *budget) n_new = *budget;
         if (one_row(s, r) && n_new > 1) n_new = 1; /* a row a step */

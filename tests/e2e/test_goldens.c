@@ -661,6 +661,76 @@ static void test_prompt_logprobs_prefill_pass(void **state)
     plp_free(ref);
 }
 
+/* A request that asks prompt logprobs from token F on reads prefix-cache
+ * hits on blocks wholly before position F - 1 (their rows are not needed),
+ * and its values are the bytes of the one-row-a-step path, which reads no
+ * hit, and of the prefill pass with caching off. */
+static void test_prompt_logprobs_prefix_hits(void **state)
+{
+    fixture *f = *state;
+    enum { N = 250, F = 150 };
+    int32_t ids[N];
+    int32_t k = 0;
+    for (int gi = 0; k < N; gi = (gi + 1) % f->set.n_g)
+        for (int32_t j = gi == 0 && k == 0 ? 0 : 1; j < f->set.g[gi].n_prompt && k < N; j++)
+            ids[k++] = f->set.g[gi].prompt_ids[j];
+    float got[3][N];
+    int32_t top[3][N * 2];
+    uint64_t hits[3];
+    for (int c = 0; c < 3; c++) { /* 0: chunks + cache, 1: chunks, no cache, 2: one row a step */
+        pg_golden_pool pool = {16, 128, 8, 2048, c != 1};
+        model_params mp = pg_golden_model_params(&pool);
+        rig r;
+        rig_open(&r, f, 1, &mp);
+        engine_params ep = pg_golden_engine_params(&f->set, &pool);
+        ep.prompt_logprobs_per_step = c == 2;
+        engine_backend be = model_backend(r.m);
+        engine *e = NULL;
+        pg_error err;
+        assert_int_equal(engine_create(&e, &ep, &be, f->tok, &err), 0);
+        sampling_params plain = sampling_params_default(), sp;
+        plain.temperature = 0.0f;
+        plain.max_tokens = 1;
+        sp = plain;
+        sp.prompt_logprobs = 2;
+        sp.prompt_logprobs_from = F;
+        uint64_t id;
+        /* the context first (cached), then the request that scores past it */
+        assert_int_equal(engine_add_request(e, ids, 200, &plain, (void *)0, &id, &err), 0);
+        while (engine_has_unfinished(e)) {
+            if (engine_step(e, &err)) fail_msg("%s", err.msg);
+            request_output *o;
+            while (engine_pop_finished(e, &o)) request_output_free(o);
+        }
+        assert_int_equal(engine_add_request(e, ids, N, &sp, (void *)1, &id, &err), 0);
+        while (engine_has_unfinished(e)) {
+            if (engine_step(e, &err)) fail_msg("%s", err.msg);
+            request_output *o;
+            while (engine_pop_finished(e, &o)) {
+                memcpy(got[c], o->prompt_logprobs, sizeof got[c]);
+                memcpy(top[c], o->prompt_top_ids, sizeof top[c]);
+                request_output_free(o);
+            }
+        }
+        engine_stats st;
+        engine_get_stats(e, &st);
+        hits[c] = st.prefix_cache_hits;
+        printf("    prompt logprobs from %d [%s]: prefix hits %llu\n", (int)F,
+               c == 0 ? "chunks, cache" : c == 1 ? "chunks, no cache" : "one row a step",
+               (unsigned long long)hits[c]);
+        engine_destroy(e);
+        rig_close(&r);
+    }
+    assert_int_equal(hits[0], (F - 1) / 16); /* the blocks wholly before position F - 1 */
+    assert_int_equal(hits[2], 0);
+    for (int c = 1; c < 3; c++) {
+        assert_memory_equal(got[0], got[c], sizeof got[0]);
+        assert_memory_equal(top[0], top[c], sizeof top[0]);
+    }
+    for (int32_t p = 0; p < N; p++)
+        assert_true(p < F ? isnan(got[0][p]) : !isnan(got[0][p]));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -669,6 +739,7 @@ int main(void)
         cmocka_unit_test(test_parallel_sampling),
         cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_prompt_logprobs_prefill_pass),
+        cmocka_unit_test(test_prompt_logprobs_prefix_hits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
