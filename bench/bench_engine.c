@@ -84,6 +84,7 @@ bench_run_params bench_run_params_default(const bench_model *bm)
     p.layout = KV_LAYOUT_PAGED;
     p.n = 1;
     p.temperature = 0.0f;
+    p.prompt_logprobs = -1;
     p.seed = 1;
     return p;
 }
@@ -127,6 +128,8 @@ static int add_requests(engine *e, const bench_workload *w, const bench_run_para
         sp.temperature = rp->temperature;
         sp.seed = rp->seed + (uint64_t)i;
         sp.ignore_eos = true;
+        sp.prompt_logprobs = rp->prompt_logprobs;
+        sp.prompt_logprobs_from = rp->prompt_logprobs_from ? rp->prompt_logprobs_from[i] : 0;
         uint64_t id;
         int rc = engine_add_request(e, w->prompt_ids[i], w->prompt_len[i], &sp,
                                     (void *)(intptr_t)i, &id, err);
@@ -159,6 +162,7 @@ int bench_run(bench_model *bm, const bench_workload *w, const bench_run_params *
     ep.layout = rp->layout;
     ep.check_invariants = false;
     ep.fan_out_always = rp->fan_out_always;
+    ep.prompt_logprobs_per_step = rp->prompt_logprobs_per_step;
     ep.sliding_window = rp->keep_window_blocks ? 0 : bm->cfg.sliding_window;
     ep.eos_token_ids = bm->cfg.eos_token_ids;
     ep.n_eos_token_ids = bm->cfg.n_eos_token_ids;

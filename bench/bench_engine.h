@@ -65,6 +65,12 @@ typedef struct bench_run_params {
     bool keep_window_blocks;         /* engine_params.sliding_window = 0 even for a
                                         sliding-window model (default: its window, so
                                         blocks behind it are freed) */
+    int32_t prompt_logprobs;         /* -1 (default): none; k >= 0: every request asks
+                                        for prompt logprobs with top k (scoring) */
+    bool prompt_logprobs_per_step;   /* engine_params.prompt_logprobs_per_step: the
+                                        one-row-a-step path before issue 21 */
+    const int32_t *prompt_logprobs_from; /* [requests] sampling_params.prompt_logprobs_from
+                                        of each request; NULL: 0 (every prompt token) */
     float temperature;               /* 0 = greedy */
     uint64_t seed;
     /* Request 0 is added alone and stepped until its prompt is computed, and

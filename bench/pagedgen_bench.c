@@ -15,6 +15,9 @@
  *   storage     Issue 13: 110m with f32 / bf16 / int8 weights x f32 / bf16
  *               KV cache at batch 1 and 64, ratios to f32/f32 in the same
  *               run, the batch-1 bytes-per-token roofline (bench_sec_storage.c).
+ *   scoring     Issue 21: prompt logprobs in the prefill pass vs one row a
+ *               step vs plain prefill: 16 x 256, one 512-token request, and a
+ *               4-way multiple-choice workload (bench_sec_scoring.c).
  *
  * The engine is driven directly (prompts as token ids, EOS ignored, greedy
  * unless said otherwise, fixed seeds, a warm-up run per model). Figures go
@@ -67,7 +70,7 @@ static int mkdir_p(const char *path)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage]\n"
+    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage|scoring]\n"
                "                      [--model-dir DIR] [--threads N] [--out DIR] [--shared DIR]\n"
                "                      [--git-commit SHA] [--batches 1,8,...] [--skip-ceilings]\n"
                "  --model-dir  folder with the synthetic models 15m, 110m, gqa-110m (default\n"
@@ -173,14 +176,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "pagedgen_bench: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    static const char *const sections[] = {"machine", "throughput", "paged", "scaling", "prefix", "storage"};
+    static const char *const sections[] = {"machine", "throughput", "paged", "scaling", "prefix", "storage",
+                                           "scoring"};
     if (c.only) {
         bool known = false;
         for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
             known = known || strcmp(c.only, sections[i]) == 0;
         if (!known) {
             fprintf(stderr, "pagedgen_bench: --only: expected machine, throughput, paged, "
-                            "scaling, prefix or storage, got '%s'\n", c.only);
+                            "scaling, prefix, storage or scoring, got '%s'\n", c.only);
             return 2;
         }
     }
@@ -232,9 +236,10 @@ int main(int argc, char **argv)
         bench_section_machine(&c); /* the throughput figures are compared against these */
     static int (*const section_fn[])(bench_ctx *) = {NULL, bench_section_throughput,
                                                      bench_section_paged, bench_section_scaling,
-                                                     bench_section_prefix, bench_section_storage};
-    double section_s[6] = {0};
-    for (size_t i = 1; i < 6 && rc == 0; i++) {
+                                                     bench_section_prefix, bench_section_storage,
+                                                     bench_section_scoring};
+    double section_s[7] = {0};
+    for (size_t i = 1; i < 7 && rc == 0; i++) {
         if (!bench_section_on(&c, sections[i]))
             continue;
         double ts = bench_now_s();
@@ -243,7 +248,7 @@ int main(int argc, char **argv)
         printf("  (%s: %.1f s)\n", sections[i], section_s[i]);
     }
     bench_json_obj(c.j, "section_seconds");
-    for (size_t i = 1; i < 6; i++)
+    for (size_t i = 1; i < 7; i++)
         if (section_s[i] > 0.0)
             bench_json_num(c.j, sections[i], section_s[i]);
     bench_json_end(c.j);

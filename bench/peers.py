@@ -24,7 +24,17 @@ the user gives (bench/hf_to_gguf.py writes the GGUFs from our checkpoint).
 
 Usage: peers.py --llama-batched-bench PATH --results results.json
                 [--gguf f32=F] [--gguf bf16=F] [--gguf q8_0=F] [--rounds N] [--out peers.json]
+
+Perplexity (issue 21): with --llama-perplexity PATH --pagedgen PATH
+--model-dir DIR --text FILE --gguf f32=F [--tokenizer DIR] [--ctx N] [--threads N]
+[--rounds N],
+llama.cpp's llama-perplexity and `pagedgen perplexity` run on the same
+weights, text, window, batch (2048) and threads: both estimates, their
+relative difference (issue 21 wants < 0.1% in f32) and evaluated tok/s
+(llama.cpp's "prompt eval" tokens / time; pagedgen's tok_per_s, both
+without loading), best of the rounds.
 """
+import re
 import argparse
 import json
 import os
@@ -97,20 +107,90 @@ def pagedgen_rows(results):
     return st, out
 
 
+def parse_llama_perplexity(text):
+    """{"ppl", "ppl_stderr", "tokens", "seconds", "tok_per_s"} from
+    llama-perplexity's output: "Final estimate: PPL = X +/- Y" and
+    llama_perf_context_print's "prompt eval time = T ms / N tokens"."""
+    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", text)
+    t = re.search(r"prompt eval time =\s*([0-9.]+) ms /\s*([0-9]+) tokens", text)
+    if not m or not t:
+        raise ValueError("no 'Final estimate: PPL = ...' or 'prompt eval time = ... ms / N tokens' in "
+                         "llama-perplexity's output")
+    secs, tokens = float(t.group(1)) / 1e3, int(t.group(2))
+    return {"ppl": float(m.group(1)), "ppl_stderr": float(m.group(2)), "tokens": tokens, "seconds": secs,
+            "tok_per_s": tokens / secs if secs > 0 else 0.0}
+
+
+def run_perplexity_pair(a, gguf):
+    """Both perplexity runs, best of a.rounds; returns the report dict."""
+    best = {}
+    for _ in range(a.rounds or 1):
+        cmd_l = [a.llama_perplexity, "-m", gguf, "-f", a.text, "-c", str(a.ctx), "-b", "2048",
+                 "-t", str(a.threads), "-tb", str(a.threads), "-ngl", "0"]
+        cmd_p = [a.pagedgen, "perplexity", "-m", a.model_dir, "-f", a.text, "--ctx", str(a.ctx),
+                 "--batch-size", "2048", "--threads", str(a.threads), "--dtype", "float32", "-q"]
+        if a.tokenizer:
+            cmd_p += ["--tokenizer", a.tokenizer]
+        for side, cmd in (("llama.cpp", cmd_l), ("pagedgen", cmd_p)):
+            print("  $ " + " ".join(cmd), flush=True)
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if p.returncode != 0:
+                tail = "\n".join((p.stderr or p.stdout).splitlines()[-15:])
+                raise RuntimeError(f"{cmd[0]} exited with {p.returncode}:\n{tail}")
+            fig = parse_llama_perplexity(p.stdout + "\n" + p.stderr) if side == "llama.cpp" else \
+                json.loads(p.stdout.strip().splitlines()[-1])
+            if side not in best or fig["tok_per_s"] > best[side]["tok_per_s"]:
+                best[side] = dict(fig, command=cmd)
+    lc, pg = best["llama.cpp"], best["pagedgen"]
+    rel = abs(pg["ppl"] - lc["ppl"]) / lc["ppl"]
+    print(f"  llama-perplexity  ppl {lc['ppl']:.4f} +/- {lc['ppl_stderr']:.5f}  {lc['tok_per_s']:9.1f} tok/s")
+    print(f"  pagedgen          ppl {pg['ppl']:.4f} +/- {pg['ppl_stderr']:.5f}  {pg['tok_per_s']:9.1f} tok/s"
+          f"  ({ratio(pg['tok_per_s'], lc['tok_per_s']):.2f}x; ppl differs by {100 * rel:.4f}%, "
+          f"{'within' if rel <= 1e-3 else 'OVER'} 0.1%)")
+    return {"ctx": a.ctx, "threads": a.threads, "text": os.path.abspath(a.text), "llama_cpp": lc,
+            "pagedgen": pg, "ppl_rel_diff": rel, "ratio_tok_per_s": ratio(pg["tok_per_s"], lc["tok_per_s"])}
+
+
 def ratio(a, b):
     return a / b if a and b else float("nan")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-batched-bench", required=True, metavar="PATH")
+    ap.add_argument("--llama-batched-bench", metavar="PATH")
+    ap.add_argument("--llama-perplexity", metavar="PATH", help="perplexity mode (see above)")
+    ap.add_argument("--pagedgen", metavar="PATH", help="perplexity mode: the pagedgen binary")
+    ap.add_argument("--model-dir", help="perplexity mode: the HF model folder the GGUF was written from")
+    ap.add_argument("--text", help="perplexity mode: the text file")
+    ap.add_argument("--tokenizer", help="perplexity mode: pagedgen's tokenizer folder when the model "
+                    "folder has none (the synthetic models: ../shared/tokenizers/llama2)")
+    ap.add_argument("--ctx", type=int, default=512, help="perplexity mode: window [default: 512]")
+    ap.add_argument("--threads", type=int, default=2, help="perplexity mode [default: 2]")
     ap.add_argument("--gguf", action="append", default=[], metavar="TYPE=FILE",
                     help="a GGUF of the same model: f32=, bf16= or q8_0= (repeat)")
-    ap.add_argument("--results", required=True, help="pagedgen_bench's results.json of this run")
+    ap.add_argument("--results", help="pagedgen_bench's results.json of this run")
     ap.add_argument("--rounds", type=int, help="llama.cpp runs per type, best kept "
                     "[default: the storage section's rounds]")
     ap.add_argument("--out", help="write the figures and ratios here as JSON")
     a = ap.parse_args()
+    if a.llama_perplexity:
+        gg = dict(spec.partition("=")[::2] for spec in a.gguf)
+        if "f32" not in gg or not (a.pagedgen and a.model_dir and a.text):
+            sys.exit("peers: --llama-perplexity needs --pagedgen, --model-dir, --text and --gguf f32=FILE")
+        print(f"\n== peers: perplexity (issue 21): llama-perplexity vs pagedgen perplexity, f32, --ctx {a.ctx}, "
+              f"{a.threads} threads")
+        try:
+            rep = run_perplexity_pair(a, gg["f32"])
+        except (RuntimeError, ValueError, OSError) as e:
+            print(f"peers: perplexity: {e}", file=sys.stderr)
+            return 1
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(rep, f, indent=2)
+                f.write("\n")
+        return 0 if rep["ppl_rel_diff"] <= 1e-3 else 1
+    if not a.llama_batched_bench or not a.results:
+        sys.exit("peers: --llama-batched-bench PATH and --results FILE are required (or --llama-perplexity)")
 
     ggufs = {}
     for spec in a.gguf:

@@ -57,6 +57,30 @@ class ParserTest(unittest.TestCase):
             peers.parse_batched_bench(SAMPLE.replace("|   102.89 |", "|"))
 
 
+PPL_SAMPLE = """\
+perplexity: tokenizing the input ..
+perplexity: calculating perplexity over 9 chunks, n_ctx=128, batch_size=2048, n_seq=16
+perplexity: 0.05 seconds per pass - ETA 0.00 minutes
+[1]3.5513,[2]3.9016,[3]4.0110,[4]4.1107,
+Final estimate: PPL = 4.1107 +/- 0.29815
+
+llama_perf_context_print:        load time =      12.34 ms
+llama_perf_context_print: prompt eval time =     480.00 ms /  1152 tokens (    0.42 ms per token,  2400.00 tokens per second)
+llama_perf_context_print:        eval time =       0.00 ms /     1 runs   (    0.00 ms per token,      inf tokens per second)
+"""
+
+
+class PerplexityParser(unittest.TestCase):
+    def test_sample(self):
+        f = peers.parse_llama_perplexity(PPL_SAMPLE)
+        self.assertEqual((f["ppl"], f["ppl_stderr"], f["tokens"]), (4.1107, 0.29815, 1152))
+        self.assertAlmostEqual(f["tok_per_s"], 2400.0)
+
+    def test_missing(self):
+        with self.assertRaises(ValueError):
+            peers.parse_llama_perplexity("perplexity: tokenizing the input ..\n")
+
+
 def run_peers(fake, results, gguf_spec, out):
     """peers.py as scripts/bench runs it, with a stand-in binary"""
     import subprocess

@@ -21,6 +21,7 @@ enum {
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
     OPT_QUANT, OPT_PROFILE_OPS, OPT_POOLING,
     OPT_GENERATION_CONFIG, OPT_REASONING_PARSER,
+    OPT_PLP_PER_STEP, OPT_PPL_CTX, OPT_PPL_BATCH,
 };
 
 static const struct option generate_opts[] = {
@@ -42,6 +43,7 @@ static const struct option generate_opts[] = {
     {"seed", required_argument, NULL, OPT_SEED},
     {"kv-layout", required_argument, NULL, OPT_KV_LAYOUT},
     {"check-invariants", no_argument, NULL, OPT_CHECK_INV},
+    {"prompt-logprobs-per-step", no_argument, NULL, OPT_PLP_PER_STEP},
     {"gpu-memory-utilization", required_argument, NULL, OPT_GPU_UTIL},
     {"kv-cache-dtype", required_argument, NULL, OPT_KV_DTYPE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
@@ -107,6 +109,34 @@ static const struct option chat_template_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
+static const struct option perplexity_opts[] = {
+    {"model", required_argument, NULL, 'm'},
+    {"file", required_argument, NULL, 'f'},
+    {"ctx", required_argument, NULL, OPT_PPL_CTX},
+    {"batch-size", required_argument, NULL, OPT_PPL_BATCH},
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+    {"kv-cache-memory", required_argument, NULL, OPT_KV_MEM},
+    {"num-kv-blocks", required_argument, NULL, OPT_NUM_KV_BLOCKS},
+    {"max-num-seqs", required_argument, NULL, OPT_MAX_NUM_SEQS},
+    {"check-invariants", no_argument, NULL, OPT_CHECK_INV},
+    {"prompt-logprobs-per-step", no_argument, NULL, OPT_PLP_PER_STEP},
+    {"gpu-memory-utilization", required_argument, NULL, OPT_GPU_UTIL},
+    {"kv-cache-dtype", required_argument, NULL, OPT_KV_DTYPE},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"quantization", required_argument, NULL, OPT_QUANT},
+    {"cuda-device", required_argument, NULL, OPT_CUDA_DEVICE},
+    {"fast-gemm", no_argument, NULL, OPT_FAST_GEMM},
+    {"enforce-eager", no_argument, NULL, OPT_ENFORCE_EAGER},
+    {"quiet", no_argument, NULL, 'q'},
+    {"log-interval", required_argument, NULL, OPT_LOG_INTERVAL},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
 static const char *const generate_help[] = {
 "usage: pagedgen [generate] -m MODEL_DIR [-i FILE|-] [-o FILE|-] [options]\n"
 "\n"
@@ -165,6 +195,9 @@ static const char *const generate_help[] = {
 "                             1_Pooling/config.json, else last (vLLM's default)]\n"
 "      --check-invariants     check the block pool after every step (slow; debugging)\n"
 "                             [default: off]\n"
+"      --prompt-logprobs-per-step  prefill a request with prompt logprobs one token\n"
+"                             a step, as before issue 21 (tests and benchmarks;\n"
+"                             the same values, slower) [default: in chunks]\n"
 "\n"
 "Precision and CUDA (vLLM names; see cli/README.md):\n"
 "      --gpu-memory-utilization X  share of the device's total memory pagedgen may\n"
@@ -312,16 +345,48 @@ static const char *const chat_template_help =
 "template load error (a template that does not parse: its line and column),\n"
 "4 I/O error.\n";
 
+static const char *const perplexity_help =
+"usage: pagedgen perplexity -m MODEL_DIR -f TEXT [--ctx N] [--batch-size B] [options]\n"
+"\n"
+"llama.cpp's llama-perplexity: the text is tokenized once (with BOS when the\n"
+"tokenizer adds one), cut into consecutive windows of N tokens (the rest is\n"
+"dropped; at least 2 windows), each window starts with BOS and scores its second\n"
+"half (positions N/2+1 .. N-1: every scored token has N/2 tokens of context).\n"
+"Windows run batched through the engine. The running estimate goes to stderr,\n"
+"one JSON line to stdout: {\"ppl\", \"ppl_stderr\" (llama.cpp's), \"nll\",\n"
+"\"tokens_scored\", \"windows\", \"ctx\", \"tokens_evaluated\", \"seconds\",\n"
+"\"tok_per_s\" (evaluated tokens), \"scored_tok_per_s\"}. See cli/README.md.\n"
+"\n"
+"  -m, --model DIR            Hugging Face model folder [required]\n"
+"  -f, --file TEXT            the text file [required]\n"
+"      --ctx N                window length in tokens (llama.cpp -c) [default: 512]\n"
+"      --batch-size B         tokens per engine step (llama.cpp -b; vLLM's\n"
+"                             max-num-batched-tokens) [default: 2048]\n"
+"      --tokenizer DIR        tokenizer.json folder [default: the model folder]\n"
+"      --device D, --threads N, --dtype T, --kv-cache-dtype T, --quantization Q,\n"
+"      --block-size N, --kv-cache-memory S, --num-kv-blocks N, --max-num-seqs N,\n"
+"      --gpu-memory-utilization X, --cuda-device N, --fast-gemm, --enforce-eager\n"
+"                             as for generate\n"
+"  -q, --quiet                no progress on stderr\n"
+"      --log-interval S       seconds between progress lines when stderr is not a\n"
+"                             terminal [default: 10]\n"
+"  -h, --help                 this help\n"
+"\n"
+"Exit codes: 0 success, 2 usage error (a text shorter than 2 windows), 3 model\n"
+"or tokenizer error, 4 I/O error, 130 interrupted.\n";
+
 static const char *const overview_help =
 "usage: pagedgen [generate] -m MODEL_DIR [-i FILE|-] [-o FILE|-] [options]\n"
 "       pagedgen tokenize --tokenizer DIR [-i FILE|-] [-o FILE|-] [options]\n"
 "       pagedgen chat-template --tokenizer DIR [-i FILE|-] [-o FILE|-] [options]\n"
+"       pagedgen perplexity -m MODEL_DIR -f TEXT [--ctx N] [--batch-size B]\n"
 "       pagedgen --version\n"
 "\n"
 "Commands:\n"
 "  generate        run a model over prompts, write JSONL completions (default)\n"
 "  tokenize        write the token ids of each input line\n"
 "  chat-template   render chat requests with the chat template (check prompts)\n"
+"  perplexity      llama-perplexity's estimate of a model over a text file\n"
 "\n"
 "`pagedgen generate --help`, `pagedgen tokenize --help` and\n"
 "`pagedgen chat-template --help` list every flag.\n"
@@ -333,6 +398,8 @@ void cli_options_help(FILE *f, cli_command cmd)
         fputs(tokenize_help, f);
     } else if (cmd == CLI_CMD_CHAT_TEMPLATE) {
         fputs(chat_template_help, f);
+    } else if (cmd == CLI_CMD_PERPLEXITY) {
+        fputs(perplexity_help, f);
     } else if (cmd == CLI_CMD_GENERATE) {
         for (size_t k = 0; generate_help[k]; k++)
             fputs(generate_help[k], f);
@@ -348,10 +415,13 @@ const char *const *cli_options_names(cli_command cmd)
     static const char *gen_names[sizeof generate_opts / sizeof generate_opts[0]];
     static const char *tok_names[sizeof tokenize_opts / sizeof tokenize_opts[0]];
     static const char *chat_names[sizeof chat_template_opts / sizeof chat_template_opts[0]];
+    static const char *ppl_names[sizeof perplexity_opts / sizeof perplexity_opts[0]];
     const struct option *t = cmd == CLI_CMD_TOKENIZE ? tokenize_opts
-                             : cmd == CLI_CMD_CHAT_TEMPLATE ? chat_template_opts : generate_opts;
+                             : cmd == CLI_CMD_CHAT_TEMPLATE ? chat_template_opts
+                             : cmd == CLI_CMD_PERPLEXITY ? perplexity_opts : generate_opts;
     const char **names = cmd == CLI_CMD_TOKENIZE ? tok_names
-                         : cmd == CLI_CMD_CHAT_TEMPLATE ? chat_names : gen_names;
+                         : cmd == CLI_CMD_CHAT_TEMPLATE ? chat_names
+                         : cmd == CLI_CMD_PERPLEXITY ? ppl_names : gen_names;
     size_t k = 0;
     for (; t[k].name; k++)
         names[k] = t[k].name;
@@ -373,6 +443,7 @@ void cli_options_init(cli_options *o)
     o->prefix_caching = true;
     o->free_window_blocks = true;
     o->layout = KV_LAYOUT_PAGED;
+    o->ppl_ctx = 512;
     o->gpu_memory_utilization = 0.9;
     o->kv_cache_dtype = CLI_KV_DTYPE_AUTO;
     o->dtype = CLI_DTYPE_AUTO;
@@ -636,6 +707,12 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         else return pg_error_set(err, PG_EINVAL, "--kv-layout: expected paged or contiguous, got '%s'", arg);
         break;
     case OPT_CHECK_INV: o->check_invariants = true; break;
+    case OPT_PLP_PER_STEP: o->prompt_logprobs_per_step = true; break;
+    case 'f': o->ppl_file = arg; break;
+    case OPT_PPL_CTX: rc = parse_i32(arg, 4, 1 << 24, "--ctx", &o->ppl_ctx, err); break;
+    case OPT_PPL_BATCH:
+        rc = parse_i32(arg, 1, 1 << 24, "--batch-size", &o->max_num_batched_tokens, err);
+        break;
     case OPT_GPU_UTIL:
         rc = cli_parse_double(arg, 0.0, 1.0, "--gpu-memory-utilization", &o->gpu_memory_utilization,
                               err);
@@ -774,6 +851,9 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
     } else if (argc > 1 && strcmp(argv[1], "chat-template") == 0) {
         o->cmd = CLI_CMD_CHAT_TEMPLATE;
         first = 2;
+    } else if (argc > 1 && strcmp(argv[1], "perplexity") == 0) {
+        o->cmd = CLI_CMD_PERPLEXITY;
+        first = 2;
     } else if (argc > 1 && strcmp(argv[1], "help") == 0) {
         o->cmd = CLI_CMD_HELP;
         o->help_for = CLI_CMD_HELP;
@@ -781,17 +861,21 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
             o->help_for = CLI_CMD_TOKENIZE;
         else if (argc > 2 && strcmp(argv[2], "chat-template") == 0)
             o->help_for = CLI_CMD_CHAT_TEMPLATE;
+        else if (argc > 2 && strcmp(argv[2], "perplexity") == 0)
+            o->help_for = CLI_CMD_PERPLEXITY;
         else if (argc > 2 && strcmp(argv[2], "generate") == 0)
             o->help_for = CLI_CMD_GENERATE;
         return PG_OK;
     } else if (argc > 1 && argv[1][0] != '-') {
         return pg_error_set(err, PG_EINVAL,
-                            "unknown command '%s' (expected generate, tokenize or chat-template; see --help)", argv[1]);
+                            "unknown command '%s' (expected generate, tokenize, chat-template or perplexity; see --help)", argv[1]);
     }
     bool explicit_cmd = first == 2;
     const struct option *table = o->cmd == CLI_CMD_TOKENIZE ? tokenize_opts
-                                 : o->cmd == CLI_CMD_CHAT_TEMPLATE ? chat_template_opts : generate_opts;
-    const char *shorts = o->cmd == CLI_CMD_GENERATE ? ":m:i:o:qh" : ":m:i:o:h";
+                                 : o->cmd == CLI_CMD_CHAT_TEMPLATE ? chat_template_opts
+                                 : o->cmd == CLI_CMD_PERPLEXITY ? perplexity_opts : generate_opts;
+    const char *shorts = o->cmd == CLI_CMD_GENERATE ? ":m:i:o:qh"
+                         : o->cmd == CLI_CMD_PERPLEXITY ? ":m:f:qh" : ":m:i:o:h";
 
     /* getopt_long keeps its state in globals of libc; reset them so that the
      * parser can run more than once in a process (unit tests). */
@@ -834,6 +918,13 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
             return pg_error_set(err, PG_EINVAL, "generate: -m MODEL_DIR is required (see --help)");
         if (o->resume && strcmp(o->output_path, "-") == 0)
             return pg_error_set(err, PG_EINVAL, "--resume needs -o FILE (not stdout)");
+        int rc = cli_options_check_dtypes(o, o->device, err);
+        if (rc != PG_OK)
+            return rc;
+    } else if (o->cmd == CLI_CMD_PERPLEXITY) {
+        if (!o->model_dir || !o->ppl_file)
+            return pg_error_set(err, PG_EINVAL, "perplexity: -m MODEL_DIR and -f TEXT are required "
+                                "(see --help)");
         int rc = cli_options_check_dtypes(o, o->device, err);
         if (rc != PG_OK)
             return rc;

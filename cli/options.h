@@ -21,6 +21,7 @@ typedef enum cli_command {
     CLI_CMD_GENERATE = 0,
     CLI_CMD_TOKENIZE,
     CLI_CMD_CHAT_TEMPLATE, /* `pagedgen chat-template`: render chat lines, no model */
+    CLI_CMD_PERPLEXITY,    /* `pagedgen perplexity`: llama-perplexity over a text file */
     CLI_CMD_HELP,      /* --help: print help for `help_for` */
     CLI_CMD_VERSION,
 } cli_command;
@@ -103,6 +104,10 @@ typedef struct cli_options {
     kv_layout layout;              /* paged */
     bool check_invariants;         /* hidden: engine pool checks after every step */
     cli_pooling pooling;           /* --pooling; AUTO: the model folder's (run.c) */
+    bool prompt_logprobs_per_step; /* engine_params prompt_logprobs_per_step (tests) */
+    /* perplexity */
+    const char *ppl_file;          /* -f TEXT (required) */
+    int32_t ppl_ctx;               /* --ctx N: window length; 512 */
 
     /* cuda (accepted everywhere; checked against the device in device.c) */
     double gpu_memory_utilization; /* (0, 1]; 0.9 */

@@ -732,6 +732,7 @@ static int load_model(run_state *s)
     ep.sliding_window = o->free_window_blocks ? s->cfg.sliding_window : 0;
     ep.layout = o->layout;
     ep.check_invariants = o->check_invariants;
+    ep.prompt_logprobs_per_step = o->prompt_logprobs_per_step;
     ep.eos_token_ids = s->cfg.eos_token_ids;
     ep.n_eos_token_ids = s->cfg.n_eos_token_ids;
     engine_backend be = model_backend(s->mdl);

@@ -20,6 +20,8 @@ int cli_run_generate(const cli_options *o);
 int cli_run_tokenize(const cli_options *o);
 /* chat-template: write {"text", "token_ids"} per chat line (chat_template_cmd.c). */
 int cli_run_chat_template(const cli_options *o);
+/* perplexity: llama-perplexity's estimate over a text file (perplexity_cmd.c). */
+int cli_run_perplexity(const cli_options *o);
 
 /* SIGINT/SIGTERM set a flag read by both loops (signals.c); SIGPIPE is
  * ignored so that a closed stdout is a write error, not a silent death. */

@@ -31,6 +31,11 @@ typedef struct gram_entry {
     struct gram_entry *next;
 } gram_entry;
 
+/* Rows of one lm_head slice for prompt logprobs (forward_rows): 128 x
+ * vocab f32 on the host (16 MB at 32k, 78 MB at 152k), whatever the chunk;
+ * the CUDA GEMM's fixed row chunk. */
+#define ENGINE_SCORE_SLICE_ROWS 128
+
 /* Mask-cache memory per distinct constraint (grammar_cache_create): about
  * 500 states of a 128k vocabulary; past it masks are walked each time. */
 #define ENGINE_GRAMMAR_CACHE_BYTES ((size_t)8 << 20)
@@ -49,11 +54,22 @@ struct engine {
     /* step buffers */
     int32_t *token_ids, *positions, *slots;     /* [max_num_batched_tokens] */
     int32_t *query_start;                       /* [max_seqs + 1] */
-    int32_t *seq_lens, *logits_rows;            /* [max_seqs] */
+    int32_t *seq_lens;                          /* [max_seqs] */
+    int32_t *logits_rows;                       /* [max_num_batched_tokens] */
+    /* what each logits row is for: a prompt row (row_req[j] != NULL) scores
+     * row_req[j]->prompt[row_pos[j] + 1]; a sampling row (row_req[j] NULL)
+     * goes to logits row -row_pos[j] - 1 */
+    request **row_req;                          /* [max_num_batched_tokens] */
+    int32_t *row_pos;                           /* [max_num_batched_tokens] */
+    int32_t n_prompt_rows;                      /* of the step being run */
+    bool plp_per_step;                          /* engine_params prompt_logprobs_per_step,
+                                                   or no backend forward_rows */
+    float *slice;                               /* [slice_rows][vocab] forward_rows slices */
+    int32_t slice_rows;
     int32_t *block_tables;                      /* [max_seqs][max_blocks] */
     uint64_t *seq_ids;                          /* [max_seqs] */
     request **done;                             /* [max_seqs] retiring this step */
-    float *logits;                              /* [max_seqs][vocab] */
+    float *logits;                              /* [max_seqs][vocab] sampling rows */
     float *scratch;                             /* [vocab] */
     float *hidden;                              /* [max_num_batched_tokens][H] pooled
                                                    rows, allocated at the first embedding */
@@ -149,6 +165,7 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
                            .max_model_len = p->max_model_len, .layout = p->layout,
                            .prefix_caching = pp.prefix_caching,
                            .watermark_blocks = engine_watermark_blocks(p),
+                           .plp_one_per_step = p->prompt_logprobs_per_step || !backend->forward_rows,
                            .sliding_window = p->sliding_window};
     if ((rc = scheduler_create(&e->sched, &sp, e->pool, err))) goto fail;
     size_t T = (size_t)p->max_num_batched_tokens, S = (size_t)e->max_seqs;
@@ -161,14 +178,23 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->slots = malloc(T * sizeof(int32_t));
     e->query_start = malloc((S + 1) * sizeof(int32_t));
     e->seq_lens = malloc(S * sizeof(int32_t));
-    e->logits_rows = malloc(S * sizeof(int32_t));
+    e->logits_rows = malloc(T * sizeof(int32_t));
+    e->row_req = malloc(T * sizeof(request *));
+    e->row_pos = malloc(T * sizeof(int32_t));
+    e->plp_per_step = p->prompt_logprobs_per_step || !backend->forward_rows;
+    /* at most max_seqs rows too: the logits buffers an executor sizes for
+     * a step's sampling rows then hold a slice (cli/device.c's CUDA plan) */
+    e->slice_rows = (int32_t)(T < ENGINE_SCORE_SLICE_ROWS ? T : ENGINE_SCORE_SLICE_ROWS);
+    if (e->slice_rows > e->max_seqs) e->slice_rows = e->max_seqs;
+    if (!e->plp_per_step) e->slice = malloc((size_t)e->slice_rows * V * sizeof(float));
     e->block_tables = malloc(S * (size_t)e->max_blocks * sizeof(int32_t));
     e->seq_ids = malloc(S * sizeof(uint64_t));
     e->done = malloc(S * sizeof(request *));
     e->logits = malloc(S * V * sizeof(float));
     e->scratch = malloc(V * sizeof(float));
     if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
-        !e->seq_lens || !e->logits_rows || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
+        !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
+        (!e->plp_per_step && !e->slice) || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
         !e->scratch) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
                           "%zu sequences, vocab %zu)", T, S, V);
@@ -288,6 +314,9 @@ void engine_destroy(engine *e)
     free(e->query_start);
     free(e->seq_lens);
     free(e->logits_rows);
+    free(e->row_req);
+    free(e->row_pos);
+    free(e->slice);
     free(e->block_tables);
     free(e->seq_ids);
     free(e->done);
@@ -512,14 +541,24 @@ void engine_abort_all(engine *e)
     }
 }
 
-/* The prompt position whose logits this entry must return for prompt
- * logprobs (its one computed token p, scoring prompt token p + 1), or -1.
- * `start` is the entry's num_computed before the step. */
-static int32_t prompt_row_pos(const sched_entry *en, int32_t start)
+/* The prompt positions whose logits this entry returns for prompt logprobs
+ * (position p scores prompt token p + 1): [*lo, return value), empty when
+ * the request has none. `start` is the entry's num_computed before the
+ * step. One-row-a-step path: the entry's one token, unless it samples. */
+static int32_t prompt_rows(const engine *e, const sched_entry *en, int32_t start, int32_t *lo)
 {
     const request *r = en->seq->req;
-    if (!r->plp || en->samples || en->n_new != 1 || start + 1 >= r->n_prompt) return -1;
-    return start;
+    *lo = start;
+    if (!r->plp) return start;
+    if (e->plp_per_step)
+        return en->samples || en->n_new != 1 || start + 1 >= r->n_prompt || start + 1 < r->plp_from
+                   ? start : start + 1;
+    /* positions p in [start, start + n_new) with from <= p + 1 < n_prompt */
+    int32_t hi = start + en->n_new;
+    if (hi > r->n_prompt - 1) hi = r->n_prompt - 1;
+    if (*lo < r->plp_from - 1) *lo = r->plp_from - 1;
+    if (hi < *lo) hi = *lo;
+    return hi;
 }
 
 /* Prompt logprobs of request r from the raw logits row of position p:
@@ -590,11 +629,33 @@ static int pool_entries(engine *e, const sched_step *st, pg_error *err)
     return PG_OK;
 }
 
+/* The sink of a step's logits rows (engine_rows_fn): a prompt row becomes
+ * its request's prompt logprobs at once, a sampling row is kept in
+ * e->logits (moved down in place when logits is e->logits itself). */
+static int take_rows(void *ctx, int32_t first, int32_t n, const float *logits, pg_error *err)
+{
+    (void)err;
+    engine *e = ctx;
+    const size_t V = (size_t)e->be.vocab_size;
+    for (int32_t j = 0; j < n; j++) {
+        const float *row = logits + (size_t)j * V;
+        int32_t k = first + j;
+        if (e->row_req[k]) {
+            prompt_logprob(e->row_req[k], e->row_pos[k], row, (int32_t)V);
+        } else {
+            float *dst = e->logits + (size_t)(-e->row_pos[k] - 1) * V;
+            if (dst != row) memmove(dst, row, V * sizeof *row);
+        }
+    }
+    return PG_OK;
+}
+
 /* Fills the step_batch from the schedule. */
 static void build_batch(engine *e, const sched_step *st, step_batch *b)
 {
     int32_t bs = e->p.block_size;
-    int32_t t = 0, n_logits = 0, stride = 1, max_seq = 0, max_q = 0;
+    int32_t t = 0, n_logits = 0, stride = 1, max_seq = 0, max_q = 0, n_samples = 0;
+    int32_t n_prompt_rows = 0;
     for (int32_t i = 0; i < st->n_entries; i++) {
         const sequence *q = st->entries[i].seq;
         int32_t len = q->num_computed + st->entries[i].n_new;
@@ -620,8 +681,20 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
         e->seq_ids[i] = (q->req->id << 8) | (uint64_t)q->index;
         if (len > max_seq) max_seq = len;
         if (en->n_new > max_q) max_q = en->n_new;
-        if (entry_samples(en) || prompt_row_pos(en, q->num_computed) >= 0) e->logits_rows[n_logits++] = t - 1;
+        int32_t lo, hi = prompt_rows(e, en, q->num_computed, &lo);
+        for (int32_t p = lo; p < hi; p++, n_logits++) {
+            e->logits_rows[n_logits] = t - en->n_new + (p - q->num_computed);
+            e->row_req[n_logits] = q->req;
+            e->row_pos[n_logits] = p;
+        }
+        n_prompt_rows += hi - lo;
+        if (entry_samples(en)) {
+            e->logits_rows[n_logits] = t - 1;
+            e->row_req[n_logits] = NULL;
+            e->row_pos[n_logits++] = -(++n_samples);
+        }
     }
+    e->n_prompt_rows = n_prompt_rows;
     memset(b, 0, sizeof *b);
     b->num_tokens = t;
     b->num_seqs = st->n_entries;
@@ -739,19 +812,15 @@ int engine_step(engine *e, pg_error *err)
             return pg_error_set(err, PG_EINVAL, "engine: copy-on-write needs backend copy_blocks");
         if ((rc = e->be.copy_blocks(e->be.ctx, st.cow, st.n_cow, err))) return rc;
     }
-    if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) return rc;
-
-    /* the KV of the scheduled tokens is now written (prompt logprob rows
-     * are read first, while num_computed is still the entry's start) */
-    int32_t prow = 0;
-    for (int32_t i = 0; i < st.n_entries; i++) {
-        const sched_entry *en = &st.entries[i];
-        int32_t p = prompt_row_pos(en, en->seq->num_computed);
-        if (p >= 0)
-            prompt_logprob(en->seq->req, p, e->logits + (size_t)prow * (size_t)e->be.vocab_size,
-                           e->be.vocab_size);
-        if (p >= 0 || entry_samples(en)) prow++;
+    /* prompt logprobs are taken from their rows as the rows arrive
+     * (take_rows); the sampling rows end in e->logits, in entry order */
+    if (e->n_prompt_rows == 0 || e->plp_per_step) {
+        if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) return rc;
+        if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b.num_logits, e->logits, err))) return rc;
+    } else if ((rc = e->be.forward_rows(e->be.ctx, &b, e->slice, e->slice_rows, take_rows, e, err))) {
+        return rc;
     }
+
     for (int32_t i = 0; i < st.n_entries; i++) {
         sequence *q = st.entries[i].seq;
         int32_t end = q->num_computed + st.entries[i].n_new;
@@ -787,7 +856,6 @@ int engine_step(engine *e, pg_error *err)
             r->forked = true;
             fresh_fork = st.entries[i].samples;
         }
-        if (prompt_row_pos(&st.entries[i], q->num_computed - st.entries[i].n_new) >= 0) row++;
         if (!entry_samples(&st.entries[i])) continue;
         const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
         row++;

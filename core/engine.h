@@ -26,6 +26,12 @@ typedef struct tokenizer tokenizer; /* tokenizer/tokenizer.h */
  * struct, ctx is borrowed and passed back to every call). Both functions
  * return 0 or a negative pg_status with err filled; the engine then fails
  * the step (engine_step returns it). */
+/* Receives the logits of rows first .. first+n-1 of a step's logits_rows:
+ * logits [n][vocab] f32 host, borrowed for the call. 0 or a negative
+ * pg_status (with err filled), which stops the forward. */
+typedef int (*engine_rows_fn)(void *ctx, int32_t first, int32_t n, const float *logits,
+                              pg_error *err);
+
 typedef struct engine_backend {
     void *ctx;
     int32_t vocab_size;          /* V: logits per row, and the valid token ids [0, V) */
@@ -34,6 +40,14 @@ typedef struct engine_backend {
      * logits into logits [num_logits][vocab_size] (host memory owned by the
      * engine). b and its arrays are valid during the call only. */
     int (*forward)(void *ctx, const step_batch *b, float *logits, pg_error *err);
+    /* Optional: the step of a request with prompt logprobs, whose
+     * b->num_logits may be any number up to b->num_tokens (logits_rows
+     * increasing): the rows' logits, bit for bit what forward gives for
+     * each, arrive through sink in slices of at most slice_rows rows written
+     * to buf [slice_rows][vocab_size] (model_forward_rows). NULL: such
+     * requests prefill one token a step, the row of that token alone. */
+    int (*forward_rows)(void *ctx, const step_batch *b, float *buf, int32_t slice_rows,
+                        engine_rows_fn sink, void *sink_ctx, pg_error *err);
     /* Copies whole KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in
      * every layer: copy-on-write before a shared, partly filled block is
      * written, which only parallel sampling (n > 1) causes (the prefix cache
@@ -86,6 +100,13 @@ typedef struct engine_params {
                                         freed (paged layout; scheduler.h). Must not exceed
                                         the model's window (the executor rejects a dropped
                                         block inside it). 0 (default): keep every block */
+    bool prompt_logprobs_per_step;   /* the path before issue 21, for tests and the
+                                        bench: a request with prompt logprobs prefills
+                                        one token a step (its one logits row), instead
+                                        of in chunks with every row of a chunk through
+                                        backend forward_rows; the same values. Also
+                                        taken when the backend has no forward_rows;
+                                        default false */
     const int32_t *eos_token_ids;    /* [n_eos_token_ids] ids in [0, vocab) that stop a
                                         sequence (unless ignore_eos); copied at create */
     int32_t n_eos_token_ids;         /* default 0: no eos */

@@ -473,7 +473,8 @@ void model_destroy(model *m)
 
 /* ---- forward -------------------------------------------------------------- */
 
-static int check_batch(const model *m, const step_batch *b, pg_error *err)
+/* max_logits: num_seqs for model_forward, num_tokens for model_forward_rows. */
+static int check_batch(const model *m, const step_batch *b, int32_t max_logits, pg_error *err)
 {
     if (b->num_tokens < 1 || b->num_tokens > m->p.max_num_batched_tokens)
         return pg_error_set(err, PG_EINVAL,
@@ -483,10 +484,10 @@ static int check_batch(const model *m, const step_batch *b, pg_error *err)
         return pg_error_set(err, PG_EINVAL,
                             "model forward: num_seqs %d outside [1, %d] (max_num_seqs)",
                             (int)b->num_seqs, (int)m->p.max_num_seqs);
-    if (b->num_logits < 0 || b->num_logits > b->num_seqs)
+    if (b->num_logits < 0 || b->num_logits > max_logits)
         return pg_error_set(err, PG_EINVAL,
-                            "model forward: num_logits %d outside [0, num_seqs %d]",
-                            (int)b->num_logits, (int)b->num_seqs);
+                            "model forward: num_logits %d outside [0, %d]",
+                            (int)b->num_logits, (int)max_logits);
     if (b->block_size != m->p.block_size)
         return pg_error_set(err, PG_EINVAL,
                             "model forward: batch block_size %d, the kv cache has %d",
@@ -640,9 +641,58 @@ static int forward_head(model *m, const step_batch *b, float *logits, const char
     return op->logits(ex, logits, m->rows_out, m->lm_head, b->num_logits, m->V, m->H);
 }
 
+/* Where the logits rows of a forward go: all L rows into `logits` (model_forward,
+ * L <= max_num_seqs), or (sink != NULL, model_forward_rows) in slices of at
+ * most slice_rows rows through buf, each handed to sink. */
+typedef struct rows_out {
+    float *logits;                /* [L][V] host (no sink) */
+    engine_rows_fn sink;          /* NULL: everything into logits */
+    void *sink_ctx;
+    float *buf;                   /* [slice_rows][V] host */
+    int32_t slice_rows;
+    pg_error *err;                /* the sink's error */
+    int sink_failed;              /* the sink returned an error (err is set) */
+} rows_out;
+
+/* The head when L may exceed the gathered-rows workspace (prompt logprobs:
+ * up to every token of the step): x += mlp_out and the final rmsnorm over
+ * all T rows into m->normed (per row the same arithmetic as forward_head's
+ * gathered rows: rmsnorm and the residual add are row-local), then the
+ * lm_head product over runs of consecutive logits rows, read in place from
+ * m->normed, at most slice_rows rows at a time (a row's logits do not depend
+ * on the other rows of the product: executor.h matmul/logits). Host memory
+ * stays [slice_rows][V] whatever L is. */
+static int forward_head_slices(model *m, const step_batch *b, rows_out *ro, const char **failed)
+{
+    executor *ex = m->ex;
+    const executor_ops *op = ex->op;
+    const size_t row_bytes = (size_t)m->H * exec_kind_bytes(ex, EXEC_ACT);
+    int rc;
+    *failed = "final rmsnorm";
+    if ((rc = op->rmsnorm(ex, m->normed, m->x, m->proj, m->final_norm, b->num_tokens, m->H,
+                          m->cfg->rms_norm_eps)))
+        return rc;
+    *failed = "logits";
+    for (int32_t r0 = 0; r0 < b->num_logits;) {
+        int32_t n = 1;
+        while (r0 + n < b->num_logits && n < ro->slice_rows &&
+               b->logits_rows[r0 + n] == b->logits_rows[r0] + n)
+            n++;
+        const char *x = (const char *)m->normed + (size_t)b->logits_rows[r0] * row_bytes;
+        if ((rc = op->logits(ex, ro->buf, x, m->lm_head, n, m->V, m->H)))
+            return rc;
+        if ((rc = ro->sink(ro->sink_ctx, r0, n, ro->buf, ro->err))) {
+            ro->sink_failed = 1;
+            return rc;
+        }
+        r0 += n;
+    }
+    return PG_OK;
+}
+
 /* The forward over b through the op table (what an executor's run_step
  * may record and replay). */
-static int forward_ops(model *m, const step_batch *b, float *logits, pg_error *err)
+static int forward_ops(model *m, const step_batch *b, rows_out *ro, pg_error *err)
 {
     int rc;
     executor *ex = m->ex;
@@ -667,9 +717,14 @@ static int forward_ops(model *m, const step_batch *b, float *logits, pg_error *e
     if (!rc && b->num_logits > 0) { /* L = 0: a step that only fills the cache */
         layer = -1;
         const double t0 = prof_begin(m);
-        rc = forward_head(m, b, logits, &failed);
+        if (ro->sink) /* more rows than one slice or the gathered workspace */
+            rc = forward_head_slices(m, b, ro, &failed);
+        else
+            rc = forward_head(m, b, ro->logits, &failed);
         prof_end(m, OPP_HEAD, t0);
     }
+    if (rc && ro->sink_failed)
+        return rc;
     if (rc)
         return op_failed(m, rc, failed, layer, err);
     return PG_OK;
@@ -680,24 +735,23 @@ static int forward_ops(model *m, const step_batch *b, float *logits, pg_error *e
 typedef struct forward_call {
     model *m;
     pg_error *err;
+    rows_out *ro;
     int failed;                   /* the forward itself failed: err is set */
 } forward_call;
 
 static int forward_call_run(void *ctx, const step_batch *b, float *logits)
 {
     forward_call *fc = ctx;
-    int rc = check_batch(fc->m, b, fc->err);
+    int rc = check_batch(fc->m, b, fc->ro->sink ? b->num_tokens : b->num_seqs, fc->err);
+    fc->ro->logits = logits;
     if (!rc)
-        rc = forward_ops(fc->m, b, logits, fc->err);
+        rc = forward_ops(fc->m, b, fc->ro, fc->err);
     fc->failed = rc != 0;
     return rc;
 }
 
-int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err)
+static int forward_with(model *m, const step_batch *b_in, float *logits, rows_out *ro, pg_error *err)
 {
-    int rc = check_batch(m, b_in, err);
-    if (rc)
-        return rc;
     if (!m->lm_head && b_in->num_logits > 0)
         return pg_error_set(err, PG_EUNSUPPORTED, "model forward: the checkpoint has no lm_head.weight (an "
                             "embedding model): only embedding requests can run");
@@ -705,13 +759,51 @@ int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err
     step_batch bw = *b_in;
     bw.sliding_window = m->cfg->sliding_window;
     executor *ex = m->ex;
+    ro->logits = logits;
     if (!ex->op->run_step)
-        return forward_ops(m, &bw, logits, err);
-    forward_call fc = {m, err, 0};
-    rc = ex->op->run_step(ex, &bw, logits, forward_call_run, &fc);
+        return forward_ops(m, &bw, ro, err);
+    forward_call fc = {m, err, ro, 0};
+    int rc = ex->op->run_step(ex, &bw, logits, forward_call_run, &fc);
     if (rc && !fc.failed)
         return op_failed(m, rc, "step", -1, err);
     return rc;
+}
+
+int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err)
+{
+    int rc = check_batch(m, b_in, b_in->num_seqs, err);
+    if (rc)
+        return rc;
+    rows_out ro = {.logits = logits};
+    return forward_with(m, b_in, logits, &ro, err);
+}
+
+int model_forward_rows(model *m, const step_batch *b, float *buf, int32_t slice_rows,
+                       engine_rows_fn sink, void *sink_ctx, pg_error *err)
+{
+    if (!buf || !sink || slice_rows < 1)
+        return pg_error_set(err, PG_EINVAL, "model forward_rows: expected a buffer, a sink and "
+                            "slice_rows >= 1, got slice_rows %d", (int)slice_rows);
+    int rc = check_batch(m, b, b->num_tokens, err);
+    if (rc)
+        return rc;
+    for (int32_t r = 0; r < b->num_logits; r++)
+        if (b->logits_rows[r] < 0 || b->logits_rows[r] >= b->num_tokens ||
+            (r > 0 && b->logits_rows[r] <= b->logits_rows[r - 1]))
+            return pg_error_set(err, PG_EINVAL, "model forward_rows: logits_rows[%d] = %d: expected "
+                                "increasing rows in [0, %d)", (int)r, (int)b->logits_rows[r],
+                                (int)b->num_tokens);
+    rows_out ro = {.sink = sink, .sink_ctx = sink_ctx, .buf = buf, .slice_rows = slice_rows,
+                   .err = err};
+    if (b->num_logits <= m->p.max_num_seqs && b->num_logits <= slice_rows) {
+        /* as model_forward (the gathered rows: what a decode step or a
+         * captured graph computes), then one slice */
+        ro.sink = NULL;
+        if ((rc = forward_with(m, b, buf, &ro, err)))
+            return rc;
+        return b->num_logits > 0 ? sink(sink_ctx, 0, b->num_logits, buf, err) : PG_OK;
+    }
+    return forward_with(m, b, buf, &ro, err);
 }
 
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err)
@@ -769,6 +861,12 @@ static int backend_forward(void *ctx, const step_batch *b, float *logits, pg_err
     return model_forward(ctx, b, logits, err);
 }
 
+static int backend_forward_rows(void *ctx, const step_batch *b, float *buf, int32_t slice_rows,
+                                engine_rows_fn sink, void *sink_ctx, pg_error *err)
+{
+    return model_forward_rows(ctx, b, buf, slice_rows, sink, sink_ctx, err);
+}
+
 static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs,
                                pg_error *err)
 {
@@ -786,6 +884,7 @@ engine_backend model_backend(model *m)
         .ctx = m,
         .vocab_size = m->V,
         .forward = backend_forward,
+        .forward_rows = backend_forward_rows,
         .copy_blocks = backend_copy_blocks,
         .hidden_rows = backend_hidden_rows,
         .hidden_size = m->H,

@@ -64,6 +64,17 @@ void model_destroy(model *m);
  * which may replay a captured graph of it instead (executor.h): the same
  * results. */
 int model_forward(model *m, const step_batch *b, float *logits, pg_error *err);
+/* model_forward for a step whose rows needing logits may be every token
+ * (prompt logprobs, scoring): b->num_logits <= b->num_tokens, logits_rows
+ * increasing. The logits arrive in slices of at most slice_rows rows, each
+ * written to buf [slice_rows][vocab] f32 (host, the caller's) and handed to
+ * sink(sink_ctx, first, n, buf, err) for rows first .. first+n-1 of
+ * b->logits_rows, in order; host memory never holds more than one slice.
+ * Each row's values are the bits model_forward gives for that row (the
+ * head's arithmetic is row-local, the lm_head product row-invariant). A
+ * sink error stops the forward and is returned as it is. */
+int model_forward_rows(model *m, const step_batch *b, float *buf, int32_t slice_rows,
+                       engine_rows_fn sink, void *sink_ctx, pg_error *err);
 /* Copies KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in every layer
  * (copy-on-write). PG_EINVAL, nothing copied, for an id outside the pool. */
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err);

@@ -68,6 +68,9 @@ int sampling_params_validate(const sampling_params *p, pg_error *err)
     if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
         return pg_error_set(err, PG_EINVAL, "repetition_penalty must be greater than zero, got %g",
                             (double)p->repetition_penalty);
+    if (p->prompt_logprobs_from < 0)
+        return pg_error_set(err, PG_EINVAL, "prompt_logprobs_from must be >= 0, got %d",
+                            (int)p->prompt_logprobs_from);
     if (p->prompt_logprobs < -1 || p->prompt_logprobs > SAMPLING_PARAMS_MAX_LOGPROBS)
         return pg_error_set(err, PG_EINVAL, "prompt_logprobs must be -1 (none) or in [0, %d], got %d",
                             SAMPLING_PARAMS_MAX_LOGPROBS, (int)p->prompt_logprobs);

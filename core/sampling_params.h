@@ -37,8 +37,15 @@ typedef struct sampling_params {
     int32_t logprobs;             /* -1 = none; k in [0, 20]: the sampled token's logprob plus the top k */
     int32_t prompt_logprobs;      /* -1 = none; k in [0, 20]: each prompt token's logprob (from
                                      the raw logits of the positions before it) plus the top k.
-                                     Such a request skips prefix-cache hits (vLLM's
-                                     skip_reading_prefix_cache) and prefills one token a step */
+                                     Such a request reads no prefix-cache hit (vLLM's
+                                     skip_reading_prefix_cache) but on blocks wholly before
+                                     position prompt_logprobs_from - 1, whose rows it does
+                                     not need; its chunks return the logits of every scored
+                                     position (engine forward_rows) */
+    int32_t prompt_logprobs_from; /* >= 0, with prompt_logprobs: only prompt tokens p >= this
+                                     get logprobs; the logits rows before are not computed and
+                                     the entries stay empty (NaN, rank 0). 0 (default): all.
+                                     `pagedgen perplexity` scores each window's second half */
     /* structured outputs (vLLM's StructuredOutputsParams): GRAMMAR_NONE, or
      * the kind of constraint and its text (grammar.h: a schema as JSON, a
      * regex, a JSON array of choices; none for json_object), copied and

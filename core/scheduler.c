@@ -112,6 +112,14 @@ static void preempt(scheduler *s, request *r)
     list_push_front(&s->waiting, r);
 }
 
+/* Whether r prefills one token a step: prompt logprobs on the per-step
+ * path (scheduler_params plp_one_per_step); otherwise its chunks are as
+ * any request's and every row of a chunk gets logits (engine forward_rows). */
+static bool one_row(const scheduler *s, const request *r)
+{
+    return r->plp && s->p.plp_one_per_step;
+}
+
 static void add_entry(sched_step *out, sequence *q, int32_t n_new, int32_t target)
 {
     sched_entry *e = &out->entries[out->n_entries++];
@@ -132,7 +140,7 @@ static bool schedule_running(scheduler *s, request *r, sched_step *out, int32_t 
         int32_t n_new = target - q->num_computed;
         if (n_new <= 0) continue;
         if (n_new > *budget) n_new = *budget;
-        if (r->plp && q->num_computed < r->n_prompt) n_new = 1; /* prompt logprobs: a row a step */
+        if (one_row(s, r) && q->num_computed < r->n_prompt) n_new = 1; /* a row a step */
         for (;;) {
             int32_t src, dst;
             int rc = kv_pool_allocate(s->pool, q->table, NULL, 0, n_new, &src, &dst);
@@ -194,7 +202,7 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
             assert(rc == PG_OK);
             (void)rc;
             int32_t n_new = q->n_tokens < *budget ? q->n_tokens : *budget;
-            if (r->plp && n_new > 1) n_new = 1; /* prompt logprobs: a row a step */
+            if (one_row(s, r) && n_new > 1) n_new = 1; /* prompt logprobs: a row a step */
             if (n_new <= 0) continue;
             rc = kv_pool_allocate(s->pool, q->table, NULL, 0, n_new, NULL, NULL);
             assert(rc == PG_OK);
@@ -205,20 +213,27 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         sequence *q = request_leader(r);
         int32_t target = request_seq_target(r, q, true);
         int32_t max_hit_blocks = (target - 1) / bs; /* the last token is always computed */
-        /* prompt logprobs need every prompt row: no prefix-cache hit (vLLM's
-         * skip_reading_prefix_cache); so do mean and cls pooling */
-        bool all_rows = r->plp || (request_root(r)->pooler && pooler_needs_all_rows(request_root(r)->pooler));
+        /* prompt logprobs need the rows of positions prompt_logprobs_from - 1
+         * on: hits only on blocks wholly before it (a cached block holds K/V,
+         * not rows), none on the one-row-a-step path or without a start
+         * (vLLM's skip_reading_prefix_cache); mean and cls pooling need every
+         * prompt row: no hit at all */
+        if (r->plp) {
+            int32_t cap = one_row(s, r) || r->plp_from < 1 ? 0 : (r->plp_from - 1) / bs;
+            if (cap < max_hit_blocks) max_hit_blocks = cap;
+        }
+        bool all_rows = request_root(r)->pooler && pooler_needs_all_rows(request_root(r)->pooler);
         int32_t n_hits = all_rows ? 0 : kv_pool_match_prefix(s->pool, q->tokens, max_hit_blocks, s->hits);
         int32_t n_new = target - n_hits * bs;
         if (n_new > *budget) n_new = *budget;
-        if (r->plp && n_new > 1) n_new = 1; /* a row a step */
+        if (one_row(s, r) && n_new > 1) n_new = 1; /* a row a step */
         if (n_hits > 0 && s->p.sliding_window > 0 &&
             !kv_pool_can_allocate(s->pool, q->table, s->hits, n_hits, n_new)) {
             /* the hits are referenced before those behind the window are
              * dropped again: in a pool sized for windows, recompute instead */
             n_hits = 0;
             n_new = target < *budget ? target : *budget;
-            if (r->plp && n_new > 1) n_new = 1;
+            if (one_row(s, r) && n_new > 1) n_new = 1;
         }
         if (!kv_pool_can_allocate(s->pool, q->table, s->hits, n_hits, n_new)) return false;
         if (s->p.watermark_blocks > 0 && s->running.n > 0 &&

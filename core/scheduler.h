@@ -77,6 +77,8 @@ typedef struct scheduler_params {
     kv_layout layout;
     bool prefix_caching;             /* count prefix-cache queries */
     int32_t watermark_blocks;        /* blocks kept free at admission (paged); 0: none */
+    bool plp_one_per_step;           /* prompt logprobs prefill one token a step
+                                        (engine_params prompt_logprobs_per_step) */
     int32_t sliding_window;          /* W > 0: drop blocks behind every query's window
                                         (paged); 0: keep every block */
 } scheduler_params;

@@ -66,6 +66,7 @@ int request_create(request **out, uint64_t id, const int32_t *prompt, int32_t n_
     r->n_top = sp->logprobs > 0 ? sp->logprobs : 0;
     if (sp->prompt_logprobs >= 0) {
         r->n_ptop = sp->prompt_logprobs;
+        r->plp_from = sp->prompt_logprobs_from;
         size_t np = (size_t)n_prompt, nt = np * (size_t)(r->n_ptop > 0 ? r->n_ptop : 1);
         r->plp = malloc(np * sizeof *r->plp);
         r->p_rank = malloc(np * sizeof *r->p_rank);

@@ -91,6 +91,7 @@ struct request {
     struct pooler *pooler;      /* owned, or NULL: a generation request */
     float *embedding;           /* [n_embedding] owned, NULL until finished */
     int32_t n_embedding;
+    int32_t plp_from;           /* sp.prompt_logprobs_from: entries before it are not computed */
     grammar *gram;              /* structured outputs constraint, or NULL; borrowed from */
     grammar_cache *gcache;      /* the engine's shared compile (gentry, released by the */
     void *gentry;               /* engine when the request is destroyed) */

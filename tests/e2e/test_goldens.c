@@ -528,6 +528,209 @@ static void test_prompt_logprobs(void **state)
     free(ref_top);
 }
 
+/* ---- prompt logprobs: the prefill pass vs one row a step ------------------ */
+
+/* What one request's prompt logprobs are, byte for byte. */
+typedef struct plp_bytes {
+    float *lp, *top_lp;
+    int32_t *rank, *top_ids;
+} plp_bytes;
+
+/* Runs the three requests (a plain one that grows while the others prefill,
+ * a long prompt with prompt logprobs 3, a second prompt with prompt
+ * logprobs 0 from token 41 on and max_tokens 1) on
+ * a fresh engine of `pool` and keeps the prompt logprobs of the two. */
+static uint64_t run_plp(fixture *f, const run_cfg *c, bool per_step, const int32_t *ids, int32_t n,
+                        int32_t n2, plp_bytes out[2])
+{
+    model_params mp = pg_golden_model_params(&c->pool);
+    rig r;
+    rig_open(&r, f, c->threads, &mp);
+    engine_params ep = pg_golden_engine_params(&f->set, &c->pool);
+    ep.prompt_logprobs_per_step = per_step;
+    engine_backend be = model_backend(r.m);
+    engine *e = NULL;
+    pg_error err;
+    assert_int_equal(engine_create(&e, &ep, &be, f->tok, &err), 0);
+    sampling_params sp = sampling_params_default();
+    sp.temperature = 0.0f;
+    sp.max_tokens = 8;
+    sp.ignore_eos = true;
+    sp.prompt_logprobs = 3;
+    sampling_params plain = sp, sp2 = sp;
+    plain.prompt_logprobs = -1;
+    plain.max_tokens = 40;
+    sp2.prompt_logprobs = 0;
+    sp2.prompt_logprobs_from = 41; /* rows 0..39 not computed (perplexity's first half) */
+    sp2.max_tokens = 1;
+    uint64_t id;
+    assert_int_equal(engine_add_request(e, ids + 5, 20, &plain, (void *)2, &id, &err), 0);
+    assert_int_equal(engine_add_request(e, ids, n, &sp, (void *)0, &id, &err), 0);
+    assert_int_equal(engine_add_request(e, ids + 7, n2, &sp2, (void *)1, &id, &err), 0);
+    while (engine_has_unfinished(e)) {
+        if (engine_step(e, &err)) fail_msg("[%s] %s", c->name, err.msg);
+        request_output *o;
+        while (engine_pop_finished(e, &o)) {
+            intptr_t k = (intptr_t)o->user;
+            if (k < 2) {
+                size_t np = (size_t)o->n_prompt_tokens, nt = np * (size_t)(o->n_prompt_top > 0 ? o->n_prompt_top : 1);
+                out[k].lp = malloc(np * sizeof(float));
+                out[k].rank = malloc(np * sizeof(int32_t));
+                out[k].top_ids = malloc(nt * sizeof(int32_t));
+                out[k].top_lp = malloc(nt * sizeof(float));
+                assert_true(out[k].lp && out[k].rank && out[k].top_ids && out[k].top_lp);
+                memcpy(out[k].lp, o->prompt_logprobs, np * sizeof(float));
+                memcpy(out[k].rank, o->prompt_ranks, np * sizeof(int32_t));
+                memcpy(out[k].top_ids, o->prompt_top_ids, nt * sizeof(int32_t));
+                memcpy(out[k].top_lp, o->prompt_top_logprobs, nt * sizeof(float));
+            }
+            request_output_free(o);
+        }
+    }
+    engine_stats st;
+    engine_get_stats(e, &st);
+    printf("    [%s, %s]: steps %llu, preemptions %llu\n", c->name, per_step ? "one row a step" : "chunks",
+           (unsigned long long)st.steps, (unsigned long long)st.preemptions);
+    if (c->expect_preemption && !per_step) /* (one row a step never needs the pool at once) */
+        assert_true(st.preemptions > 0);
+    engine_destroy(e);
+    rig_close(&r);
+    return st.steps;
+}
+
+static void plp_free(plp_bytes p[2])
+{
+    for (int k = 0; k < 2; k++) {
+        free(p[k].lp);
+        free(p[k].rank);
+        free(p[k].top_ids);
+        free(p[k].top_lp);
+    }
+}
+
+/* Prompt logprobs computed in the prefill pass (chunks; every row of a
+ * chunk through forward_rows, lm_head in slices of 128 rows) are the bytes
+ * of the one-row-a-step path, whatever the chunk size, the batch around
+ * them, the pool (preemption and recomputation), the threads and the block
+ * size; and the prefill path takes far fewer steps. A 300-token prompt
+ * crosses slices (128 rows) and runs of rows broken by other sequences. */
+static void test_prompt_logprobs_prefill_pass(void **state)
+{
+    fixture *f = *state;
+    enum { N = 300, N2 = 150 };
+    int32_t ids[N + 8];
+    /* the golden prompts' tokens one after another (BOS first): real text */
+    int32_t k = 0;
+    for (int gi = 0; k < N + 8; gi = (gi + 1) % f->set.n_g)
+        for (int32_t j = gi == 0 && k == 0 ? 0 : 1; j < f->set.g[gi].n_prompt && k < N + 8; j++)
+            ids[k++] = f->set.g[gi].prompt_ids[j];
+    const run_cfg ref_cfg = {"reference, bs 16", 1, {16, 128, 8, 2048, true}, false};
+    plp_bytes ref[2] = {{0}};
+    uint64_t ref_steps = run_plp(f, &ref_cfg, true, ids, N, N2, ref);
+    const run_cfg cfgs[] = {
+        {"one chunk, bs 16", 1, {16, 128, 8, 2048, true}, false},
+        {"budget 7, bs 4", 2, {4, 256, 8, 7, true}, false},
+        {"budget 130, 2 threads, bs 8", 2, {8, 256, 2, 130, false}, false},
+        {"tiny pool, bs 4", 1, {4, 81, 4, 32, true}, true},
+        {"one seq a step, bs 32", 1, {32, 64, 1, 512, true}, false},
+    };
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        for (int per_step = 0; per_step < 2; per_step++) {
+            if (per_step && c != 3) continue; /* the old path preempted too */
+            plp_bytes got[2] = {{0}};
+            uint64_t steps = run_plp(f, &cfgs[c], per_step, ids, N, N2, got);
+            if (c == 0 && !per_step) assert_true(steps * 4 < ref_steps);
+            const int32_t np[2] = {N, N2}, nt[2] = {3, 1};
+            for (int q = 0; q < 2; q++) {
+                for (int32_t p = 0; p < np[q]; p++) {
+                    uint32_t a, b;
+                    memcpy(&a, &got[q].lp[p], 4);
+                    memcpy(&b, &ref[q].lp[p], 4);
+                    if (a != b)
+                        fail_msg("[%s] request %d prompt token %d: logprob %.9g (0x%08x), one row a step "
+                                 "%.9g (0x%08x)", cfgs[c].name, q, (int)p, (double)got[q].lp[p], a,
+                                 (double)ref[q].lp[p], b);
+                }
+                assert_memory_equal(got[q].rank, ref[q].rank, (size_t)np[q] * sizeof(int32_t));
+                assert_memory_equal(got[q].top_ids, ref[q].top_ids, (size_t)(np[q] * nt[q]) * sizeof(int32_t));
+                assert_memory_equal(got[q].top_lp, ref[q].top_lp, (size_t)(np[q] * nt[q]) * sizeof(float));
+            }
+            plp_free(got);
+        }
+    }
+    plp_free(ref);
+}
+
+/* A request that asks prompt logprobs from token F on reads prefix-cache
+ * hits on blocks wholly before position F - 1 (their rows are not needed),
+ * and its values are the bytes of the one-row-a-step path, which reads no
+ * hit, and of the prefill pass with caching off. */
+static void test_prompt_logprobs_prefix_hits(void **state)
+{
+    fixture *f = *state;
+    enum { N = 250, F = 150 };
+    int32_t ids[N];
+    int32_t k = 0;
+    for (int gi = 0; k < N; gi = (gi + 1) % f->set.n_g)
+        for (int32_t j = gi == 0 && k == 0 ? 0 : 1; j < f->set.g[gi].n_prompt && k < N; j++)
+            ids[k++] = f->set.g[gi].prompt_ids[j];
+    float got[3][N];
+    int32_t top[3][N * 2];
+    uint64_t hits[3];
+    for (int c = 0; c < 3; c++) { /* 0: chunks + cache, 1: chunks, no cache, 2: one row a step */
+        pg_golden_pool pool = {16, 128, 8, 2048, c != 1};
+        model_params mp = pg_golden_model_params(&pool);
+        rig r;
+        rig_open(&r, f, 1, &mp);
+        engine_params ep = pg_golden_engine_params(&f->set, &pool);
+        ep.prompt_logprobs_per_step = c == 2;
+        engine_backend be = model_backend(r.m);
+        engine *e = NULL;
+        pg_error err;
+        assert_int_equal(engine_create(&e, &ep, &be, f->tok, &err), 0);
+        sampling_params plain = sampling_params_default(), sp;
+        plain.temperature = 0.0f;
+        plain.max_tokens = 1;
+        sp = plain;
+        sp.prompt_logprobs = 2;
+        sp.prompt_logprobs_from = F;
+        uint64_t id;
+        /* the context first (cached), then the request that scores past it */
+        assert_int_equal(engine_add_request(e, ids, 200, &plain, (void *)0, &id, &err), 0);
+        while (engine_has_unfinished(e)) {
+            if (engine_step(e, &err)) fail_msg("%s", err.msg);
+            request_output *o;
+            while (engine_pop_finished(e, &o)) request_output_free(o);
+        }
+        assert_int_equal(engine_add_request(e, ids, N, &sp, (void *)1, &id, &err), 0);
+        while (engine_has_unfinished(e)) {
+            if (engine_step(e, &err)) fail_msg("%s", err.msg);
+            request_output *o;
+            while (engine_pop_finished(e, &o)) {
+                memcpy(got[c], o->prompt_logprobs, sizeof got[c]);
+                memcpy(top[c], o->prompt_top_ids, sizeof top[c]);
+                request_output_free(o);
+            }
+        }
+        engine_stats st;
+        engine_get_stats(e, &st);
+        hits[c] = st.prefix_cache_hits;
+        printf("    prompt logprobs from %d [%s]: prefix hits %llu\n", (int)F,
+               c == 0 ? "chunks, cache" : c == 1 ? "chunks, no cache" : "one row a step",
+               (unsigned long long)hits[c]);
+        engine_destroy(e);
+        rig_close(&r);
+    }
+    assert_int_equal(hits[0], (F - 1) / 16); /* the blocks wholly before position F - 1 */
+    assert_int_equal(hits[2], 0);
+    for (int c = 1; c < 3; c++) {
+        assert_memory_equal(got[0], got[c], sizeof got[0]);
+        assert_memory_equal(top[0], top[c], sizeof top[0]);
+    }
+    for (int32_t p = 0; p < N; p++)
+        assert_true(p < F ? isnan(got[0][p]) : !isnan(got[0][p]));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -535,6 +738,8 @@ int main(void)
         cmocka_unit_test(test_greedy_goldens),
         cmocka_unit_test(test_parallel_sampling),
         cmocka_unit_test(test_prompt_logprobs),
+        cmocka_unit_test(test_prompt_logprobs_prefill_pass),
+        cmocka_unit_test(test_prompt_logprobs_prefix_hits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
