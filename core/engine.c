@@ -71,6 +71,9 @@ struct engine {
     request **done;                             /* [max_seqs] retiring this step */
     float *logits;                              /* [max_seqs][vocab] sampling rows */
     float *scratch;                             /* [vocab] */
+    /* the step's sampling rows taken on the device (backend greedy_rows) */
+    uint8_t *greedy;                            /* [max_seqs] 1: plain greedy row */
+    int32_t *greedy_ids;                        /* [max_seqs] their ids */
     float *hidden;                              /* [max_num_batched_tokens][H] pooled
                                                    rows, allocated at the first embedding */
     /* structured outputs: the vocabulary trie (built at the first constrained
@@ -192,10 +195,12 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->done = malloc(S * sizeof(request *));
     e->logits = malloc(S * V * sizeof(float));
     e->scratch = malloc(V * sizeof(float));
+    e->greedy = malloc(S);
+    e->greedy_ids = malloc(S * sizeof(int32_t));
     if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
         (!e->plp_per_step && !e->slice) || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
-        !e->scratch) {
+        !e->scratch || !e->greedy || !e->greedy_ids) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
                           "%zu sequences, vocab %zu)", T, S, V);
         goto fail;
@@ -322,6 +327,8 @@ void engine_destroy(engine *e)
     free(e->done);
     free(e->logits);
     free(e->scratch);
+    free(e->greedy);
+    free(e->greedy_ids);
     free(e->hidden);
     grammar_vocab_destroy(e->gvocab);
     free(e->gmask);
@@ -712,6 +719,8 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
     b->logits_rows = e->logits_rows;
 }
 
+static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_error *err);
+
 /* Samples the next token of q from a logits row and applies the stop rules;
  * releases q's blocks when it finishes. */
 static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
@@ -760,6 +769,29 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         return pg_error_set(err, rc, "engine: request %llu sequence %d: %s",
                             (unsigned long long)r->id, (int)q->index,
                             sampler_workspace_error(e->ws));
+    return accept_sampled(e, q, &res, err);
+}
+
+/* True when sample_seq would take the plain argmax of q's logits row as
+ * the forward gives it (sampler_plain_argmax: greedy, no penalties, no
+ * banned ids, no logprobs; and no grammar mask), so the backend may take
+ * it on the device (engine_backend greedy_rows). A request of n > 1 stays
+ * on the host: its fresh fork samples every sequence from one row. */
+static bool seq_plain_greedy(const sequence *q)
+{
+    const request *r = q->req;
+    int32_t n_out = q->n_tokens - r->n_prompt;
+    sampler_seq_view view = {.n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0};
+    return !r->gram && r->n == 1 && sampler_plain_argmax(&r->sp, &view);
+}
+
+/* The sampled token res->token_id of q: first-token time, stats, the
+ * grammar, the stop rules (sequence_accept); releases q's blocks when it
+ * finishes. Every token goes through here, host-sampled or device greedy. */
+static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_error *err)
+{
+    request *r = q->req;
+    int rc;
     request *root = request_root(r);
     if (!root->sampled_once) {
         root->sampled_once = true;
@@ -768,15 +800,15 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
     e->stats.generated_tokens++;
     if (r->gram) {
         uint32_t blen;
-        const uint8_t *b = grammar_vocab_bytes(e->gvocab, res.token_id, &blen);
+        const uint8_t *b = grammar_vocab_bytes(e->gvocab, res->token_id, &blen);
         /* a token of the mask always advances; one let in only as a
          * terminator (eos, a stop id) stops the sequence in sequence_accept */
-        bool in_mask = (e->gmask[res.token_id >> 6] >> (res.token_id & 63)) & 1;
+        bool in_mask = (e->gmask[res->token_id >> 6] >> (res->token_id & 63)) & 1;
         if (in_mask && !grammar_advance(r->gram, &q->gst, b, blen))
             return pg_error_set(err, PG_EINVAL, "engine: request %llu: token %d refused by its own mask",
-                                (unsigned long long)r->id, (int)res.token_id);
+                                (unsigned long long)r->id, (int)res->token_id);
     }
-    rc = sequence_accept(q, res.token_id, &res, e->eos, e->n_eos, err);
+    rc = sequence_accept(q, res->token_id, res, e->eos, e->n_eos, err);
     if (rc) return rc;
     if (q->finished) {
         kv_pool_table_release(e->pool, q->table);
@@ -814,8 +846,33 @@ int engine_step(engine *e, pg_error *err)
     }
     /* prompt logprobs are taken from their rows as the rows arrive
      * (take_rows); the sampling rows end in e->logits, in entry order */
+    /* plain greedy sampling rows: their ids from the device argmax, their
+     * logits rows left there (only when every logits row samples: no
+     * prompt logprobs in the step) */
+    bool dev_greedy = false;
+    if (e->be.greedy_rows && e->n_prompt_rows == 0 && b.num_logits > 0) {
+        int32_t L = 0, n_greedy = 0;
+        for (int32_t i = 0; i < st.n_entries; i++) {
+            if (!entry_samples(&st.entries[i])) continue;
+            e->greedy[L] = seq_plain_greedy(st.entries[i].seq);
+            n_greedy += e->greedy[L++];
+        }
+        if (L != b.num_logits)
+            return pg_error_set(err, PG_EINVAL, "engine: expected %d sampling rows, got %d",
+                                (int)b.num_logits, (int)L);
+        if (n_greedy > 0) {
+            if ((rc = e->be.greedy_rows(e->be.ctx, e->greedy, L, e->greedy_ids, err))) return rc;
+            dev_greedy = true;
+        }
+    }
     if (e->n_prompt_rows == 0 || e->plp_per_step) {
-        if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) return rc;
+        if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) {
+            if (dev_greedy) { /* a forward that failed early leaves no mask pending */
+                pg_error ignored;
+                (void)e->be.greedy_rows(e->be.ctx, NULL, 0, NULL, &ignored);
+            }
+            return rc;
+        }
         if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b.num_logits, e->logits, err))) return rc;
     } else if ((rc = e->be.forward_rows(e->be.ctx, &b, e->slice, e->slice_rows, take_rows, e, err))) {
         return rc;
@@ -858,6 +915,13 @@ int engine_step(engine *e, pg_error *err)
         }
         if (!entry_samples(&st.entries[i])) continue;
         const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
+        if (dev_greedy && e->greedy[row]) {
+            /* never a fresh fork: seq_plain_greedy leaves n > 1 to the host */
+            sampler_result res = {.token_id = e->greedy_ids[row]};
+            row++;
+            if ((rc = accept_sampled(e, q, &res, err))) return rc;
+            continue;
+        }
         row++;
         if (fresh_fork) {
             for (int32_t k = 0; k < r->n; k++)

@@ -60,6 +60,16 @@ typedef struct engine_backend {
      * f32 (host). Each row is asked for at most once per step. */
     int (*hidden_rows)(void *ctx, int32_t row0, int32_t n, float *out, pg_error *err);
     int32_t hidden_size;         /* H of hidden_rows */
+    /* Optional (NULL: every sampling row's logits come back, the CPU):
+     * called right before a forward whose b->num_logits rows are all
+     * sampling rows (no prompt logprobs in the step); for that forward
+     * only, rows r < L with greedy[r] != 0 are not written to logits and
+     * ids[r] gets their argmax (ties -> lowest id, NaN never wins: the
+     * sampler's greedy rule, bit for bit; model_greedy_rows). The engine
+     * marks only rows its sampler would take the plain argmax of: greedy
+     * temperature, no logprobs, no penalties, no banned ids (min_tokens),
+     * no grammar. Setting it to NULL turns the path off. */
+    int (*greedy_rows)(void *ctx, const uint8_t *greedy, int32_t L, int32_t *ids, pg_error *err);
 } engine_backend;
 
 typedef enum kv_layout {

@@ -172,6 +172,19 @@ typedef struct executor_ops {
      * executor's own (last_error). */
     int (*run_step)(executor *ex, const step_batch *b, float *logits_host,
                     exec_forward_fn forward, void *ctx);
+    /* Greedy rows of the next step, taken on the device (optional: NULL on
+     * the CPU, where the engine's sampler reads every row). For the next
+     * run_step only (consumed by it, even one that fails): every row r < L
+     * of its logits_host with greedy[r] != 0 is NOT written; ids_host[r]
+     * gets argmax_v of that row instead (ties -> the lowest id, NaN never
+     * wins: core/sampler.c's greedy rule, bit for bit), so its V floats
+     * never leave the device. Rows with greedy[r] == 0 are written as
+     * always. The step fails with PG_EINVAL when its number of logits rows
+     * is not L or a greedy row has no logit > -inf. greedy [L] and ids_host
+     * [L] are host memory borrowed until that step returns; L = 0 clears a
+     * pending mask. Only for steps that give all their rows in one call
+     * (model_forward, not the slices of model_forward_rows). */
+    int (*greedy_rows)(executor *ex, const uint8_t *greedy, int32_t L, int32_t *ids_host);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

@@ -806,6 +806,21 @@ int model_forward_rows(model *m, const step_batch *b, float *buf, int32_t slice_
     return forward_with(m, b, buf, &ro, err);
 }
 
+int model_greedy_rows(model *m, const uint8_t *greedy, int32_t L, int32_t *ids, pg_error *err)
+{
+    executor *ex = m->ex;
+    if (!ex->op->greedy_rows)
+        return pg_error_set(err, PG_EUNSUPPORTED, "model greedy_rows: the %s executor has no "
+                            "device-side greedy rows", ex->name);
+    if (L < 0 || L > m->p.max_num_seqs)
+        return pg_error_set(err, PG_EINVAL, "model greedy_rows: L must be in [0, %d], got %d",
+                            (int)m->p.max_num_seqs, (int)L);
+    int rc = ex->op->greedy_rows(ex, greedy, L, ids);
+    if (rc)
+        return op_failed(m, rc, "greedy_rows", -1, err);
+    return PG_OK;
+}
+
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err)
 {
     if (n_pairs <= 0)
@@ -867,6 +882,12 @@ static int backend_forward_rows(void *ctx, const step_batch *b, float *buf, int3
     return model_forward_rows(ctx, b, buf, slice_rows, sink, sink_ctx, err);
 }
 
+static int backend_greedy_rows(void *ctx, const uint8_t *greedy, int32_t L, int32_t *ids,
+                               pg_error *err)
+{
+    return model_greedy_rows(ctx, greedy, L, ids, err);
+}
+
 static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs,
                                pg_error *err)
 {
@@ -888,6 +909,8 @@ engine_backend model_backend(model *m)
         .copy_blocks = backend_copy_blocks,
         .hidden_rows = backend_hidden_rows,
         .hidden_size = m->H,
+        /* only where the executor takes greedy rows on the device (CUDA) */
+        .greedy_rows = m->ex->op->greedy_rows ? backend_greedy_rows : NULL,
     };
     return be;
 }

@@ -75,6 +75,13 @@ int model_forward(model *m, const step_batch *b, float *logits, pg_error *err);
  * sink error stops the forward and is returned as it is. */
 int model_forward_rows(model *m, const step_batch *b, float *buf, int32_t slice_rows,
                        engine_rows_fn sink, void *sink_ctx, pg_error *err);
+/* For the next model_forward only: its logits rows r < L with greedy[r]
+ * != 0 are not written; ids[r] gets the argmax of that row on the device
+ * (the executor's greedy_rows, executor.h: core/sampler.c's greedy rule,
+ * bit for bit), so the row's logits stay there. PG_EUNSUPPORTED when the
+ * executor has no greedy_rows (the CPU): the caller then samples every
+ * row itself. greedy and ids are borrowed until that forward returns. */
+int model_greedy_rows(model *m, const uint8_t *greedy, int32_t L, int32_t *ids, pg_error *err);
 /* Copies KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in every layer
  * (copy-on-write). PG_EINVAL, nothing copied, for an id outside the pool. */
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err);

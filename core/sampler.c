@@ -433,6 +433,14 @@ static int32_t sampler_random(sampler_workspace *w, const sampling_params *p, fl
     return last; /* rounding: u * total landed at the very end */
 }
 
+bool sampler_plain_argmax(const sampling_params *params, const sampler_seq_view *seq)
+{
+    /* what sampler_sample changes before sampler_greedy, and logprobs */
+    return params->temperature < SAMPLER_SAMPLING_EPS && params->logprobs < 0 &&
+           params->repetition_penalty == 1.0f && params->frequency_penalty == 0.0f &&
+           params->presence_penalty == 0.0f && (!seq || seq->n_banned == 0);
+}
+
 int sampler_sample(sampler_workspace *w, const sampling_params *params, float *logits,
                    int32_t vocab, const sampler_seq_view *seq, sampler_rng *rng,
                    sampler_result *result)

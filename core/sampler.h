@@ -75,4 +75,12 @@ int sampler_sample(sampler_workspace *w, const sampling_params *params, float *l
                    int32_t vocab, const sampler_seq_view *seq, sampler_rng *rng,
                    sampler_result *result);
 
+/* True when sampler_sample(params, seq) would return the argmax of the
+ * logits exactly as given (ties -> lowest id, NaN never wins) and nothing
+ * else: greedy temperature, no penalties, no banned ids, no logprobs. Its
+ * result may then be taken elsewhere (a device argmax, executor.h
+ * greedy_rows) with the same token; result->logprob 0, n_top 0. seq may be
+ * NULL. */
+bool sampler_plain_argmax(const sampling_params *params, const sampler_seq_view *seq);
+
 #endif /* PG_SAMPLER_H */

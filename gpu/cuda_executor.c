@@ -78,6 +78,7 @@ typedef struct cuda_exec {
     size_t ids_cap;               /* bytes */
     pinned_buf ids_h;             /* their host copy */
     size_t logits_copy_bytes;     /* logits the last step copied to the host */
+    size_t logits_copy_total;     /* ... every step so far */
 } cuda_exec;
 
 #define STAGE_BYTES ((size_t)16 << 20)
@@ -826,6 +827,7 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
                  cudaMemcpyAsync(h + (size_t)r * V, logits_d + (size_t)r * V,
                                  (size_t)(r1 - r) * row_bytes, cudaMemcpyDeviceToHost, c->stream));
         c->logits_copy_bytes += (size_t)(r1 - r) * row_bytes;
+        c->logits_copy_total += (size_t)(r1 - r) * row_bytes;
     }
     CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
     for (int32_t r = 0; r < L; r++) {
@@ -1403,6 +1405,7 @@ void cuda_executor_graph_info(executor *ex, cuda_graph_info *out)
     out->workspace_bytes = g->ws_floats * 4u;
     out->meta_upload_bytes = g->meta_upload_bytes;
     out->logits_copy_bytes = c->logits_copy_bytes;
+    out->logits_copy_total_bytes = c->logits_copy_total;
 }
 
 int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t L,
@@ -1492,6 +1495,7 @@ static const executor_ops cuda_ops = {
     .logits = cuda_logits,
     .copy_blocks = cuda_copy_blocks,
     .run_step = cuda_run_step,
+    .greedy_rows = cuda_executor_greedy_next_step,
 };
 
 int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error *err)

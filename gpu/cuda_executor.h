@@ -107,6 +107,7 @@ typedef struct cuda_graph_info {
     size_t workspace_bytes;    /* the graphs' decode split workspace (device) */
     size_t meta_upload_bytes;  /* step metadata the last graphed step copied to the device */
     size_t logits_copy_bytes;  /* logits the last step (graphed or eager) copied to the host */
+    size_t logits_copy_total_bytes; /* ... every step so far (greedy rows copy none) */
 } cuda_graph_info;
 void cuda_executor_graph_info(executor *ex, cuda_graph_info *out);
 
@@ -141,7 +142,8 @@ int cuda_executor_graph_test_fault(executor *ex, int fault);
  * greedy and ids_host are borrowed until that step returns; the step
  * consumes the mask, and fails with PG_EINVAL when its L differs or a
  * greedy row has no logit > -inf. L = 0 clears it. PG_EINVAL when ex is
- * not a cuda executor. Not yet called by core/ (gpu/README.md). */
+ * not a cuda executor. The executor table's greedy_rows (executor.h):
+ * core/engine.c marks its plain greedy rows through model_backend. */
 int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t L,
                                    int32_t *ids_host);
 

@@ -14,6 +14,12 @@
  *    prefill and with the decode steps as CUDA graphs; on bf16: the same schedule twice gives the same ids (CUDA's
  *    run-to-run determinism) and the agreement with the goldens is printed.
  *
+ *  - device greedy rows (engine_backend greedy_rows, bf16, decode steps as
+ *    graphs): a batch mixing plain greedy requests with sampled ones,
+ *    greedy ones with logprobs, a penalty and min_tokens gives the same
+ *    ids and logprobs with the path on and off (be.greedy_rows = NULL,
+ *    the logits path), and copies fewer logits bytes to the host.
+ *
  *  - embeddings (model_hidden_rows through the engine): last and mean
  *    pooled vectors of three golden prompts, batched with greedy requests
  *    whose decode steps run as CUDA graphs, against the CPU's: f32 within
@@ -449,6 +455,118 @@ static void test_greedy_bf16(void **state)
     }
 }
 
+/* ---- device greedy rows ------------------------------------------------- */
+
+/* Request i's sampling: plain greedy (ids from the device argmax) for
+ * i % 6 in {0, 3, 4}; sampled, greedy with logprobs, greedy with a
+ * repetition penalty and min_tokens for the others (all on the host). */
+static sampling_params dg_params(int i, int32_t max_tokens)
+{
+    sampling_params sp = sampling_params_default();
+    sp.temperature = 0.0f;
+    sp.max_tokens = max_tokens;
+    switch (i % 6) {
+    case 1: sp.temperature = 0.8f; sp.top_k = 20; sp.seed = 7u + (uint64_t)i; break;
+    case 2: sp.logprobs = 2; break;
+    case 5: sp.repetition_penalty = 1.3f; sp.min_tokens = 4; break;
+    default: break;
+    }
+    return sp;
+}
+
+typedef struct dg_out {
+    int32_t n[PG_GOLDEN_MAX];
+    int32_t *ids[PG_GOLDEN_MAX];
+    float *lp[PG_GOLDEN_MAX];      /* token logprobs (NULL without) */
+    size_t copied;                 /* logits bytes copied to the host */
+    long replays;
+} dg_out;
+
+static void dg_run(fixture *f, bool device_greedy, dg_out *out)
+{
+    const run_cfg *c = &cfgs[3]; /* batch, bs 16, graphs of up to 8 */
+    model_params mp = pg_golden_model_params(&c->pool);
+    executor *ex = make_cuda(0);
+    pg_error err;
+    if (cuda_executor_set_graphs(ex, c->graph_batch, f->cfg.max_position_embeddings, &err))
+        fail_msg("cuda_executor_set_graphs: %s", err.msg);
+    model *m = open_model(f, ex, &mp);
+    engine_params ep = pg_golden_engine_params(f, &c->pool);
+    engine_backend be = model_backend(m);
+    assert_non_null(be.greedy_rows); /* the CUDA executor has the path */
+    if (!device_greedy)
+        be.greedy_rows = NULL;
+    engine *e = NULL;
+    if (engine_create(&e, &ep, &be, NULL, &err))
+        fail_msg("engine_create: %s", err.msg);
+    for (int i = 0; i < f->n_g; i++) {
+        int32_t max_tokens;
+        (void)golden_len(&f->g[i], &max_tokens);
+        sampling_params sp = dg_params(i, max_tokens);
+        uint64_t id;
+        if (engine_add_request(e, f->g[i].prompt_ids, f->g[i].n_prompt, &sp,
+                               (void *)(intptr_t)i, &id, &err))
+            fail_msg("request %d: %s", i, err.msg);
+    }
+    int finished = 0;
+    while (engine_has_unfinished(e)) {
+        if (engine_step(e, &err))
+            fail_msg("device greedy %d: step: %s", (int)device_greedy, err.msg);
+        request_output *o;
+        while (engine_pop_finished(e, &o)) {
+            int i = (int)(intptr_t)o->user;
+            assert_true(i >= 0 && i < f->n_g && o->n_outputs == 1);
+            const seq_output *so = &o->outputs[0];
+            out->n[i] = so->n_tokens;
+            out->ids[i] = malloc(((size_t)so->n_tokens + 1) * sizeof(int32_t));
+            assert_non_null(out->ids[i]);
+            memcpy(out->ids[i], so->token_ids, (size_t)so->n_tokens * sizeof(int32_t));
+            out->lp[i] = NULL;
+            if (so->token_logprobs) {
+                out->lp[i] = malloc(((size_t)so->n_tokens + 1) * sizeof(float));
+                assert_non_null(out->lp[i]);
+                memcpy(out->lp[i], so->token_logprobs, (size_t)so->n_tokens * sizeof(float));
+            }
+            request_output_free(o);
+            finished++;
+        }
+    }
+    assert_int_equal(finished, f->n_g);
+    cuda_graph_info gi;
+    cuda_executor_graph_info(ex, &gi);
+    out->copied = gi.logits_copy_total_bytes;
+    out->replays = gi.replays;
+    engine_destroy(e);
+    model_destroy(m);
+    ex->op->destroy(ex);
+}
+
+static void test_device_greedy(void **state)
+{
+    fixture *f = *state;
+    assert_true(f->n_g >= 4); /* plain greedy, sampled and host-greedy requests */
+    dg_out on = {0}, off = {0};
+    dg_run(f, true, &on);
+    dg_run(f, false, &off);
+    printf("    [device greedy] logits copied to the host: %zu bytes with, %zu without; "
+           "%ld / %ld graph replays\n", on.copied, off.copied, on.replays, off.replays);
+    assert_true(on.replays > 0 && off.replays > 0);
+    for (int i = 0; i < f->n_g; i++) {
+        assert_int_equal(on.n[i], off.n[i]);
+        assert_memory_equal(on.ids[i], off.ids[i], (size_t)on.n[i] * sizeof(int32_t));
+        assert_int_equal(on.lp[i] != NULL, off.lp[i] != NULL);
+        if (on.lp[i])
+            assert_memory_equal(on.lp[i], off.lp[i], (size_t)on.n[i] * sizeof(float));
+        free(on.ids[i]);
+        free(off.ids[i]);
+        free(on.lp[i]);
+        free(off.lp[i]);
+    }
+    /* the plain greedy rows' logits stayed on the device: at least one row
+     * of V f32 per token they generated past the first step */
+    assert_true(on.copied + (size_t)f->cfg.vocab_size * 4u <= off.copied);
+}
+
 /* ---- embeddings --------------------------------------------------------- */
 
 enum { EMB_N = 3 };
@@ -546,6 +664,7 @@ int main(void)
         cmocka_unit_test(test_logits_bf16),
         cmocka_unit_test(test_greedy_f32),
         cmocka_unit_test(test_greedy_bf16),
+        cmocka_unit_test(test_device_greedy),
         cmocka_unit_test(test_embeddings),
     };
     int rc = cmocka_run_group_tests(attn, NULL, NULL);
