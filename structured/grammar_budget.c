@@ -10,7 +10,10 @@
  * over its stack frames (the frames below the top hold return states).
  * grow: the most one byte can raise that sum (opening an optional property
  * raises it by its value's shortest form), so a token of len bytes raises
- * it by at most len * grow: tokens that short are never checked.
+ * it by at most len * grow: tokens that short are never checked. reach
+ * bounds it from the other side (see reach_of): inside a string of a flat
+ * schema the distance cannot pass the few bytes that close it, so nothing
+ * is checked until the budget is down to those bytes.
  */
 #include <stdlib.h>
 
@@ -20,6 +23,7 @@
 /* Relaxation sweeps over all (state, class) pairs are capped by this much
  * work; a grammar past it (none seen) gets no budget filter. */
 #define GB_MAX_WORK 200000000LL
+#define GB_REACH_SWEEPS 16
 
 static int32_t add_sat(int32_t a, int32_t b) { return a >= GB_INF || b >= GB_INF ? GB_INF : a + b; }
 
@@ -40,6 +44,66 @@ static int32_t step_cost(const grammar *g, const int32_t *dist, int32_t s, int32
     if (h >= GB_INF && g->accept[st])
         h = step_cost(g, dist, k->ret, c, depth + 1);
     return h;
+}
+
+/* reach[s]: the largest distance a stack that starts as the one frame s
+ * can come to (the states reachable from s, the frames its calls push
+ * counted): after any token, the distance is at most the sum of reach over
+ * the frames before it. Saturated at GRAMMAR_MAX_DEPTH times the largest
+ * distance (no stack is deeper). NULL (only the grow gate then applies)
+ * when it has not settled after GB_REACH_SWEEPS sweeps: a recursion that
+ * pushes a frame with bytes after it (nested JSON values) raises reach by
+ * a little each sweep up to the cap, which would cost more compile time
+ * than the filter saves. */
+static int32_t *reach_of(const grammar *g, const int32_t *dist)
+{
+    int32_t n = g->n_states, nc = g->n_classes;
+    int32_t *reach = malloc(((size_t)n + 1) * sizeof *reach);
+    if (!reach)
+        return NULL;
+    int32_t dmax = 0;
+    for (int32_t s = 0; s < n; s++)
+        if (dist[s] < GB_INF && dist[s] > dmax)
+            dmax = dist[s];
+    int32_t cap = dmax * GRAMMAR_MAX_DEPTH;
+    for (int32_t s = 0; s < n; s++)
+        reach[s] = dist[s];
+    int sweeps = 0;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int32_t s = n - 1; s >= 0; s--) {
+            if (dist[s] >= GB_INF)
+                continue;
+            int32_t r = reach[s];
+            for (int32_t c = 0; c < nc; c++) {
+                int32_t v = g->trans[(size_t)s * (size_t)nc + (size_t)c];
+                if (v >= 0 && dist[v] < GB_INF && reach[v] > r)
+                    r = reach[v];
+                if (v <= -2) {
+                    const gcall *k = &g->calls[-2 - v];
+                    int32_t st = g->rule_start[k->rule];
+                    if (dist[k->ret] >= GB_INF || dist[st] >= GB_INF)
+                        continue;
+                    int32_t in = add_sat(reach[st], dist[k->ret]);
+                    if (in > r)
+                        r = in;
+                    if (reach[k->ret] > r)
+                        r = reach[k->ret];
+                }
+            }
+            if (r > cap)
+                r = cap;
+            if (r > reach[s]) {
+                reach[s] = r;
+                changed = true;
+            }
+        }
+        if (changed && ++sweeps == GB_REACH_SWEEPS) {
+            free(reach);
+            return NULL;
+        }
+    }
+    return reach;
 }
 
 int gbudget_prepare(grammar *g)
@@ -86,6 +150,7 @@ int gbudget_prepare(grammar *g)
     }
     g->dist = dist;
     g->grow = grow;
+    g->reach = reach_of(g, dist);
     return PG_OK;
 }
 
@@ -121,6 +186,14 @@ int32_t grammar_mask_budget(const grammar *g, const grammar_vocab *v, const gram
     int32_t d = grammar_bytes_to_end(g, s);
     if (d < 0 || d == INT32_MAX)
         return count;
+    /* no token can take the stack past the reach of its frames */
+    if (g->reach) {
+        long long r = 0;
+        for (int32_t i = 0; i < s->n; i++)
+            r += g->reach[s->st[i]];
+        if (r <= budget_bytes)
+            return count;
+    }
     /* tokens of at most len0 bytes cannot pass the budget */
     long long room = (long long)budget_bytes - d;
     long long max_len = grammar_vocab_max_len(v);

@@ -96,6 +96,8 @@ struct grammar {
     int32_t *dist;       /* [n_states]: fewest bytes to where the state's rule may end
                             (grammar_budget.c); NULL: not computed, no budget filter */
     int32_t grow;        /* the most one byte can raise grammar_bytes_to_end, >= 0 */
+    int32_t *reach;      /* [n_states]: the largest distance reachable from the state
+                            (grammar_budget.c); NULL: unknown */
 };
 
 /* Fills g->dist and g->grow (grammar_budget.c); PG_ENOMEM or PG_OK (also

@@ -238,6 +238,7 @@ void grammar_destroy(grammar *g)
     free(g->rule_start);
     free(g->calls);
     free(g->dist);
+    free(g->reach);
     free(g);
 }
 
