@@ -12,6 +12,30 @@
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
+/* Length of a valid UTF-8 sequence starting at s (max n bytes), 0 if
+ * invalid: RFC 3629 (no overlongs, no surrogates, nothing above U+10FFFF),
+ * the definition serde_json (Hugging Face tokenizers) and Python's utf-8
+ * codec (vLLM, transformers) hold JSON text to. */
+static size_t utf8_valid_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t need;
+    unsigned min;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) { need = 2; min = 0x80; }
+    else if (c >= 0xE0 && c <= 0xEF) { need = 3; min = 0x800; }
+    else if (c >= 0xF0 && c <= 0xF4) { need = 4; min = 0x10000; }
+    else return 0;
+    if (need > n) return 0;
+    unsigned cp = c & (0x7F >> need);
+    for (size_t k = 1; k < need; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return 0;
+    return need;
+}
+
 /* ---- grammar checks jsmn leaves out --------------------------------------
  * jsmn (even with JSMN_STRICT) accepts texts that are not JSON: a missing
  * ':' or ',' ({"a" "b"}, {"a":1 "b":2}), trailing or doubled commas ([1,],
@@ -74,8 +98,12 @@ static bool literal_ok(const char *s, size_t n)
 }
 
 /* Returns the byte offset of the first problem, or -1 when the tokens are
- * JSON. `last[i]`: for a container or key, the byte after its latest child. */
-static long grammar_check(const json_doc *d, size_t *last)
+ * JSON; *why is left alone unless the problem has a more precise name than
+ * "invalid json". `last[i]`: for a container or key, the byte after its
+ * latest child. Strings must be valid UTF-8 (RFC 8259 section 8.1; serde_json
+ * and Python refuse anything else): checked here, where every file and
+ * request line is parsed, so no consumer ever sees half a character. */
+static long grammar_check(const json_doc *d, size_t *last, const char **why)
 {
     const jsmntok_t *tok = d->tok;
     const char *src = d->src;
@@ -89,9 +117,19 @@ static long grammar_check(const json_doc *d, size_t *last)
             bool key = p >= 0 && tok[p].type == JSMN_OBJECT;
             if (t->size != (key ? 1 : 0))
                 return t->start;
-            for (int k = t->start; k < t->end; k++)
-                if ((unsigned char)src[k] < 0x20)
+            for (int k = t->start; k < t->end;) {
+                unsigned char c = (unsigned char)src[k];
+                if (c < 0x20) {
+                    *why = "control byte in json string";
                     return k;
+                }
+                size_t adv = c < 0x80 ? 1 : utf8_valid_len((const unsigned char *)src + k, (size_t)(t->end - k));
+                if (adv == 0) {
+                    *why = "invalid utf-8 in json string";
+                    return k;
+                }
+                k += (int)adv;
+            }
         }
         if (t->type == JSMN_OBJECT || t->type == JSMN_ARRAY || t->type == JSMN_STRING)
             last[i] = (size_t)t->start + (t->type == JSMN_STRING ? 0 : 1);
@@ -187,10 +225,13 @@ int json_parse(json_doc *doc, const char *src, size_t len, const char *label, pg
         json_doc_free(doc);
         return pg_error_set(err, PG_ENOMEM, "%s: out of memory for %d json tokens", label, n);
     }
-    long bad = grammar_check(doc, last);
+    const char *why = NULL;
+    long bad = grammar_check(doc, last, &why);
     free(last);
     if (bad >= 0) {
         json_doc_free(doc);
+        if (why)
+            return pg_error_set(err, PG_EFORMAT, "%s: %s at byte %ld", label, why, bad);
         return pg_error_set(err, PG_EFORMAT, "%s: invalid json near byte %ld", label, bad);
     }
     /* Exactly one root value, and only whitespace after it. */
@@ -503,27 +544,6 @@ void json_buf_printf(json_buf *b, const char *fmt, ...)
     vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
     va_end(ap);
     b->len += (size_t)n;
-}
-
-/* Length of a valid UTF-8 sequence starting at s (max n bytes), 0 if invalid. */
-static size_t utf8_valid_len(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t need;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) { need = 2; min = 0x80; }
-    else if (c >= 0xE0 && c <= 0xEF) { need = 3; min = 0x800; }
-    else if (c >= 0xF0 && c <= 0xF4) { need = 4; min = 0x10000; }
-    else return 0;
-    if (need > n) return 0;
-    unsigned cp = c & (0x7F >> need);
-    for (size_t k = 1; k < need; k++) {
-        if ((s[k] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return 0;
-    return need;
 }
 
 void json_buf_string(json_buf *b, const char *s, size_t len)

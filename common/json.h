@@ -39,8 +39,13 @@ typedef struct json_doc {
 #define JSON_MAX_DEPTH 1000
 
 /* Parses src[0, len) fully (trailing non-whitespace is an error; so is
- * nesting deeper than JSON_MAX_DEPTH). On error the message names `label`
- * and the byte offset. Free with json_doc_free. */
+ * nesting deeper than JSON_MAX_DEPTH, and a string that is not valid UTF-8:
+ * RFC 8259 section 8.1, what serde_json (Hugging Face tokenizers) and
+ * Python's json (transformers, vLLM) refuse, so every file and request line
+ * read through here holds whole characters only). On error the message
+ * names `label` (the loaders pass the file path) and the byte offset:
+ * "<label>: invalid utf-8 in json string at byte N". Free with
+ * json_doc_free. */
 int json_parse(json_doc *doc, const char *src, size_t len, const char *label, pg_error *err);
 void json_doc_free(json_doc *doc);
 

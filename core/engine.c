@@ -745,6 +745,13 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         if (cnt < 0)
             return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
         bool can_end = grammar_can_end(r->gram, &q->gst);
+        if (!r->sp.ignore_eos) {
+            /* budgeted ends (grammar_mask_budget): after this token, keep
+             * room to finish the text in single-byte tokens plus one for
+             * eos, so max_tokens never cuts a constrained text short */
+            int32_t left = r->max_output - n_out - 1;
+            cnt = grammar_mask_budget(r->gram, e->gvocab, &q->gst, e->gmask, left - 1, can_end);
+        }
         if (cnt == 0) {
             /* nothing can follow: end here (as sampling the one allowed eos
              * would), or a dead end the vocabulary cannot spell (abort) */

@@ -94,6 +94,24 @@ size_t grammar_mask_words(const grammar_vocab *v);
 int32_t grammar_mask(const grammar *g, const grammar_vocab *v, const grammar_state *s,
                      uint64_t *mask);
 
+/* The longest token's byte length. */
+int32_t grammar_vocab_max_len(const grammar_vocab *v);
+
+/* Fewest bytes that must still be fed to s before grammar_can_end holds
+ * (0: it holds now); INT32_MAX when it never can; -1 when the grammar was
+ * too large to measure. */
+int32_t grammar_bytes_to_end(const grammar *g, const grammar_state *s);
+/* Budgeted ends: clears from mask (a mask for s) every token after which
+ * more than budget_bytes bytes would be needed to reach a complete match,
+ * so that a sequence whose vocabulary spells every byte as one token (byte
+ * fallback, byte-level BPE) can always end before max_tokens. Only tokens
+ * long enough to break the budget are fed (none while the budget is
+ * ample). When no token fits and !can_end (eos cannot end it either), the
+ * tokens that come closest are kept instead. Returns the bits left set.
+ * A pure function of (g, v, s, budget_bytes, can_end): deterministic. */
+int32_t grammar_mask_budget(const grammar *g, const grammar_vocab *v, const grammar_state *s,
+                            uint64_t *mask, int32_t budget_bytes, bool can_end);
+
 /* A per-(grammar, vocabulary) cache of masks by automaton top state (the
  * walk from the top frame alone, with the tokens whose fate depends on the
  * frames below checked one by one at mask time): a state seen again costs

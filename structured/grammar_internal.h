@@ -93,7 +93,16 @@ struct grammar {
     uint8_t *accept;     /* [n_states]: the rule may end here */
     int32_t *rule_start; /* [n_rules] DFA start states */
     gcall *calls;        /* [n_calls] */
+    int32_t *dist;       /* [n_states]: fewest bytes to where the state's rule may end
+                            (grammar_budget.c); NULL: not computed, no budget filter */
+    int32_t grow;        /* the most one byte can raise grammar_bytes_to_end, >= 0 */
+    int32_t *reach;      /* [n_states]: the largest distance reachable from the state
+                            (grammar_budget.c); NULL: unknown */
 };
+
+/* Fills g->dist and g->grow (grammar_budget.c); PG_ENOMEM or PG_OK (also
+ * when the grammar is too large to measure: dist then stays NULL). */
+int gbudget_prepare(grammar *g);
 
 /* One byte on s in place; false (s then unspecified) when refused. */
 static inline bool gstep_byte(const grammar *g, grammar_state *s, uint8_t b)

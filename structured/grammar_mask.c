@@ -46,6 +46,8 @@ void grammar_vocab_destroy(grammar_vocab *v)
     free(v);
 }
 
+int32_t grammar_vocab_max_len(const grammar_vocab *v) { return v->max_len; }
+
 int32_t grammar_vocab_size(const grammar_vocab *v) { return v->vocab; }
 int32_t grammar_vocab_trie_nodes(const grammar_vocab *v) { return v->n_nodes; }
 size_t grammar_mask_words(const grammar_vocab *v) { return ((size_t)v->vocab + 63) / 64; }

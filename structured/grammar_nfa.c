@@ -237,6 +237,8 @@ void grammar_destroy(grammar *g)
     free(g->accept);
     free(g->rule_start);
     free(g->calls);
+    free(g->dist);
+    free(g->reach);
     free(g);
 }
 
@@ -752,6 +754,8 @@ static int determinize(gnfa *a, grammar **out)
             det_oom(&d);
         else if (rc)
             gnfa_fail(a, PG_EINVAL, "grammar: the constraint matches nothing (empty language)");
+        else if (gbudget_prepare(g) != PG_OK)
+            det_oom(&d);
     }
 done:
     free(cl.p);

@@ -10,6 +10,9 @@
  * (the whole string must match: implicit ^...$, as xgrammar), format
  * date/time/date-time/uuid; integer minimum/maximum/exclusiveMinimum/
  * exclusiveMaximum (a digit-by-digit range automaton; refused on number);
+ * integer and number digit runs bounded as llama.cpp bounds them (at most
+ * 16 integral digits, 16 fraction digits, a 16-digit exponent; see
+ * GS_NUM_DIGITS), also on the open side of a one-sided range;
  * array items, prefixItems (tuples; items false closes them),
  * minItems/maxItems; object
  * properties (emitted in the listed order, the required ones always, the
@@ -86,9 +89,23 @@ static void emit_string_any(sctx *c, int32_t from, int32_t to)
     gnfa_bytes(a, e, to, '"', '"');
 }
 
+/* ---- numbers: bounded digits ----------------------------------------------
+ * A number's digit runs are bounded, as llama.cpp's json_schema_to_grammar
+ * bounds them (common/json-schema-to-grammar.cpp, PRIMITIVE_RULES:
+ * integral-part "[0] | [1-9] [0-9]{0,15}", decimal-part "[0-9]{1,16}", and
+ * the exponent written as an integral-part): an integral part of at most 16
+ * digits, a fraction of at most 16, an exponent of at most 16 without
+ * leading zeros. A double holds about 16 significant digits, so nothing a
+ * reader can keep is lost, and a model that keeps choosing digits
+ * ("age":-5000000000000000000...) must end the number within 16 of them
+ * instead of running to max_tokens with text that is not JSON (issue 23).
+ * xgrammar leaves the runs unbounded. */
+#define GS_NUM_DIGITS 16
+#define GS_INT_RE "(0|[1-9][0-9]{0,15})" /* at most GS_NUM_DIGITS digits */
+
 static void emit_integer(sctx *c, int32_t from, int32_t to)
 {
-    static const char re[] = "-?(0|[1-9][0-9]*)";
+    static const char re[] = "-?" GS_INT_RE;
     gre_emit(c->a, from, to, re, sizeof re - 1, GRE_RAW, "integer");
 }
 
@@ -103,6 +120,20 @@ static void emit_digits_between(gnfa *a, int32_t from, int32_t to, const char *x
         return;
     if (pos == L) {
         gnfa_eps(a, from, to);
+        return;
+    }
+    /* x's rest all '0' and y's all '9': any L - pos digits, a chain (without
+     * it the three-way split below costs 3^(L - pos) states) */
+    int k = pos;
+    while (k < L && x[k] == '0' && y[k] == '9')
+        k++;
+    if (k == L) {
+        int32_t cur = from;
+        for (int j = pos; j < L && !a->status; j++) {
+            int32_t nxt = j + 1 == L ? to : gnfa_state(a);
+            gnfa_bytes(a, cur, nxt, '0', '9');
+            cur = nxt;
+        }
         return;
     }
     if (x[pos] == y[pos]) {
@@ -134,13 +165,12 @@ static void emit_digits_between(gnfa *a, int32_t from, int32_t to, const char *x
         emit_digits_between(a, s3, to, zeros, y, pos + 1, L);
 }
 
-/* Naturals in [lo, hi] written without leading zeros; hi < 0: no upper
- * bound (then every length past hi's is allowed, beyond int64 too). */
+/* Naturals in [lo, hi] (0 <= lo <= hi) written without leading zeros. */
 static void emit_naturals(gnfa *a, int32_t from, int32_t to, int64_t lo, int64_t hi)
 {
     char xs[24], ys[24];
     int llo = snprintf(xs, sizeof xs, "%lld", (long long)lo);
-    int lhi = hi >= 0 ? snprintf(ys, sizeof ys, "%lld", (long long)hi) : llo;
+    int lhi = snprintf(ys, sizeof ys, "%lld", (long long)hi);
     for (int L = llo; L <= lhi && !a->status; L++) {
         char x[24], y[24];
         if (L == llo) {
@@ -149,24 +179,29 @@ static void emit_naturals(gnfa *a, int32_t from, int32_t to, int64_t lo, int64_t
             x[0] = '1';
             memset(x + 1, '0', (size_t)L - 1);
         }
-        if (hi >= 0 && L == lhi)
+        if (L == lhi)
             memcpy(y, ys, (size_t)L + 1);
         else
             memset(y, '9', (size_t)L);
         x[L] = y[L] = 0;
         emit_digits_between(a, from, to, x, y, 0, L);
     }
-    if (hi < 0 && !a->status) { /* [1-9][0-9]{llo}[0-9]*: every longer number */
-        int32_t cur = gnfa_state(a);
-        gnfa_bytes(a, from, cur, '1', '9');
-        for (int k = 0; k < llo && !a->status; k++) {
-            int32_t nxt = gnfa_state(a);
-            gnfa_bytes(a, cur, nxt, '0', '9');
-            cur = nxt;
-        }
-        gnfa_bytes(a, cur, cur, '0', '9');
-        gnfa_eps(a, cur, to);
-    }
+}
+
+/* Where the unbounded side of an integer range stops: the largest natural
+ * of GS_NUM_DIGITS digits, or of as many digits as the bound on the other
+ * side when it is longer (|bound| < 1e18, so at most 18 nines). As
+ * llama.cpp's build_min_max_int (decimals_left = 16): minimum 0 alone is
+ * 0 .. 9999999999999999, never a run of digits to max_tokens. */
+static int64_t digits_cap(int64_t other)
+{
+    int n = snprintf(NULL, 0, "%lld", (long long)other);
+    if (n < GS_NUM_DIGITS)
+        n = GS_NUM_DIGITS;
+    int64_t r = 0;
+    for (int k = 0; k < n; k++)
+        r = r * 10 + 9;
+    return r;
 }
 
 /* A bound as an integer: ceil for a lower one, floor for an upper one;
@@ -202,6 +237,11 @@ static void emit_integer_range(sctx *c, int node, int32_t from, int32_t to)
         hi = t;
     if (a->status)
         return;
+    /* an open side ends after GS_NUM_DIGITS digits (see digits_cap) */
+    if (hi == INT64_MAX)
+        hi = digits_cap(lo > 0 ? lo : 0);
+    if (lo == INT64_MIN)
+        lo = -digits_cap(hi < 0 ? -hi : 0);
     if (lo > hi) {
         gnfa_fail(a, PG_EINVAL, "json schema: integer range [%lld, %lld] is empty (empty language)",
                   (long long)lo, (long long)hi);
@@ -209,18 +249,18 @@ static void emit_integer_range(sctx *c, int node, int32_t from, int32_t to)
     }
     /* the non-negative part [max(lo, 0), hi] */
     if (hi >= 0)
-        emit_naturals(a, from, to, lo > 0 ? lo : 0, hi == INT64_MAX ? -1 : hi);
+        emit_naturals(a, from, to, lo > 0 ? lo : 0, hi);
     /* the negative part: '-' then naturals in [max(1, -hi), -lo] (no "-0") */
     if (lo < 0) {
         int32_t m = gnfa_state(a);
         gnfa_bytes(a, from, m, '-', '-');
-        emit_naturals(a, m, to, hi < 0 ? -hi : 1, lo == INT64_MIN ? -1 : -lo);
+        emit_naturals(a, m, to, hi < 0 ? -hi : 1, -lo);
     }
 }
 
 static void emit_number(sctx *c, int32_t from, int32_t to)
 {
-    static const char re[] = "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?";
+    static const char re[] = "-?" GS_INT_RE "(\\.[0-9]{1,16})?([eE][+-]?" GS_INT_RE ")?";
     gre_emit(c->a, from, to, re, sizeof re - 1, GRE_RAW, "number");
 }
 

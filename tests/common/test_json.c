@@ -2,8 +2,9 @@
  * closing bracket grows with the depth, so without the limit a line of
  * brackets took minutes; with it, deep texts are refused in linear time,
  * brackets inside strings do not count, and everything up to the limit
- * still parses. (The rest of json is exercised by the loaders' tests and
- * fuzz_json.) */
+ * still parses. And strings must be valid UTF-8 (what serde_json and
+ * Python's json refuse, json_parse refuses, naming the label and the byte).
+ * (The rest of json is exercised by the loaders' tests and fuzz_json.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -126,12 +127,82 @@ static void test_brackets_in_strings(void **state)
     free(s);
 }
 
+/* Parses text as one document labelled "f.json"; err holds the message. */
+static int parse_text(const char *text, size_t len, pg_error *err)
+{
+    json_doc d;
+    int rc = json_parse(&d, text, len, "f.json", err);
+    if (rc == PG_OK)
+        json_doc_free(&d);
+    return rc;
+}
+
+/* RFC 3629 UTF-8 inside strings (keys too) is accepted, anything else is
+ * refused at its first bad byte: a lone continuation byte, a truncated
+ * sequence (also cut by the closing quote), an overlong form, a UTF-16
+ * surrogate, a code point past U+10FFFF, 0xC0/0xC1/0xF5..0xFF. The error
+ * names the label and the byte offset in the text, as serde_json's
+ * "invalid unicode code point at line 1 column N" does. */
+static void test_utf8_in_strings(void **state)
+{
+    (void)state;
+    pg_error err = {{0}};
+    static const char *const good[] = {
+        "[\"a\xc3\xa9\",\"\xe2\x82\xac\",\"\xf0\x9f\x98\x80\"]",
+        "{\"\xc3\xa9\":\"\xef\xbf\xbd\xf4\x8f\xbf\xbf\xed\x9f\xbf\xee\x80\x80\"}",
+        "\"\\ud800 stays an escape, not raw bytes\"",
+    };
+    for (size_t k = 0; k < sizeof good / sizeof *good; k++) {
+        int rc = parse_text(good[k], strlen(good[k]), &err);
+        if (rc)
+            fprintf(stderr, "good[%zu]: %s\n", k, err.msg);
+        assert_int_equal(rc, PG_OK);
+    }
+    /* {text, offset of the first bad byte} */
+    static const struct { const char *text; long at; } bad[] = {
+        {"[\"ab\x80\"]", 4},                /* lone continuation */
+        {"[\"a\xc3\"]", 3},                 /* cut by the closing quote */
+        {"[\"a\xe2\x82\"]", 3},            /* truncated 3-byte */
+        {"[\"\xc0\xaf\"]", 2},             /* overlong '/' */
+        {"[\"\xe0\x80\xaf\"]", 2},        /* overlong, 3 bytes */
+        {"[\"\xed\xa0\x80\"]", 2},        /* surrogate U+D800 */
+        {"[\"\xf4\x90\x80\x80\"]", 2},   /* U+110000 */
+        {"[\"x\xf5\x80\x80\x80\"]", 3},  /* 0xF5 never starts a sequence */
+        {"[\"x\xff\"]", 3},
+        {"{\"<s\xc7\":1}", 4},             /* in a key: the fuzz finding's shape */
+        {"{\"k\":\"ok\",\"v\":[\"\xc3\xa9\xa9\"]}", 18},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        int rc = parse_text(bad[k].text, strlen(bad[k].text), &err);
+        assert_int_equal(rc, PG_EFORMAT);
+        char want[96];
+        snprintf(want, sizeof want, "f.json: invalid utf-8 in json string at byte %ld", bad[k].at);
+        if (strcmp(err.msg, want) != 0)
+            fprintf(stderr, "bad[%zu]: got \"%s\", want \"%s\"\n", k, err.msg, want);
+        assert_string_equal(err.msg, want);
+    }
+}
+
+/* A raw invalid byte outside any string was already invalid json; inside
+ * one it is now refused even where the loaders used to take it: the
+ * tokenizer.json of ../shared/fuzz-findings/tokenizer-stream-half-char.bin
+ * has "<s\xc7" as a vocabulary key. */
+static void test_utf8_outside_strings(void **state)
+{
+    (void)state;
+    pg_error err = {{0}};
+    assert_int_equal(parse_text("[1,\xc3\xa9]", 7, &err), PG_EFORMAT);
+    assert_int_equal(parse_text("\xef\xbb\xbf{}", 5, &err), PG_EFORMAT); /* BOM, as serde_json */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_depth_limit),
         cmocka_unit_test(test_deep_is_fast),
         cmocka_unit_test(test_brackets_in_strings),
+        cmocka_unit_test(test_utf8_in_strings),
+        cmocka_unit_test(test_utf8_outside_strings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -130,6 +130,25 @@ def valid_type(t, s, v, root):
     raise Fail(f"validator: unknown type {t}")
 
 
+# The digit runs structured/grammar_schema.c allows (llama.cpp's
+# json_schema_to_grammar integral-part / decimal-part): at most 16 integral
+# digits, 16 fraction digits, a 16-digit exponent without leading zeros.
+BOUNDED_NUMBER = re.compile(r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?(0|[1-9][0-9]{0,15}))?")
+
+
+def numbers_bounded(text):
+    """Every number literal in the JSON text has bounded digit runs."""
+    def chk(lit):
+        if not BOUNDED_NUMBER.fullmatch(lit):
+            raise ValueError(lit)
+        return float(lit)
+    try:
+        json.loads(text, parse_int=chk, parse_float=chk)
+    except ValueError:
+        return False
+    return True
+
+
 def check_compact(text):
     """No whitespace outside strings (compact mode)."""
     ins = esc = False
@@ -167,7 +186,7 @@ def validate(req, out):
             v = json.loads(text)
         except ValueError:
             return False
-        return check_compact(text) and valid(schema, v, schema)
+        return check_compact(text) and numbers_bounded(text) and valid(schema, v, schema)
     if "guided_regex" in req:
         return re.fullmatch(req["guided_regex"], text) is not None
     if "guided_choice" in req:
@@ -206,6 +225,23 @@ CONSTRAINTS = [
         "when": {"type": "string", "format": "date-time"}, "ok": {"type": ["boolean", "null"]},
         "n": {"enum": [1, 2, 3]}}, "required": ["when", "ok"], "additionalProperties": False}},
 ]
+# Unbounded numbers and strings (issue 23): without digit bounds stories260K
+# wrote "age":-5000000000000000... to max_tokens, and an unbounded string
+# ran to max_tokens in about one request of five; the digit bounds
+# (grammar_schema.c) and budgeted ends (grammar_budget.c) make every one of
+# them end "stop" with valid JSON.
+UNBOUNDED = [
+    {"guided_json": {"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"}, "score": {"type": "number"}},
+        "required": ["name", "age", "score"]}},
+    {"structured_outputs": {"json": {"type": "array", "items": {"type": "number"}, "maxItems": 4}}},
+    {"guided_json": {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0}, "m": {"type": "integer", "maximum": 0},
+        "x": {"type": "number"}, "tag": {"type": "string"}}, "required": ["n", "m", "x", "tag"]}},
+    {"guided_json": {"type": "string"}},
+    {"response_format": {"type": "json_object"}},
+]
+CONSTRAINTS += UNBOUNDED
 PROMPTS = ["Once upon a time", "Tom and Lily", "The little dog", "One day", "Sara saw a",
            "The sun was", "Ben wanted to", "Mom said"]
 
@@ -213,7 +249,7 @@ PROMPTS = ["Once upon a time", "Tom and Lily", "The little dog", "One day", "Sar
 def batch_lines(n):
     lines = []
     for i in range(n):
-        req = {"id": f"r{i}", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 120}
+        req = {"id": f"r{i}", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 256}
         if i % 3 == 0:
             req["temperature"] = 0
         else:
@@ -249,12 +285,13 @@ def case_kinds():
 
 
 def case_batch():
-    """The issue's done-when: 1,000 mixed requests all validate with finish
-    "stop", byte-identical with a tiny KV pool (constant preemption) and with
-    a small batch on one thread."""
+    """The issue's done-when: 1,000 mixed requests (unbounded numbers and
+    strings among them) all validate with finish "stop" at max_tokens 256,
+    byte-identical with a tiny KV pool (constant preemption) and with a
+    small batch on one thread."""
     inp = batch_lines(1000)
     t0 = time.time()
-    rc, out, err = gen(["--max-tokens", "120"], stdin_bytes=inp)
+    rc, out, err = gen(["--max-tokens", "256"], stdin_bytes=inp)
     t1 = time.time()
     check(rc == 0, f"exit {rc}: {err.decode()[-2000:]}")
     check_outputs(inp, out)
@@ -278,6 +315,30 @@ def case_fork():
     check_outputs(inp, out)
     rc, out2, err = gen(["--num-kv-blocks", "40"], stdin_bytes=inp)
     check(rc == 0 and out2 == out, "n = 4 output differs under preemption")
+
+
+def case_budget():
+    """Budgeted ends: unbounded schemas at a tight max_tokens (40) still end
+    "stop" with valid JSON, one token short of the budget at most (room is
+    kept for eos); with ignore_eos no budget applies (the text may be cut)."""
+    lines = []
+    for i in range(60):
+        req = {"id": i, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 40,
+               "temperature": 0 if i % 3 == 0 else 0.9, "seed": i}
+        req.update(UNBOUNDED[i % len(UNBOUNDED)])
+        lines.append(json.dumps(req))
+    inp = ("\n".join(lines) + "\n").encode()
+    rc, out, err = gen([], stdin_bytes=inp)
+    check(rc == 0, f"exit {rc}: {err.decode()[-2000:]}")
+    for o in check_outputs(inp, out):
+        check(o["usage"]["completion_tokens"] < 40, f"{o['id']}: {o['usage']}")
+    rc, out2, err = gen(["--num-kv-blocks", "40"], stdin_bytes=inp)
+    check(rc == 0 and out2 == out, "budgeted output differs under preemption")
+    req = dict({"id": "ie", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0,
+                "ignore_eos": True}, **UNBOUNDED[3])
+    rc, out, err = gen([], stdin_bytes=(json.dumps(req) + "\n").encode())
+    o = json.loads(out)
+    check(rc == 0 and o["outputs"][0]["finish_reason"] == "length", f"ignore_eos: {o}")
 
 
 def case_errors():

@@ -2,7 +2,11 @@
  * the kind: JSON schema, regex or choice), then masks along a walk over a
  * small fixed vocabulary: every masked-in token must advance the state, the
  * mask must equal feeding each token's bytes (the brute-force reference),
- * and the cached mask must equal the walk. Compile limits keep each input bounded in time and memory. */
+ * and the cached mask must equal the walk. Budgeted ends: bytes_to_end is
+ * 0 exactly where the text can end, no token lowers it by more than its
+ * length, and grammar_mask_budget keeps exactly the tokens that fit a
+ * budget taken from the input (or, when none fits and the text cannot end,
+ * the closest ones). Compile limits keep each input bounded in time and memory. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +65,41 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (seen != cnt)
             abort();
+        /* budgeted ends against the brute force */
+        bool can_end = grammar_can_end(g, &st);
+        int32_t d = grammar_bytes_to_end(g, &st);
+        if (d >= 0) {
+            if (d == INT32_MAX || (d == 0) != can_end)
+                abort();
+            int32_t budget = (int32_t)(data[(step * 7 + 3) % size] % 24) - 2;
+            int32_t after[NV], best = INT32_MAX;
+            bool any_fit = false;
+            for (int i = 0; i < NV; i++) {
+                after[i] = INT32_MAX;
+                if (!((mask[0] >> i) & 1))
+                    continue;
+                grammar_state t = st;
+                if (!grammar_advance(g, &t, (const uint8_t *)bytes[i], lens[i]))
+                    abort();
+                after[i] = grammar_bytes_to_end(g, &t);
+                if (after[i] < 0 || after[i] == INT32_MAX || after[i] < d - (int32_t)lens[i])
+                    abort();
+                any_fit |= after[i] <= budget;
+                if (after[i] < best)
+                    best = after[i];
+            }
+            uint64_t bmask[1] = {mask[0]};
+            int32_t limit = any_fit || can_end ? budget : best;
+            int32_t bcnt = grammar_mask_budget(g, v, &st, bmask, budget, can_end), want = 0;
+            for (int i = 0; i < NV; i++) {
+                bool keep = ((mask[0] >> i) & 1) && after[i] <= limit;
+                want += keep;
+                if (keep != (bool)((bmask[0] >> i) & 1))
+                    abort();
+            }
+            if (bcnt != want)
+                abort();
+        }
         if (pick < 0)
             break;
         if (!grammar_advance(g, &st, (const uint8_t *)bytes[pick], lens[pick]))

@@ -1,6 +1,7 @@
 /* fuzz_json: json_parse over arbitrary bytes, then every accessor over every
  * token of an accepted document, and a write -> parse -> read round trip of
- * every string through json_buf_string. */
+ * every string through json_buf_string, exact from the first trip (strings
+ * json_parse accepts are valid UTF-8). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             char *u2 = round_trip(u1, n1, &n2);
             if (n1 != n2 || memcmp(u1, u2, n1) != 0)
                 abort(); /* the second trip is exact */
+            if (n1 != n || memcmp(u1, s, n) != 0)
+                abort(); /* so is the first: an accepted string is whole UTF-8
+                            (json_buf_string would replace a bad byte) */
             free(u1);
             free(u2);
             free(s);

@@ -156,7 +156,7 @@ static void test_schema(void **state)
     check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":-25,\"exclusiveMaximum\":-3}",
                "-25", "-4", "-10", "-19", NULL, "-3", "-26", "0", "-0", "-30", NULL);
     check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":15}", "15", "99", "100", "16",
-               "123456789012345678901234", NULL, "14", "9", "-1", "015", NULL);
+               "1234567890123456", NULL, "14", "9", "-1", "015", "12345678901234567", NULL);
     check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"maximum\":-7}", "-7", "-100", "-99999999999",
                NULL, "-6", "0", "7", NULL);
     check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"exclusiveMinimum\":2.5,\"maximum\":3.9}",
@@ -200,6 +200,45 @@ static void test_schema(void **state)
                "{}", "{\"a\":1,\"b\":2}", NULL, "{\"a\":\"x\"}", NULL);
     check_lang(GRAMMAR_JSON_OBJECT, NULL, "{}", "{\"a\":[1,{\"b\":null}],\"c\":\"d\"}", NULL, "[1]",
                "{\"a\":}", "{\"a\":1,}", "{} ", NULL);
+}
+
+/* Digit runs end (issue 23): at most 16 integral digits, 16 fraction
+ * digits and a 16-digit exponent without leading zeros, as llama.cpp's
+ * json_schema_to_grammar (integral-part "[0] | [1-9] [0-9]{0,15}",
+ * decimal-part "[0-9]{1,16}"); the open side of a one-sided integer range
+ * stops at 16 digits too, or at the given bound's length when longer. */
+static void test_number_digits(void **state)
+{
+    (void)state;
+    const char *d16 = "9999999999999999", *d17 = "99999999999999999";
+    char n16[40], n17[40], f16[40], f17[40], e16[40], e17[40], e0[40];
+    snprintf(n16, sizeof n16, "-%s", d16);
+    snprintf(n17, sizeof n17, "-%s", d17);
+    snprintf(f16, sizeof f16, "0.%s", d16);
+    snprintf(f17, sizeof f17, "0.%s", d17);
+    snprintf(e16, sizeof e16, "1.5E-%s", d16);
+    snprintf(e17, sizeof e17, "1.5E-%s", d17);
+    snprintf(e0, sizeof e0, "1e05");
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\"}", "0", "-0", d16, n16, "1000000000000000",
+               NULL, d17, n17, "10000000000000000", "1.0", "00", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\"}", d16, n16, f16, e16, "-0.0e+0", "1E9", NULL,
+               d17, n17, f17, e17, e0, "1.", NULL);
+    /* any value (no type) and json_object mode use the same number */
+    check_lang(GRAMMAR_JSON_SCHEMA, "{}", "[1.5,-2e10]", f16, NULL, f17, "[1,99999999999999999]", NULL);
+    /* one-sided ranges: the open side stops at 16 digits */
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":0}", "0", d16, NULL, d17, "-1",
+               NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":-5}", "-5", "0", d16, NULL, d17,
+               "-6", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"maximum\":7}", "7", "-3", n16, NULL, n17,
+               "8", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"exclusiveMaximum\":-10}", "-11", n16, NULL,
+               n17, "-10", NULL);
+    /* a bound longer than 16 digits keeps its own length on the open side */
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":100000000000000000}",
+               "100000000000000000", "999999999999999999", NULL, d17, "1000000000000000000", NULL);
+    check_lang(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"maximum\":-100000000000000000}",
+               "-100000000000000000", "-999999999999999999", NULL, n17, "-1000000000000000000", NULL);
 }
 
 static void test_depth_limit(void **state)
@@ -481,6 +520,120 @@ static void test_mask_stories(void **state)
     tok_free(tok);
 }
 
+/* grammar_bytes_to_end is exact: while it says d > 0 some byte takes it to
+ * d - 1 (so d single bytes reach a complete match), and no byte takes it
+ * below d - 1. */
+static void check_descent(const grammar *g, const grammar_state *s0)
+{
+    grammar_state s = *s0;
+    int32_t d = grammar_bytes_to_end(g, &s);
+    assert_true(d >= 0 && d < 100000);
+    assert_int_equal(d == 0, grammar_can_end(g, &s));
+    while (d > 0) {
+        int found = -1;
+        for (int b = 0; b < 256; b++) {
+            grammar_state t = s;
+            uint8_t byte = (uint8_t)b;
+            if (!grammar_advance(g, &t, &byte, 1))
+                continue;
+            int32_t dt = grammar_bytes_to_end(g, &t);
+            if (dt < d - 1)
+                fail_msg("byte %d takes bytes_to_end from %d to %d", b, (int)d, (int)dt);
+            if (dt == d - 1 && found < 0)
+                found = b;
+        }
+        if (found < 0)
+            fail_msg("bytes_to_end %d but no byte brings it to %d", (int)d, (int)d - 1);
+        uint8_t byte = (uint8_t)found;
+        assert_true(grammar_advance(g, &s, &byte, 1));
+        d--;
+    }
+    assert_true(grammar_can_end(g, &s));
+}
+
+/* Budgeted ends on stories260K's vocabulary: grammar_mask_budget keeps
+ * exactly the tokens after which bytes_to_end <= the budget (the length
+ * gate never skips a token that breaks it), and random walks whose budget
+ * is a max_tokens count (budget = tokens left after this one - 1, as the
+ * engine passes it) always reach a complete match in time. */
+static void test_budget_stories(void **state)
+{
+    (void)state;
+    tokenizer *tok;
+    grammar_vocab *v = load_vocab("models/stories260K", &tok);
+    int32_t n = grammar_vocab_size(v);
+    size_t words = grammar_mask_words(v);
+    uint64_t *mask = malloc(words * sizeof *mask), *full = malloc(words * sizeof *full);
+    int32_t *kept = malloc((size_t)n * sizeof *kept);
+    assert_non_null(mask);
+    assert_non_null(full);
+    assert_non_null(kept);
+    static const char *const extra[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+        "\"age\":{\"type\":\"integer\"},\"x\":{\"type\":\"number\"}},\"required\":[\"name\",\"age\"]}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\"}}",
+    };
+    size_t n_gr = sizeof mask_grammars / sizeof *mask_grammars;
+    pg_test_rng rng = {0x5eed};
+    int forced = 0;
+    for (size_t gi = 0; gi < n_gr + 2; gi++) {
+        grammar *g = gi < n_gr ? compile_ok(mask_grammars[gi].kind, mask_grammars[gi].src)
+                               : compile_ok(GRAMMAR_JSON_SCHEMA, extra[gi - n_gr]);
+        for (int w = 0; w < 30; w++) {
+            grammar_state st;
+            grammar_state_init(g, &st);
+            int32_t max_tokens = 8 + (int32_t)(pg_test_rng_next(&rng) % 40);
+            if (max_tokens < grammar_bytes_to_end(g, &st) + 1)
+                max_tokens = grammar_bytes_to_end(g, &st) + 1;
+            for (int32_t out = 0;; out++) {
+                check_descent(g, &st);
+                bool can_end = grammar_can_end(g, &st);
+                assert_true(out < max_tokens); /* ended in time */
+                int32_t budget = max_tokens - out - 2;
+                assert_true(grammar_mask(g, v, &st, full) >= 0);
+                memcpy(mask, full, words * sizeof *mask);
+                int32_t cnt = grammar_mask_budget(g, v, &st, mask, budget, can_end);
+                int32_t nk = 0;
+                for (int32_t id = 0; id < n; id++) {
+                    bool in_full = (full[id >> 6] >> (id & 63)) & 1;
+                    bool in = (mask[id >> 6] >> (id & 63)) & 1;
+                    if (!in_full) {
+                        assert_false(in);
+                        continue;
+                    }
+                    uint32_t len;
+                    const uint8_t *b = grammar_vocab_bytes(v, id, &len);
+                    grammar_state t = st;
+                    assert_true(grammar_advance(g, &t, b, len));
+                    bool fits = grammar_bytes_to_end(g, &t) <= budget;
+                    if (in != fits)
+                        fail_msg("grammar %zu, budget %d: token %d (%u bytes) %s", gi, (int)budget,
+                                 (int)id, len, in ? "kept but breaks the budget" : "cleared but fits");
+                    forced += !in;
+                    if (in)
+                        kept[nk++] = id;
+                }
+                assert_int_equal(cnt, nk);
+                /* end (eos) sometimes where allowed, always when nothing else is */
+                if (can_end && (nk == 0 || pg_test_rng_next(&rng) % 4 == 0))
+                    break;
+                assert_true(nk > 0);
+                int32_t id = kept[pg_test_rng_next(&rng) % (uint64_t)nk];
+                uint32_t len;
+                const uint8_t *b = grammar_vocab_bytes(v, id, &len);
+                assert_true(grammar_advance(g, &st, b, len));
+            }
+        }
+        grammar_destroy(g);
+    }
+    assert_true(forced > 0); /* the budget did clear tokens */
+    free(mask);
+    free(full);
+    free(kept);
+    grammar_vocab_destroy(v);
+    tok_free(tok);
+}
+
 static void test_mask_llama3(void **state)
 {
     (void)state;
@@ -489,6 +642,31 @@ static void test_mask_llama3(void **state)
     static double times[2000], etimes[2000], ctimes[2000];
     int nt = walk_and_check(v, 2, 25, times, etimes, ctimes, 2000);
     report("llama3", v, times, etimes, ctimes, nt);
+    {
+        /* the cost of a budgeted mask where it bites: inside an unbounded
+         * string (most of the vocabulary allowed), 3 bytes of budget left */
+        grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                                "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}},\"required\":[\"s\"]}");
+        grammar_state st;
+        grammar_state_init(g, &st);
+        assert_true(grammar_advance(g, &st, (const uint8_t *)"{\"s\":\"ab", 8));
+        uint64_t *mask = malloc(grammar_mask_words(v) * sizeof *mask);
+        assert_non_null(mask);
+        int32_t before = grammar_mask(g, v, &st, mask);
+        /* 8 bytes left: more than an escape inside the string can need
+         * (\\u0000"} is 7), so the reach bound skips every token */
+        double t00 = now_us();
+        assert_int_equal(grammar_mask_budget(g, v, &st, mask, 8, false), before);
+        print_message("# budgeted mask llama3, in a string, 8 bytes left: all kept, %.1f us\n", now_us() - t00);
+        double t0 = now_us();
+        int32_t after = grammar_mask_budget(g, v, &st, mask, 3, false);
+        double t1 = now_us();
+        assert_true(after > 0 && after < before);
+        print_message("# budgeted mask llama3, in a string, 3 bytes left: %d of %d tokens kept, %.0f us\n",
+                      (int)after, (int)before, t1 - t0);
+        free(mask);
+        grammar_destroy(g);
+    }
     /* byte-level: "\u0120" is a space, "\u010a" a newline */
     check_token_bytes(tok, v, " the", " the");
     check_token_bytes(tok, v, "\n\n", "\n\n");
@@ -504,9 +682,11 @@ int main(void)
         cmocka_unit_test(test_regex),
         cmocka_unit_test(test_choice),
         cmocka_unit_test(test_schema),
+        cmocka_unit_test(test_number_digits),
         cmocka_unit_test(test_depth_limit),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_mask_stories),
+        cmocka_unit_test(test_budget_stories),
         cmocka_unit_test(test_mask_llama3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
