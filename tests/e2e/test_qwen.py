@@ -30,21 +30,12 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy  # noqa: F401
-except ImportError:
-    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
-        probe = subprocess.run(["/usr/bin/python3", "-c", "import numpy"], capture_output=True)
-        if probe.returncode == 0:
-            os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    msg = "test_qwen: numpy is missing (apt-get install python3-numpy)"
-    if os.environ.get("CI") == "true":
-        sys.exit(msg)
-    print("SKIP " + msg)
-    sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy_or_skip  # noqa: E402
+
+numpy_or_skip.require("test_qwen")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 from qwen_reference import QwenReference  # noqa: E402
 
 SRC = os.environ.get("PAGEDGEN_SOURCE_ROOT", os.path.dirname(os.path.dirname(HERE)))
