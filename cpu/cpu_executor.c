@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cpu_gemm.h"
+#include "cpu_gemm_modes.h"
 #include "cpu_ops.h"
 
 int cpu_exec_fail(cpu_exec *ce, int status, const char *fmt, ...)
@@ -47,6 +48,29 @@ static cpu_exec *cpu_of(executor *ex)
     return (cpu_exec *)ex;
 }
 
+/* y [M][ldy] = x @ w^T in the executor's matmul precision (cpu_gemm_modes.h) */
+static int cpu_product(cpu_exec *ce, float *y, int64_t ldy, const float *x, const void *w, int32_t M, int32_t N,
+                       int32_t K)
+{
+    const cpu_matmul_precision prec = (cpu_matmul_precision)ce->precision;
+    const size_t need = cpu_gemm_mode_scratch_bytes(prec, M, K);
+    if (need > ce->act_q_cap) {
+        size_t cap = ce->act_q_cap ? ce->act_q_cap : 4096;
+        while (cap < need)
+            cap *= 2;
+        void *p = NULL;
+        if (posix_memalign(&p, 64, cap) != 0)
+            return cpu_exec_fail(ce, PG_ENOMEM, "cpu: out of memory for %zu bytes of %s activations", cap,
+                                 cpu_matmul_precision_name(prec));
+        free(ce->act_q);
+        ce->act_q = p;
+        ce->act_q_cap = cap;
+    }
+    cpu_gemm_mode(prec, (cpu_gemm_variant)ce->gemm_variant, ce->wt, ce->pool, y, ldy, x, w, M, N, K,
+                  need ? ce->act_q : NULL);
+    return PG_OK;
+}
+
 /* ---- lifetime and memory ------------------------------------------------- */
 
 static void cpu_destroy(executor *ex)
@@ -60,6 +84,7 @@ static void cpu_destroy(executor *ex)
             free(ce->scratch[w].buf);
     free(ce->scratch);
     free(ce->tok_seq);
+    free(ce->act_q);
     free(ce);
 }
 
@@ -250,8 +275,7 @@ static int cpu_matmul(executor *ex, void *y, const void *x, const void *w, int32
     CPU_REQUIRE(y && x && w, "matmul: NULL argument");
     CPU_REQUIRE(M >= 0 && N >= 1 && K >= 1, "matmul: expected M >= 0, N, K >= 1, got %d, %d, %d",
                 (int)M, (int)N, (int)K);
-    cpu_gemm_wt((cpu_gemm_variant)ce->gemm_variant, ce->wt, ce->pool, y, N, x, w, M, N, K);
-    return PG_OK;
+    return cpu_product(ce, y, N, x, w, M, N, K);
 }
 
 static int cpu_add_bias(executor *ex, void *y, const float *bias, int32_t rows, int32_t N)
@@ -333,8 +357,7 @@ static int cpu_logits(executor *ex, float *logits_host, const void *x, const voi
     CPU_REQUIRE(logits_host && x && w, "logits: NULL argument");
     CPU_REQUIRE(L >= 0 && V >= 1 && H >= 1, "logits: expected L >= 0, V, H >= 1, got %d, %d, %d",
                 (int)L, (int)V, (int)H);
-    cpu_gemm_wt((cpu_gemm_variant)ce->gemm_variant, ce->wt, ce->pool, logits_host, V, x, w, L, V, H);
-    return PG_OK;
+    return cpu_product(ce, logits_host, V, x, w, L, V, H);
 }
 
 static int cpu_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
@@ -392,9 +415,18 @@ int cpu_executor_create(executor **out, const cpu_executor_params *p, pg_error *
     if (wt < 0 || wt >= CPU_WT_COUNT || kv < 0 || kv >= CPU_KV_COUNT)
         return pg_error_set(err, PG_EINVAL, "cpu executor: expected wt_dtype 0..%d and kv_dtype 0..%d, got %d, %d",
                             (int)CPU_WT_COUNT - 1, (int)CPU_KV_COUNT - 1, (int)wt, (int)kv);
+    const int32_t precision = p ? p->matmul_precision : CPU_MATMUL_EXACT;
+    if (precision < 0 || precision >= CPU_MATMUL_COUNT)
+        return pg_error_set(err, PG_EINVAL, "cpu executor: expected matmul_precision 0..%d, got %d",
+                            (int)CPU_MATMUL_COUNT - 1, (int)precision);
+    if (!cpu_matmul_precision_accepts((cpu_matmul_precision)precision, (cpu_wt)wt))
+        return pg_error_set(err, PG_EINVAL, "cpu executor: matmul precision %s computes on %s weights, got %s storage",
+                            cpu_matmul_precision_name((cpu_matmul_precision)precision),
+                            precision == CPU_MATMUL_BF16 ? "bf16" : "int8", cpu_wt_name((cpu_wt)wt));
     cpu_exec *ce = calloc(1, sizeof *ce);
     if (!ce)
         return pg_error_set(err, PG_ENOMEM, "cpu executor: out of memory");
+    ce->precision = precision;
     ce->wt = (cpu_wt)wt;
     ce->kv = (cpu_kv)kv;
     ce->base.op = &cpu_ops_table;

@@ -50,6 +50,11 @@ typedef struct cpu_executor_params {
      * exactly (int8: dequantizes) and computes as with f32 storage. */
     int32_t wt_dtype;
     int32_t kv_dtype;
+    /* Arithmetic of matmul and logits (cpu_gemm_modes.h
+     * cpu_matmul_precision: 0 exact, 1 bf16, 2 int8): 0 = exact, the f32
+     * canonical order above. bf16 needs wt_dtype bf16, int8 needs int8
+     * (PG_EINVAL otherwise). */
+    int32_t matmul_precision;
 } cpu_executor_params;
 
 /* Creates a CPU executor; destroy with (*out)->op->destroy(*out).

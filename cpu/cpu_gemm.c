@@ -98,33 +98,29 @@ void cpu_gemm_cols(float *y, int64_t ldy, const float *x, const float *w,
     gemm_kernel(CPU_GEMM_AUTO)(y, ldy, x, w, CPU_WT_F32, M, K, n0, n1);
 }
 
-typedef struct gemm_job {
-    cpu_gemm_cols_fn kernel;
-    float *y;
-    int64_t ldy;
-    const float *x;
-    const void *w;
-    int32_t wt;
-    int32_t M, N, K;
-} gemm_job;
+/* The pool split (cpu_gemm_kernel.h): columns [n0, n1) per call. */
+typedef struct cols_job {
+    cpu_gemm_cols_task task;
+    void *ctx;
+    int32_t N;
+} cols_job;
 
-static void gemm_worker(void *ctx, int32_t worker, int32_t n_workers)
+static void cols_worker(void *ctx, int32_t worker, int32_t n_workers)
 {
-    const gemm_job *j = ctx;
+    const cols_job *j = ctx;
     int64_t lo, hi;
     cpu_pool_range(j->N, worker, n_workers, GEMM_SPLIT_ALIGN, &lo, &hi);
     if (lo < hi)
-        j->kernel(j->y, j->ldy, j->x, j->w, j->wt, j->M, j->K, (int32_t)lo, (int32_t)hi);
+        j->task(j->ctx, (int32_t)lo, (int32_t)hi);
 }
 
-void cpu_gemm_wt(cpu_gemm_variant v, cpu_wt wt, cpu_pool *pool, float *y, int64_t ldy, const float *x,
-                 const void *w, int32_t M, int32_t N, int32_t K)
+void cpu_gemm_run_cols(cpu_pool *pool, int32_t M, int32_t N, int32_t K, cpu_gemm_cols_task task, void *ctx)
 {
-    gemm_job job = {gemm_kernel(v), y, ldy, x, w, (int32_t)wt, M, N, K};
+    cols_job job = {task, ctx, N};
     /* Below ~64k multiply-adds a second thread costs more than it saves. */
     double work = (double)M * (double)N * (double)K;
     if (!pool || cpu_pool_size(pool) == 1 || work < 65536.0 || N < 2 * GEMM_SPLIT_ALIGN) {
-        gemm_worker(&job, 0, 1);
+        cols_worker(&job, 0, 1);
         return;
     }
     /* Up to GEMM_CHUNKS_PER_THREAD column chunks per thread, each of at
@@ -138,7 +134,30 @@ void cpu_gemm_wt(cpu_gemm_variant v, cpu_wt wt, cpu_pool *pool, float *y, int64_
     chunks = chunks > threads * GEMM_CHUNKS_PER_THREAD ? threads * GEMM_CHUNKS_PER_THREAD : chunks;
     if (M <= GEMM_GEMV_ROWS)
         chunks = threads * GEMM_GEMV_CHUNKS_PER_THREAD;
-    cpu_pool_run_chunks(pool, (int32_t)(chunks < units ? chunks : units), gemm_worker, &job);
+    cpu_pool_run_chunks(pool, (int32_t)(chunks < units ? chunks : units), cols_worker, &job);
+}
+
+typedef struct gemm_job {
+    cpu_gemm_cols_fn kernel;
+    float *y;
+    int64_t ldy;
+    const float *x;
+    const void *w;
+    int32_t wt;
+    int32_t M, K;
+} gemm_job;
+
+static void gemm_task(void *ctx, int32_t n0, int32_t n1)
+{
+    const gemm_job *j = ctx;
+    j->kernel(j->y, j->ldy, j->x, j->w, j->wt, j->M, j->K, n0, n1);
+}
+
+void cpu_gemm_wt(cpu_gemm_variant v, cpu_wt wt, cpu_pool *pool, float *y, int64_t ldy, const float *x,
+                 const void *w, int32_t M, int32_t N, int32_t K)
+{
+    gemm_job job = {gemm_kernel(v), y, ldy, x, w, (int32_t)wt, M, K};
+    cpu_gemm_run_cols(pool, M, N, K, gemm_task, &job);
 }
 
 void cpu_gemm_with(cpu_gemm_variant v, cpu_pool *pool, float *y, int64_t ldy, const float *x,

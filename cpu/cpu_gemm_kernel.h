@@ -16,6 +16,8 @@
 
 #include <stdint.h>
 
+#include "cpu_pool.h"
+
 /* y [M][ldy] f32, x [M][K] f32, w [N][K] of storage type wt (cpu_wt.h
  * cpu_wt: f32, bf16, int8 blocks), columns [n0, n1) */
 typedef void (*cpu_gemm_cols_fn)(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M,
@@ -29,5 +31,30 @@ void cpu_gemm_cols_avx2(float *y, int64_t ldy, const float *x, const void *w, in
 #endif
 void cpu_gemm_cols_generic(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M, int32_t K,
                         int32_t n0, int32_t n1);
+
+/* The reduced-precision modes' column kernels (cpu_gemm_modes.h), one per
+ * file and variant (generic, and avx2 on x86-64; AVX-512 machines run the
+ * avx2 one). q8: xq [M][K/32] q8 rows, w [N][K/32] int8 weight blocks,
+ * K % 32 == 0. bf16: xb [M][K] bf16 rows, w [N][K] bf16, any K. */
+typedef void (*cpu_gemm_q8_cols_fn)(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w,
+                                    int32_t M, int32_t K, int32_t n0, int32_t n1);
+typedef void (*cpu_gemm_bf16_cols_fn)(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M,
+                                      int32_t K, int32_t n0, int32_t n1);
+#if defined(PG_GEMM_X86)
+void cpu_gemm_q8_cols_avx2(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M,
+                           int32_t K, int32_t n0, int32_t n1);
+void cpu_gemm_bf16_cols_avx2(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M, int32_t K,
+                             int32_t n0, int32_t n1);
+#endif
+void cpu_gemm_q8_cols_generic(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M,
+                              int32_t K, int32_t n0, int32_t n1);
+void cpu_gemm_bf16_cols_generic(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M,
+                                int32_t K, int32_t n0, int32_t n1);
+
+/* Runs task(ctx, n0, n1) over the columns [0, N) of an M x N x K product,
+ * split across pool as cpu_gemm splits its own (whole register tiles per
+ * share; the split never changes a value). pool may be NULL. */
+typedef void (*cpu_gemm_cols_task)(void *ctx, int32_t n0, int32_t n1);
+void cpu_gemm_run_cols(cpu_pool *pool, int32_t M, int32_t N, int32_t K, cpu_gemm_cols_task task, void *ctx);
 
 #endif /* PG_CPU_GEMM_KERNEL_H */

@@ -24,6 +24,9 @@ typedef struct cpu_exec {
     int32_t gemm_variant;   /* cpu_gemm_variant of matmul and logits */
     cpu_wt wt;              /* storage of EXEC_WT buffers */
     cpu_kv kv;              /* storage of EXEC_KV buffers */
+    int32_t precision;      /* cpu_matmul_precision of matmul and logits */
+    void *act_q;            /* [act_q_cap] bytes: x rounded / quantized for a mode's product */
+    size_t act_q_cap;
     cpu_scratch *scratch;   /* [n_threads] */
     int32_t *tok_seq;       /* [tok_seq_cap] sequence of each token (attention) */
     size_t tok_seq_cap;

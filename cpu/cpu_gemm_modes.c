@@ -1,0 +1,125 @@
+/* cpu_gemm_modes: the reduced-precision matmul modes (cpu_gemm_modes.h):
+ * activation rounding / quantization and the dispatch to the modes' column
+ * kernels (cpu_gemm_q8_kernel.c, cpu_gemm_bf16_kernel.c). */
+#include "cpu_gemm_modes.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_gemm_kernel.h"
+#include "dtype.h"
+
+const char *cpu_matmul_precision_name(cpu_matmul_precision p)
+{
+    static const char *const names[CPU_MATMUL_COUNT] = {"exact", "bf16", "int8"};
+    return (unsigned)p < CPU_MATMUL_COUNT ? names[p] : NULL;
+}
+
+int cpu_matmul_precision_accepts(cpu_matmul_precision p, cpu_wt wt)
+{
+    switch (p) {
+    case CPU_MATMUL_EXACT: return (unsigned)wt < CPU_WT_COUNT;
+    case CPU_MATMUL_BF16: return wt == CPU_WT_BF16;
+    case CPU_MATMUL_INT8: return wt == CPU_WT_I8;
+    case CPU_MATMUL_COUNT: break;
+    }
+    return 0;
+}
+
+/* int8 runs W8A8 only on whole blocks of K */
+static int q8_applies(cpu_matmul_precision p, int32_t K)
+{
+    return p == CPU_MATMUL_INT8 && K % CPU_I8_GROUP == 0;
+}
+
+size_t cpu_gemm_mode_scratch_bytes(cpu_matmul_precision p, int32_t M, int32_t K)
+{
+    if (p == CPU_MATMUL_BF16)
+        return (size_t)M * (size_t)K * sizeof(uint16_t);
+    if (q8_applies(p, K))
+        return (size_t)M * (size_t)(K / CPU_I8_GROUP) * CPU_I8_BLOCK_BYTES;
+    return 0;
+}
+
+void cpu_bf16_round_rows(uint16_t *xb, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) /* inline: vectorizes (dtype.h) */
+        xb[i] = pg_f32_to_bf16(x[i]);
+}
+
+void cpu_q8_quantize_rows(unsigned char *xq, const float *x, int32_t M, int32_t K)
+{
+    const size_t row_bytes = (size_t)(K / CPU_I8_GROUP) * CPU_I8_BLOCK_BYTES;
+    for (int32_t m = 0; m < M; m++) /* the weights' own quantizer (cpu_wt.c), so both sides agree */
+        (void)cpu_wt_store(CPU_WT_I8, xq + (size_t)m * row_bytes, 0, x + (int64_t)m * K, ST_F32, (size_t)K);
+}
+
+/* AUTO and AVX-512 run the avx2 kernels (the modes have no AVX-512 ones) */
+static int mode_uses_avx2(cpu_gemm_variant v)
+{
+#if defined(PG_GEMM_X86)
+    if (v == CPU_GEMM_AUTO)
+        v = cpu_gemm_variant_best();
+    return v == CPU_GEMM_AVX2 || v == CPU_GEMM_AVX512;
+#else
+    (void)v;
+    return 0;
+#endif
+}
+
+typedef struct mode_job {
+    cpu_gemm_q8_cols_fn q8;
+    cpu_gemm_bf16_cols_fn bf16;
+    float *y;
+    int64_t ldy;
+    const void *x;
+    const void *w;
+    int32_t M, K;
+} mode_job;
+
+static void mode_task(void *ctx, int32_t n0, int32_t n1)
+{
+    const mode_job *j = ctx;
+    if (j->q8)
+        j->q8(j->y, j->ldy, j->x, j->w, j->M, j->K, n0, n1);
+    else
+        j->bf16(j->y, j->ldy, j->x, j->w, j->M, j->K, n0, n1);
+}
+
+void cpu_gemm_mode(cpu_matmul_precision p, cpu_gemm_variant v, cpu_wt wt, cpu_pool *pool, float *y,
+                   int64_t ldy, const float *x, const void *w, int32_t M, int32_t N, int32_t K,
+                   void *scratch)
+{
+    assert(cpu_matmul_precision_accepts(p, wt));
+    assert(cpu_gemm_variant_available(v));
+    if (p == CPU_MATMUL_EXACT || (p == CPU_MATMUL_INT8 && !q8_applies(p, K)) || M == 0) {
+        cpu_gemm_wt(v, wt, pool, y, ldy, x, w, M, N, K);
+        return;
+    }
+    const int avx2 = mode_uses_avx2(v);
+    mode_job job = {0};
+    job.y = y;
+    job.ldy = ldy;
+    job.x = scratch;
+    job.w = w;
+    job.M = M;
+    job.K = K;
+    if (p == CPU_MATMUL_BF16) {
+        cpu_bf16_round_rows(scratch, x, (int64_t)M * K);
+#if defined(PG_GEMM_X86)
+        job.bf16 = avx2 ? cpu_gemm_bf16_cols_avx2 : cpu_gemm_bf16_cols_generic;
+#else
+        job.bf16 = cpu_gemm_bf16_cols_generic;
+#endif
+    } else {
+        cpu_q8_quantize_rows(scratch, x, M, K);
+#if defined(PG_GEMM_X86)
+        job.q8 = avx2 ? cpu_gemm_q8_cols_avx2 : cpu_gemm_q8_cols_generic;
+#else
+        job.q8 = cpu_gemm_q8_cols_generic;
+#endif
+    }
+    (void)avx2;
+    cpu_gemm_run_cols(pool, M, N, K, mode_task, &job);
+}
