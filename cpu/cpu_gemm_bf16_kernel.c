@@ -3,7 +3,29 @@
  * cpu_gemm_bf16_cols_<variant>. Every variant computes the canonical order of
  * cpu_gemm_modes.h ("bf16": VDPBF16PS's pairs, DAZ in, FTZ out), so all
  * return the same bits; the generic one is the definition written out, the
- * simple twin the others are tested against (tests/ops/test_gemm_modes.c).
+ * simple twin the others are tested against (tests/ops/test_gemm_bf16.c).
+ *
+ * Layouts (all variants): y [M][ldy] f32, xb [M][K] bf16 (the activations
+ * already rounded, cpu_bf16_round_rows), w [N][K] bf16; columns [n0, n1).
+ *
+ * The avx2 variant (AVX2 + FMA; no dot instruction): a 32-byte load of 16
+ * bf16 at 32c (or 32c + 16) holds, per 32-bit lane, the pair of lane l
+ * (l = 0..7, or 8..15): the even element 32c + 2l in the low half, the odd
+ * 32c + 2l + 1 in the high half. As f32, odd = v & 0xFFFF0000 and
+ * even = v << 16 (exact), for x and for w alike; then
+ * acc = fma(odd_x, odd_w, acc), acc = fma(even_x, even_w, acc): the
+ * definition's two steps, lane for lane. DAZ and FTZ are MXCSR's bits, set
+ * on entry of the column function (with round to nearest, all exceptions
+ * masked) and the caller's MXCSR restored on exit; they also cover the
+ * tree's additions. The tail of K is a zero-padded copy of the last
+ * partial chunk, so its padded pairs are real fmas of 0 * 0, as defined.
+ *
+ * One known gap, stated in cpu_gemm_modes.h: x86 detects tininess after
+ * rounding, the generic flush before (on the gradual-underflow result), so
+ * an fma whose exact result lies in [FLT_MIN - 2^-150, FLT_MIN - 2^-151)
+ * (or its negative) gives 0 here and +-FLT_MIN in the generic kernel. Only
+ * an fma can land there (the tree adds normals: multiples of 2^-149);
+ * tests/ops/test_gemm_bf16.c pins that case, and avoids it elsewhere.
  */
 #include <float.h>
 #include <math.h>
@@ -18,6 +40,16 @@
 #define BF_CAT2(a, b) a##b
 #define BF_CAT(a, b) BF_CAT2(a, b)
 #define BF_COLS_FN BF_CAT(cpu_gemm_bf16_cols_, CPU_GEMM_VARIANT)
+
+/* which variant: compare the macro's spelling (as cpu_gemm_kernel.c) */
+#define BF_ID_avx2 2
+#define BF_ID_generic 3
+#define BF_ID BF_CAT(BF_ID_, CPU_GEMM_VARIANT)
+#if BF_ID != BF_ID_avx2 && BF_ID != BF_ID_generic
+#error "unknown CPU_GEMM_VARIANT for cpu_gemm_bf16_kernel.c (expected avx2 or generic)"
+#endif
+
+#if BF_ID == BF_ID_generic
 
 /* a subnormal reads (daz) or rounds (ftz) to zero of its sign */
 static inline float bf_flush(float v)
@@ -63,3 +95,265 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
         for (int32_t n = n0; n < n1; n++)
             y[(int64_t)m * ldy + n] = bf16_dot_ref(xb + (int64_t)m * K, w + (int64_t)n * K, K);
 }
+#endif /* generic */
+
+#if BF_ID == BF_ID_avx2
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "the avx2 variant is compiled with -mavx2 -mfma"
+#endif
+#include <immintrin.h>
+
+#define BF_CHUNK 32 /* k per chunk: 16 lanes x 1 pair */
+#define BF_HALF 16  /* bf16 per ymm load: the pairs of 8 lanes */
+#define BF_MR 4     /* register tile: rows of x */
+#define BF_NR 3     /* register tile: rows of w (columns of y) */
+#define BF_GEMV_NR 6
+/* k chunk of the half-by-half walk (bf_tile), a multiple of BF_CHUNK: its
+ * 4 x rows and 3 w rows (7 KiB of bf16) stay in L1 between the two halves */
+#define BF_KC 1024
+/* MXCSR: all exceptions masked (0x1F80), round to nearest even (RC = 0),
+ * DAZ (bit 6), FTZ (bit 15) */
+#define BF_MXCSR (0x1F80u | 0x0040u | 0x8000u)
+/* As the exact kernel's batch-1 tiles (cpu_gemm_kernel.c GEMM_PF_BYTES):
+ * each row of w is prefetched this far ahead into L2, one line per chunk. */
+#ifndef BF_PF_BYTES
+#define BF_PF_BYTES 16384
+#endif
+
+_Static_assert(BF_KC % BF_CHUNK == 0, "the walk's k chunk holds whole pair chunks");
+
+/* 16 bf16 at p: lane l's pair, even element low, odd high */
+static inline __m256i bf_load(const uint16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+/* the odd elements as f32 (bits unchanged: exact) */
+static inline __m256 bf_odd(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+/* the even elements as f32 */
+static inline __m256 bf_even(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+
+/* lanes 0..7 in a[0], 8..15 in a[1]: the canonical tree (each add ftz'd by MXCSR) */
+static inline float bf_hsum(__m256 lo, __m256 hi)
+{
+    __m256 s8 = _mm256_add_ps(lo, hi);                                                /* (l, l+8) */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* (l, l+4) */
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                               /* (l, l+2) */
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));                          /* (0, 1) */
+    return _mm_cvtss_f32(s1);
+}
+
+/* The last partial chunk of n = K % 32 elements of a row at p, zero-padded
+ * to a whole chunk: the definition reads 0 past K. */
+static inline void bf_pad_tail(uint16_t dst[BF_CHUNK], const uint16_t *p, int32_t n)
+{
+    memset(dst, 0, BF_CHUNK * sizeof *dst);
+    memcpy(dst, p, (size_t)n * sizeof *dst);
+}
+
+/* One half of one chunk for an mr x nr tile: x row i at xp + i * xs, w row
+ * j at wp + j * ws (16 bf16 each). All odd fmas, then all even ones: each
+ * accumulator takes its odd pair element before its even one, as defined;
+ * 12 accumulators + 3 w + 1 x fit the 16 ymm registers. */
+static inline __attribute__((always_inline)) void bf_half_step(__m256 a[BF_MR][BF_NR], const uint16_t *xp,
+                                                               int64_t xs, const uint16_t *wp, int64_t ws,
+                                                               const int mr, const int nr)
+{
+    __m256 wv[BF_NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++)
+        wv[j] = bf_odd(bf_load(wp + j * ws));
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+        const __m256 xv = bf_odd(bf_load(xp + i * xs));
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            a[i][j] = _mm256_fmadd_ps(xv, wv[j], a[i][j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++)
+        wv[j] = bf_even(bf_load(wp + j * ws));
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+        const __m256 xv = bf_even(bf_load(xp + i * xs));
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            a[i][j] = _mm256_fmadd_ps(xv, wv[j], a[i][j]);
+    }
+}
+
+/* The mr x nr register tile: rows x[0..mr) (stride K) times rows
+ * w[0..nr) (stride K) into y[i][j] (stride ldy). Two ymm per output (lanes
+ * 0-7, 8-15) would need 24 accumulators; as the exact AVX2 tile does, k is
+ * walked in chunks of BF_KC: within a chunk the low halves of all outputs
+ * accumulate over it in registers, then the high halves over the same
+ * chunk (still in L1), the other half waiting in acc_mem. Every lane still
+ * takes its chunks in increasing order: the canonical order, scheduled. */
+static inline __attribute__((always_inline)) void bf_tile(float *y, int64_t ldy, const uint16_t *x,
+                                                          const uint16_t *w, int32_t K, const int mr,
+                                                          const int nr)
+{
+    float acc_mem[2][BF_MR][BF_NR][8] __attribute__((aligned(32)));
+    uint16_t xt[BF_MR][BF_CHUNK] __attribute__((aligned(32)));
+    uint16_t wt[BF_NR][BF_CHUNK] __attribute__((aligned(32)));
+    const int32_t kfull = K / BF_CHUNK * BF_CHUNK;
+    if (kfull < K) {
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+            bf_pad_tail(xt[i], x + (int64_t)i * K + kfull, K - kfull);
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            bf_pad_tail(wt[j], w + (int64_t)j * K + kfull, K - kfull);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++)
+                _mm256_store_ps(acc_mem[h][i][j], _mm256_setzero_ps());
+    for (int32_t kc = 0; kc < K; kc += BF_KC) {
+        const int32_t ke = kc + BF_KC < kfull ? kc + BF_KC : kfull;
+        const int tail = kc + BF_KC >= K && kfull < K; /* this chunk ends in the padded one */
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256 a[BF_MR][BF_NR];
+#pragma GCC unroll 4
+            for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+                for (int j = 0; j < nr; j++)
+                    a[i][j] = _mm256_load_ps(acc_mem[h][i][j]);
+            for (int32_t k = kc; k < ke; k += BF_CHUNK)
+                bf_half_step(a, x + k + h * BF_HALF, K, w + k + h * BF_HALF, K, mr, nr);
+            if (tail)
+                bf_half_step(a, xt[0] + h * BF_HALF, BF_CHUNK, wt[0] + h * BF_HALF, BF_CHUNK, mr, nr);
+#pragma GCC unroll 4
+            for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+                for (int j = 0; j < nr; j++)
+                    _mm256_store_ps(acc_mem[h][i][j], a[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            y[(int64_t)i * ldy + j] = bf_hsum(_mm256_load_ps(acc_mem[0][i][j]), _mm256_load_ps(acc_mem[1][i][j]));
+}
+
+/* One chunk of the batch-1 tile: both halves of nr outputs, x at xp, w row
+ * j at wp + j * ws. */
+static inline __attribute__((always_inline)) void bf_gemv_step(__m256 a[BF_GEMV_NR][2], const uint16_t *xp,
+                                                               const uint16_t *wp, int64_t ws, const int nr)
+{
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i xr = bf_load(xp + h * BF_HALF);
+        const __m256 xo = bf_odd(xr), xe = bf_even(xr);
+#pragma GCC unroll 6
+        for (int j = 0; j < nr; j++) {
+            const __m256i wr = bf_load(wp + j * ws + h * BF_HALF);
+            a[j][h] = _mm256_fmadd_ps(xo, bf_odd(wr), a[j][h]);
+            a[j][h] = _mm256_fmadd_ps(xe, bf_even(wr), a[j][h]);
+        }
+    }
+}
+
+/* The batch-1 tile: one row of x, nr <= 6 rows of w, all 2 * nr
+ * accumulators in registers; w streams from memory once, each row
+ * prefetched BF_PF_BYTES ahead (one 64-byte line = one chunk per row). */
+static inline __attribute__((always_inline)) void bf_gemv_tile(float *y, const uint16_t *x, const uint16_t *w,
+                                                               int32_t K, const int nr)
+{
+    __m256 a[BF_GEMV_NR][2];
+#pragma GCC unroll 6
+    for (int j = 0; j < nr; j++)
+        a[j][0] = a[j][1] = _mm256_setzero_ps();
+    const int32_t kfull = K / BF_CHUNK * BF_CHUNK;
+    for (int32_t k = 0; k < kfull; k += BF_CHUNK) {
+        if (BF_PF_BYTES > 0)
+#pragma GCC unroll 6
+            for (int j = 0; j < nr; j++)
+                __builtin_prefetch((const char *)(w + (int64_t)j * K + k) + BF_PF_BYTES, 0, 1); /* prefetcht2 */
+        bf_gemv_step(a, x + k, w + k, K, nr);
+    }
+    if (kfull < K) {
+        uint16_t xt[BF_CHUNK] __attribute__((aligned(32)));
+        uint16_t wt[BF_GEMV_NR][BF_CHUNK] __attribute__((aligned(32)));
+        bf_pad_tail(xt, x + kfull, K - kfull);
+#pragma GCC unroll 6
+        for (int j = 0; j < nr; j++)
+            bf_pad_tail(wt[j], w + (int64_t)j * K + kfull, K - kfull);
+        bf_gemv_step(a, xt, wt[0], BF_CHUNK, nr);
+    }
+#pragma GCC unroll 6
+    for (int j = 0; j < nr; j++)
+        y[j] = bf_hsum(a[j][0], a[j][1]);
+}
+
+typedef void (*bf_tile_fn)(float *y, int64_t ldy, const uint16_t *x, const uint16_t *w, int32_t K);
+
+#define BF_TILE_DEF(mr, nr)                                                                                  \
+    static void bf_tile_##mr##_##nr(float *y, int64_t ldy, const uint16_t *x, const uint16_t *w, int32_t K) \
+    {                                                                                                        \
+        bf_tile(y, ldy, x, w, K, mr, nr);                                                                    \
+    }
+#define BF_TILE_ROW_DEF(mr) BF_TILE_DEF(mr, 1) BF_TILE_DEF(mr, 2) BF_TILE_DEF(mr, 3)
+BF_TILE_ROW_DEF(1)
+BF_TILE_ROW_DEF(2)
+BF_TILE_ROW_DEF(3)
+BF_TILE_ROW_DEF(4)
+#define BF_TILE_ROW(mr) {NULL, bf_tile_##mr##_1, bf_tile_##mr##_2, bf_tile_##mr##_3}
+/* bf_tiles[mr][nr] for 1 <= mr <= BF_MR, 1 <= nr <= BF_NR */
+static const bf_tile_fn bf_tiles[BF_MR + 1][BF_NR + 1] = {
+    {NULL}, BF_TILE_ROW(1), BF_TILE_ROW(2), BF_TILE_ROW(3), BF_TILE_ROW(4)};
+
+#define BF_GEMV_DEF(nr)                                                                                   \
+    static void bf_gemv_##nr(float *y, int64_t ldy, const uint16_t *x, const uint16_t *w, int32_t K)     \
+    {                                                                                                     \
+        (void)ldy;                                                                                        \
+        bf_gemv_tile(y, x, w, K, nr);                                                                     \
+    }
+BF_GEMV_DEF(1)
+BF_GEMV_DEF(2)
+BF_GEMV_DEF(3)
+BF_GEMV_DEF(4)
+BF_GEMV_DEF(5)
+BF_GEMV_DEF(6)
+/* bf_gemvs[nr] for 1 <= nr <= BF_GEMV_NR */
+static const bf_tile_fn bf_gemvs[BF_GEMV_NR + 1] = {NULL,     bf_gemv_1, bf_gemv_2, bf_gemv_3,
+                                                    bf_gemv_4, bf_gemv_5, bf_gemv_6};
+
+/* The tiles are called through the tables (never inlined here), so no
+ * floating-point operation can be scheduled across the MXCSR writes. */
+void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M, int32_t K, int32_t n0,
+                int32_t n1)
+{
+    const unsigned int caller_csr = _mm_getcsr();
+    _mm_setcsr(BF_MXCSR);
+    if (M == 1) { /* batch-1 decode: stream w once, BF_GEMV_NR rows at a time */
+        for (int32_t n = n0; n < n1; n += BF_GEMV_NR) {
+            const int32_t nr = n1 - n < BF_GEMV_NR ? n1 - n : BF_GEMV_NR;
+            bf_gemvs[nr](y + n, ldy, xb, w + (int64_t)n * K, K);
+        }
+    } else {
+        /* A block of mc rows of x (about 512 KiB of bf16) stays in L2 while
+         * each tile of BF_NR rows of w sits in L1 and the row tiles of the
+         * block pass over it (cpu_gemm_kernel.c's blocking). */
+        int32_t mc = (int32_t)((512 * 1024 / 2) / (K > 0 ? K : 1));
+        mc = mc / BF_MR * BF_MR;
+        if (mc < BF_MR)
+            mc = BF_MR;
+        for (int32_t mb = 0; mb < M; mb += mc) {
+            const int32_t me = mb + mc < M ? mb + mc : M;
+            for (int32_t n = n0; n < n1; n += BF_NR) {
+                const int32_t nr = n1 - n < BF_NR ? n1 - n : BF_NR;
+                for (int32_t m = mb; m < me; m += BF_MR) {
+                    const int32_t mr = me - m < BF_MR ? me - m : BF_MR;
+                    bf_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, xb + (int64_t)m * K, w + (int64_t)n * K, K);
+                }
+            }
+        }
+    }
+    _mm_setcsr(caller_csr);
+}
+#endif /* avx2 */

@@ -24,7 +24,7 @@
  * instruction. The generic flush tests the gradual-underflow result, which
  * differs from x86's after-rounding tininess only for exact sums within
  * 2^-150 below FLT_MIN. Where the CPU has AVX512_BF16 the instruction
- * computes the same sequence (tests/ops/test_gemm_modes.c pins that where
+ * computes the same sequence (tests/ops/test_gemm_bf16.c pins that where
  * it can run; the x86 kernel here is AVX2 + FMA, which every x86 machine
  * with AVX512_BF16 also has).
  *
