@@ -108,6 +108,9 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
 #define BF_MR 4     /* register tile: rows of x */
 #define BF_NR 3     /* register tile: rows of w (columns of y) */
 #define BF_GEMV_NR 6
+/* floats of split x rows (bf_split_rows) per column call: 128 KiB on the
+ * stack, a block of rows that stays in L2; K up to 8192 fits BF_MR rows */
+#define BF_XS_FLOATS 32768
 /* k chunk of the half-by-half walk (bf_tile), a multiple of BF_CHUNK: its
  * 4 x rows and 3 w rows (7 KiB of bf16) stay in L1 between the two halves */
 #define BF_KC 1024
@@ -181,6 +184,56 @@ static inline __attribute__((always_inline)) void bf_half_step(__m256 a[BF_MR][B
     }
 }
 
+/* bf_half_step for x already split (bf_split_rows): x row i's odd
+ * elements at xp + i * xs, its even ones 8 floats further, read by the
+ * fmas from memory; 12 accumulators, the mask and one w in registers. */
+static inline __attribute__((always_inline)) void bf_half_step_xs(__m256 a[BF_MR][BF_NR], const float *xp, int64_t xs,
+                                                                  const uint16_t *wp, int64_t ws, const int mr,
+                                                                  const int nr)
+{
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++) {
+        const __m256 wv = bf_odd(bf_load(wp + j * ws));
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+            a[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xp + i * xs), wv, a[i][j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++) {
+        const __m256 wv = bf_even(bf_load(wp + j * ws));
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+            a[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xp + i * xs + 8), wv, a[i][j]);
+    }
+}
+
+/* Rows [0, rows) of xb [.][K] bf16 -> xs [rows][kpad] f32, "split": per
+ * chunk c and half h, at 32c + 16h, the 8 odd elements of the half's pairs
+ * as f32, then its 8 even ones; zeros past K (kpad = K rounded up to 32).
+ * Only a relayout (the bits of each bf16, widened exactly): a tile then
+ * converts only w, and x is read by its fmas from memory. */
+static void bf_split_rows(float *xs, const uint16_t *xb, int32_t rows, int32_t K, int32_t kpad)
+{
+    const int32_t kfull = K / BF_CHUNK * BF_CHUNK;
+    for (int32_t r = 0; r < rows; r++) {
+        const uint16_t *src = xb + (int64_t)r * K;
+        float *dst = xs + (int64_t)r * kpad;
+        uint16_t t[BF_CHUNK] __attribute__((aligned(32)));
+        for (int32_t k = 0; k < kpad; k += BF_CHUNK) {
+            const uint16_t *c = src + k;
+            if (k >= kfull) {
+                bf_pad_tail(t, c, K - kfull);
+                c = t;
+            }
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = bf_load(c + h * BF_HALF);
+                _mm256_store_ps(dst + k + h * BF_HALF, bf_odd(v));
+                _mm256_store_ps(dst + k + h * BF_HALF + 8, bf_even(v));
+            }
+        }
+    }
+}
+
 /* The mr x nr register tile: rows x[0..mr) (stride K) times rows
  * w[0..nr) (stride K) into y[i][j] (stride ldy). Two ymm per output (lanes
  * 0-7, 8-15) would need 24 accumulators; as the exact AVX2 tile does, k is
@@ -188,17 +241,19 @@ static inline __attribute__((always_inline)) void bf_half_step(__m256 a[BF_MR][B
  * accumulate over it in registers, then the high halves over the same
  * chunk (still in L1), the other half waiting in acc_mem. Every lane still
  * takes its chunks in increasing order: the canonical order, scheduled. */
-static inline __attribute__((always_inline)) void bf_tile(float *y, int64_t ldy, const uint16_t *x,
+static inline __attribute__((always_inline)) void bf_tile(float *y, int64_t ldy, const void *xv,
                                                           const uint16_t *w, int32_t K, const int mr,
-                                                          const int nr)
+                                                          const int nr, const int xsplit)
 {
     float acc_mem[2][BF_MR][BF_NR][8] __attribute__((aligned(32)));
     uint16_t xt[BF_MR][BF_CHUNK] __attribute__((aligned(32)));
     uint16_t wt[BF_NR][BF_CHUNK] __attribute__((aligned(32)));
-    const int32_t kfull = K / BF_CHUNK * BF_CHUNK;
+    const uint16_t *x = xv;        /* bf16 rows, stride K */
+    const float *xf = xv;          /* or split rows (xsplit), stride kpad, already padded */
+    const int32_t kfull = K / BF_CHUNK * BF_CHUNK, kpad = (K + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK;
     if (kfull < K) {
 #pragma GCC unroll 4
-        for (int i = 0; i < mr; i++)
+        for (int i = 0; i < mr && !xsplit; i++)
             bf_pad_tail(xt[i], x + (int64_t)i * K + kfull, K - kfull);
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
@@ -222,9 +277,15 @@ static inline __attribute__((always_inline)) void bf_tile(float *y, int64_t ldy,
 #pragma GCC unroll 4
                 for (int j = 0; j < nr; j++)
                     a[i][j] = _mm256_load_ps(acc_mem[h][i][j]);
-            for (int32_t k = kc; k < ke; k += BF_CHUNK)
-                bf_half_step(a, x + k + h * BF_HALF, K, w + k + h * BF_HALF, K, mr, nr);
-            if (tail)
+            for (int32_t k = kc; k < ke; k += BF_CHUNK) {
+                if (xsplit)
+                    bf_half_step_xs(a, xf + k + h * BF_HALF, kpad, w + k + h * BF_HALF, K, mr, nr);
+                else
+                    bf_half_step(a, x + k + h * BF_HALF, K, w + k + h * BF_HALF, K, mr, nr);
+            }
+            if (tail && xsplit)
+                bf_half_step_xs(a, xf + kfull + h * BF_HALF, kpad, wt[0] + h * BF_HALF, BF_CHUNK, mr, nr);
+            else if (tail)
                 bf_half_step(a, xt[0] + h * BF_HALF, BF_CHUNK, wt[0] + h * BF_HALF, BF_CHUNK, mr, nr);
 #pragma GCC unroll 4
             for (int i = 0; i < mr; i++)
@@ -290,25 +351,29 @@ static inline __attribute__((always_inline)) void bf_gemv_tile(float *y, const u
         y[j] = bf_hsum(a[j][0], a[j][1]);
 }
 
-typedef void (*bf_tile_fn)(float *y, int64_t ldy, const uint16_t *x, const uint16_t *w, int32_t K);
+/* x: bf16 rows, or split rows (bf_split_rows) for the tiles of bf_tiles[1] */
+typedef void (*bf_tile_fn)(float *y, int64_t ldy, const void *x, const uint16_t *w, int32_t K);
 
-#define BF_TILE_DEF(mr, nr)                                                                                  \
-    static void bf_tile_##mr##_##nr(float *y, int64_t ldy, const uint16_t *x, const uint16_t *w, int32_t K) \
-    {                                                                                                        \
-        bf_tile(y, ldy, x, w, K, mr, nr);                                                                    \
+#define BF_TILE_DEF1(xsplit, mr, nr)                                                                          \
+    static void bf_tile_##xsplit##_##mr##_##nr(float *y, int64_t ldy, const void *x, const uint16_t *w,       \
+                                               int32_t K)                                                    \
+    {                                                                                                         \
+        bf_tile(y, ldy, x, w, K, mr, nr, xsplit);                                                             \
     }
+#define BF_TILE_DEF(mr, nr) BF_TILE_DEF1(0, mr, nr) BF_TILE_DEF1(1, mr, nr)
 #define BF_TILE_ROW_DEF(mr) BF_TILE_DEF(mr, 1) BF_TILE_DEF(mr, 2) BF_TILE_DEF(mr, 3)
 BF_TILE_ROW_DEF(1)
 BF_TILE_ROW_DEF(2)
 BF_TILE_ROW_DEF(3)
 BF_TILE_ROW_DEF(4)
-#define BF_TILE_ROW(mr) {NULL, bf_tile_##mr##_1, bf_tile_##mr##_2, bf_tile_##mr##_3}
-/* bf_tiles[mr][nr] for 1 <= mr <= BF_MR, 1 <= nr <= BF_NR */
-static const bf_tile_fn bf_tiles[BF_MR + 1][BF_NR + 1] = {
-    {NULL}, BF_TILE_ROW(1), BF_TILE_ROW(2), BF_TILE_ROW(3), BF_TILE_ROW(4)};
+#define BF_TILE_ROW(xsplit, mr) {NULL, bf_tile_##xsplit##_##mr##_1, bf_tile_##xsplit##_##mr##_2, bf_tile_##xsplit##_##mr##_3}
+#define BF_TILE_TABLE(xsplit)                                                                                 \
+    {{NULL}, BF_TILE_ROW(xsplit, 1), BF_TILE_ROW(xsplit, 2), BF_TILE_ROW(xsplit, 3), BF_TILE_ROW(xsplit, 4)}
+/* bf_tiles[xsplit][mr][nr] for 1 <= mr <= BF_MR, 1 <= nr <= BF_NR */
+static const bf_tile_fn bf_tiles[2][BF_MR + 1][BF_NR + 1] = {BF_TILE_TABLE(0), BF_TILE_TABLE(1)};
 
 #define BF_GEMV_DEF(nr)                                                                                   \
-    static void bf_gemv_##nr(float *y, int64_t ldy, const uint16_t *x, const uint16_t *w, int32_t K)     \
+    static void bf_gemv_##nr(float *y, int64_t ldy, const void *x, const uint16_t *w, int32_t K)         \
     {                                                                                                     \
         (void)ldy;                                                                                        \
         bf_gemv_tile(y, x, w, K, nr);                                                                     \
@@ -328,6 +393,9 @@ static const bf_tile_fn bf_gemvs[BF_GEMV_NR + 1] = {NULL,     bf_gemv_1, bf_gemv
 void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M, int32_t K, int32_t n0,
                 int32_t n1)
 {
+    /* x rows split for the tiles: 128 KiB, a block of rows in L2 */
+    float xs[BF_XS_FLOATS] __attribute__((aligned(32)));
+    const int32_t kpad = (K + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK;
     const unsigned int caller_csr = _mm_getcsr();
     _mm_setcsr(BF_MXCSR);
     if (M == 1) { /* batch-1 decode: stream w once, BF_GEMV_NR rows at a time */
@@ -335,10 +403,26 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
             const int32_t nr = n1 - n < BF_GEMV_NR ? n1 - n : BF_GEMV_NR;
             bf_gemvs[nr](y + n, ldy, xb, w + (int64_t)n * K, K);
         }
+    } else if ((int64_t)kpad * BF_MR <= BF_XS_FLOATS) {
+        /* A block of mc rows of x, split (bf_split_rows) into xs (in L2),
+         * while each tile of BF_NR rows of w sits in L1 and the row tiles of
+         * the block pass over it (cpu_gemm_kernel.c's blocking). */
+        const int32_t mc = BF_XS_FLOATS / kpad / BF_MR * BF_MR;
+        for (int32_t mb = 0; mb < M; mb += mc) {
+            const int32_t me = mb + mc < M ? mb + mc : M;
+            bf_split_rows(xs, xb + (int64_t)mb * K, me - mb, K, kpad);
+            for (int32_t n = n0; n < n1; n += BF_NR) {
+                const int32_t nr = n1 - n < BF_NR ? n1 - n : BF_NR;
+                for (int32_t m = mb; m < me; m += BF_MR) {
+                    const int32_t mr = me - m < BF_MR ? me - m : BF_MR;
+                    bf_tiles[1][mr][nr](y + (int64_t)m * ldy + n, ldy, xs + (int64_t)(m - mb) * kpad,
+                                        w + (int64_t)n * K, K);
+                }
+            }
+        }
     } else {
-        /* A block of mc rows of x (about 512 KiB of bf16) stays in L2 while
-         * each tile of BF_NR rows of w sits in L1 and the row tiles of the
-         * block pass over it (cpu_gemm_kernel.c's blocking). */
+        /* K too long for BF_MR split rows in xs: the tiles convert x as
+         * they read it (same bits, ~20% slower: register spills) */
         int32_t mc = (int32_t)((512 * 1024 / 2) / (K > 0 ? K : 1));
         mc = mc / BF_MR * BF_MR;
         if (mc < BF_MR)
@@ -349,7 +433,7 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
                 const int32_t nr = n1 - n < BF_NR ? n1 - n : BF_NR;
                 for (int32_t m = mb; m < me; m += BF_MR) {
                     const int32_t mr = me - m < BF_MR ? me - m : BF_MR;
-                    bf_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, xb + (int64_t)m * K, w + (int64_t)n * K, K);
+                    bf_tiles[0][mr][nr](y + (int64_t)m * ldy + n, ldy, xb + (int64_t)m * K, w + (int64_t)n * K, K);
                 }
             }
         }
