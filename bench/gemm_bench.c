@@ -2,6 +2,8 @@
  * the 110m model's shapes, with the machine's ceiling beside the figures.
  *
  *   gemm_bench [threads]      (default: all online cores, for both)
+ *   gemm_bench [threads] --bf16-mode
+ *                             (only the bf16 matmul mode's section, below)
  *
  * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
  * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
@@ -11,6 +13,13 @@
  * same row alone through sgemm and through sgemv), which is why pagedgen
  * does not use it for its matmuls. Fixed seed, warm-up, best of timed
  * repetitions within ~0.3 s per point.
+ *
+ * --bf16-mode (issue 20): per shape and M in {1, 16, 64, 256}, GFLOP/s of
+ * the exact product on f32 weights (cpu_gemm), the exact product on bf16
+ * weights (cpu_gemm_wt CPU_WT_BF16) and the bf16 mode (cpu_gemm_mode:
+ * activations rounded to bf16, VDPBF16PS's order, cpu_gemm_modes.h), each
+ * the best of five interleaved rounds, with the ratios, and at M = 1 the
+ * weight GB/s of the mode (2 bytes per weight: GB/s = GFLOP/s).
  */
 #include <cblas.h>
 #include <stdint.h>
@@ -21,6 +30,7 @@
 #include <unistd.h>
 
 #include "cpu_gemm.h"
+#include "cpu_gemm_modes.h"
 #include "cpu_pool.h"
 
 static double now_s(void)
@@ -84,8 +94,113 @@ static double gflops(impl which, cpu_pool *pool, float *y, const float *x, const
     return 2.0 * M * N * K / best * 1e-9;
 }
 
+/* ---- the bf16 matmul mode vs the exact products (--bf16-mode) ---------- */
+
+typedef enum { BFB_EXACT_F32, BFB_EXACT_BF16, BFB_MODE_BF16, BFB_COUNT } bfb_impl;
+
+typedef struct bfb_operands {
+    cpu_pool *pool;
+    float *y;               /* [M][N] */
+    const float *x;         /* [M][K] */
+    const float *w;         /* [N][K] f32 */
+    const uint16_t *wb;     /* [N][K] bf16 (w rounded) */
+    void *scratch;          /* cpu_gemm_mode_scratch_bytes(bf16, 256, K) */
+    int M, N, K;
+} bfb_operands;
+
+static void bfb_run(bfb_impl which, const bfb_operands *o)
+{
+    switch (which) {
+    case BFB_EXACT_F32:
+        cpu_gemm(o->pool, o->y, o->N, o->x, o->w, o->M, o->N, o->K);
+        break;
+    case BFB_EXACT_BF16:
+        cpu_gemm_wt(CPU_GEMM_AUTO, CPU_WT_BF16, o->pool, o->y, o->N, o->x, o->wb, o->M, o->N, o->K);
+        break;
+    case BFB_MODE_BF16:
+        cpu_gemm_mode(CPU_MATMUL_BF16, CPU_GEMM_AUTO, CPU_WT_BF16, o->pool, o->y, o->N, o->x, o->wb, o->M, o->N, o->K,
+                      o->scratch);
+        break;
+    case BFB_COUNT:
+        break;
+    }
+}
+
+/* seconds per product: the best of repetitions within ~0.1 s (one round) */
+static double bfb_round(bfb_impl which, const bfb_operands *o)
+{
+    bfb_run(which, o);
+    double best = 1e30, start = now_s();
+    do {
+        double t0 = now_s(), t;
+        int inner = 0;
+        do {
+            bfb_run(which, o);
+            inner++;
+        } while ((t = now_s() - t0) < 0.01);
+        if (t / inner < best)
+            best = t / inner;
+    } while (now_s() - start < 0.1);
+    return best;
+}
+
+static void bench_bf16_mode(cpu_pool *pool, int threads, uint64_t *seed)
+{
+    const struct { const char *name; int N, K; } shapes[] = {
+        {"o", 768, 768}, {"qkv", 2304, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
+    };
+    const int Ms[] = {1, 16, 64, 256};
+    printf("bf16 matmul mode (cpu_gemm_modes.h), %d threads, kernels %s; GFLOP/s, best of 5 interleaved rounds\n",
+           threads, cpu_gemm_isa());
+    printf("%-8s %5s %5s %4s | %9s %9s %9s | %9s %9s | %s\n", "shape", "N", "K", "M", "exact f32", "exact bf16",
+           "bf16 mode", "mode/f32", "mode/bf16", "M=1 weight GB/s (exact bf16, mode)");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int N = shapes[s].N, K = shapes[s].K;
+        float *w = rand_buf((size_t)N * K, seed), *x = rand_buf((size_t)256 * K, seed);
+        float *y = rand_buf((size_t)256 * N, seed);
+        uint16_t *wb = aligned_alloc(64, ((size_t)N * K * sizeof *wb + 63) / 64 * 64);
+        const size_t scratch_bytes = cpu_gemm_mode_scratch_bytes(CPU_MATMUL_BF16, 256, K);
+        void *scratch = aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
+        if (!wb || !scratch) {
+            fprintf(stderr, "gemm_bench: out of memory\n");
+            exit(1);
+        }
+        cpu_bf16_round_rows(wb, w, (int64_t)N * K);
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            bfb_operands o = {pool, y, x, w, wb, scratch, Ms[mi], N, K};
+            double best[BFB_COUNT] = {1e30, 1e30, 1e30};
+            for (int round = 0; round < 5; round++)
+                for (int i = 0; i < BFB_COUNT; i++) {
+                    const double t = bfb_round((bfb_impl)i, &o);
+                    if (t < best[i])
+                        best[i] = t;
+                }
+            double g[BFB_COUNT];
+            for (int i = 0; i < BFB_COUNT; i++)
+                g[i] = 2.0 * o.M * N * K / best[i] * 1e-9;
+            printf("%-8s %5d %5d %4d | %9.1f %9.1f %9.1f | %8.2fx %8.2fx |", shapes[s].name, N, K, o.M,
+                   g[BFB_EXACT_F32], g[BFB_EXACT_BF16], g[BFB_MODE_BF16], g[BFB_MODE_BF16] / g[BFB_EXACT_F32],
+                   g[BFB_MODE_BF16] / g[BFB_EXACT_BF16]);
+            if (o.M == 1)
+                printf(" %.1f, %.1f", g[BFB_EXACT_BF16], g[BFB_MODE_BF16]);
+            printf("\n");
+            fflush(stdout);
+        }
+        free(w);
+        free(x);
+        free(y);
+        free(wb);
+        free(scratch);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    int bf16_mode_only = 0;
+    if (argc > 1 && strcmp(argv[argc - 1], "--bf16-mode") == 0) {
+        bf16_mode_only = 1;
+        argc--;
+    }
     int threads = argc > 1 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1)
         threads = 1;
@@ -96,6 +211,11 @@ int main(int argc, char **argv)
     }
     openblas_set_num_threads(threads);
     uint64_t seed = 12345;
+    if (bf16_mode_only) {
+        bench_bf16_mode(pool, threads, &seed);
+        cpu_pool_destroy(pool);
+        return 0;
+    }
 
     /* the ceiling: a large square sgemm */
     const int P = 2048;
