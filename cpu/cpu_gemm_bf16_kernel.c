@@ -12,13 +12,20 @@
  * bf16 at 32c (or 32c + 16) holds, per 32-bit lane, the pair of lane l
  * (l = 0..7, or 8..15): the even element 32c + 2l in the low half, the odd
  * 32c + 2l + 1 in the high half. As f32, odd = v & 0xFFFF0000 and
- * even = v << 16 (exact), for x and for w alike; then
- * acc = fma(odd_x, odd_w, acc), acc = fma(even_x, even_w, acc): the
- * definition's two steps, lane for lane. DAZ and FTZ are MXCSR's bits, set
- * on entry of the column function (with round to nearest, all exceptions
- * masked) and the caller's MXCSR restored on exit; they also cover the
- * tree's additions. The tail of K is a zero-padded copy of the last
- * partial chunk, so its padded pairs are real fmas of 0 * 0, as defined.
+ * even = v << 16 (exact); then acc = fma(odd_x, odd_w, acc),
+ * acc = fma(even_x, even_w, acc): the definition's two steps, lane for
+ * lane. DAZ and FTZ are MXCSR's bits, set on entry of the column function
+ * (with round to nearest, all exceptions masked) and the caller's MXCSR
+ * restored on exit; they also cover the tree's additions. The tail of K is
+ * a zero-padded copy of the last partial chunk, so its padded pairs are
+ * real fmas of 0 * 0, as defined.
+ *   M = 1 (batch-1 decode): a 1 x 6 tile, both halves of its 6 outputs in
+ * 12 ymm, w streamed once with prefetch (as the exact kernel's).
+ *   M > 1: a block of rows of x is split once per column call (odd f32,
+ * then even f32, per half chunk: bf_split_rows) into a 128 KiB stack
+ * buffer, and 4 x 3 register tiles walk k as the exact AVX2 tile does
+ * (low halves over a k chunk, then high halves), converting only w. Where
+ * K > 8192 (4 split rows no longer fit) the tiles convert x as they go.
  *
  * One known gap, stated in cpu_gemm_modes.h: x86 detects tininess after
  * rounding, the generic flush before (on the gradual-underflow result), so
@@ -155,8 +162,9 @@ static inline void bf_pad_tail(uint16_t dst[BF_CHUNK], const uint16_t *p, int32_
 
 /* One half of one chunk for an mr x nr tile: x row i at xp + i * xs, w row
  * j at wp + j * ws (16 bf16 each). All odd fmas, then all even ones: each
- * accumulator takes its odd pair element before its even one, as defined;
- * 12 accumulators + 3 w + 1 x fit the 16 ymm registers. */
+ * accumulator takes its odd pair element before its even one, as defined.
+ * 12 accumulators + 3 w + 1 x + the mask are 17 ymm: GCC spills a few
+ * accumulators (the K > 8192 path only; bf_half_step_xs below does not). */
 static inline __attribute__((always_inline)) void bf_half_step(__m256 a[BF_MR][BF_NR], const uint16_t *xp,
                                                                int64_t xs, const uint16_t *wp, int64_t ws,
                                                                const int mr, const int nr)
