@@ -25,7 +25,7 @@
  * then even f32, per half chunk: bf_split_rows) into a 128 KiB stack
  * buffer, and 4 x 3 register tiles walk k as the exact AVX2 tile does
  * (low halves over a k chunk, then high halves), converting only w. Where
- * K > 8192 (4 split rows no longer fit) the tiles convert x as they go.
+ * K > 4096 (8 split rows no longer fit) the tiles convert x as they go.
  *
  * One known gap, stated in cpu_gemm_modes.h: x86 detects tininess after
  * rounding, the generic flush before (on the gradual-underflow result), so
@@ -116,8 +116,18 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
 #define BF_NR 3     /* register tile: rows of w (columns of y) */
 #define BF_GEMV_NR 6
 /* floats of split x rows (bf_split_rows) per column call: 128 KiB on the
- * stack, a block of rows that stays in L2; K up to 8192 fits BF_MR rows */
+ * stack, a block of rows that stays in L2. The split tiles run where at
+ * least BF_XS_MIN_ROWS rows fit (K <= 4096): with fewer, w is streamed
+ * again for every few rows and the tiles that convert x as they go (with
+ * blocks of 512 KiB of bf16 rows) are as fast. Measured, 1 thread, CPU
+ * time, 768 x K at M = 64 (Zen 3, loaded): split / converting 58 / 44
+ * GFLOP/s at K = 768, 55 / 44 at 2048, 50 / 43 at 4096 (8 rows), 40 / 43 at
+ * 8192 (4 rows). */
 #define BF_XS_FLOATS 32768
+#ifndef BF_XS_MIN_ROWS
+#define BF_XS_MIN_ROWS 8
+#endif
+_Static_assert(BF_XS_MIN_ROWS >= BF_MR, "a block of split rows holds at least one row tile");
 /* k chunk of the half-by-half walk (bf_tile), a multiple of BF_CHUNK: its
  * 4 x rows and 3 w rows (7 KiB of bf16) stay in L1 between the two halves */
 #define BF_KC 1024
@@ -164,7 +174,7 @@ static inline void bf_pad_tail(uint16_t dst[BF_CHUNK], const uint16_t *p, int32_
  * j at wp + j * ws (16 bf16 each). All odd fmas, then all even ones: each
  * accumulator takes its odd pair element before its even one, as defined.
  * 12 accumulators + 3 w + 1 x + the mask are 17 ymm: GCC spills a few
- * accumulators (the K > 8192 path only; bf_half_step_xs below does not). */
+ * accumulators (the K > 4096 path only; bf_half_step_xs below does not). */
 static inline __attribute__((always_inline)) void bf_half_step(__m256 a[BF_MR][BF_NR], const uint16_t *xp,
                                                                int64_t xs, const uint16_t *wp, int64_t ws,
                                                                const int mr, const int nr)
@@ -422,7 +432,7 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
             const int32_t nr = n1 - n < BF_GEMV_NR ? n1 - n : BF_GEMV_NR;
             bf_gemvs[nr](y + n, ldy, xb, w + (int64_t)n * K, K);
         }
-    } else if ((int64_t)kpad * BF_MR <= BF_XS_FLOATS) {
+    } else if ((int64_t)kpad * BF_XS_MIN_ROWS <= BF_XS_FLOATS) {
         /* A block of mc rows of x, split (bf_split_rows) into xs (in L2),
          * while each tile of BF_NR rows of w sits in L1 and the row tiles of
          * the block pass over it (cpu_gemm_kernel.c's blocking). */
@@ -440,8 +450,8 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
             }
         }
     } else {
-        /* K too long for BF_MR split rows in xs: the tiles convert x as
-         * they read it (same bits, ~20% slower: register spills) */
+        /* K too long for BF_XS_MIN_ROWS split rows in xs: the tiles
+         * convert x as they read it (same bits) */
         int32_t mc = (int32_t)((512 * 1024 / 2) / (K > 0 ? K : 1));
         mc = mc / BF_MR * BF_MR;
         if (mc < BF_MR)

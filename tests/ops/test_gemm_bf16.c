@@ -290,9 +290,9 @@ static void test_avx2_matches_definition(void **state)
         free(w);
     }
     /* the whole-chunk walk: K around the walk's chunk (1024) and its
-     * multiples; K past 8192, where 4 split rows no longer fit the kernel's
+     * multiples; K past 4096, where 8 split rows no longer fit the kernel's
      * buffer and its tiles convert x as they go */
-    const int32_t Ks[] = {31, 32, 33, 1023, 1024, 1025, 1055, 1056, 2047, 2048, 2080, 3071, 4096, 8192, 8193, 9000};
+    const int32_t Ks[] = {31, 32, 33, 1023, 1024, 1025, 1055, 1056, 2047, 2048, 2080, 3071, 4096, 4097, 8192, 9000};
     for (size_t i = 0; i < sizeof Ks / sizeof Ks[0]; i++) {
         const int32_t M = 5 + (int32_t)i % 4, N = 7, K = Ks[i];
         uint16_t *x = bf16_buf(&rng, (size_t)M * K, V_MIXED), *w = bf16_buf(&rng, (size_t)N * K, V_MIXED);
