@@ -138,7 +138,8 @@ _Static_assert(BF_XS_MIN_ROWS >= BF_MR, "a block of split rows holds at least on
 #define BF_PANEL_BYTES (128 * 1024)
 #endif
 /* k chunk of the half-by-half walk (bf_tile), a multiple of BF_CHUNK: its
- * 4 x rows and 3 w rows (7 KiB of bf16) stay in L1 between the two halves */
+ * 4 x rows (16 KiB split, 8 KiB bf16) and 3 w rows (6 KiB) stay in L1
+ * between the two halves */
 #define BF_KC 1024
 /* MXCSR: all exceptions masked (0x1F80), round to nearest even (RC = 0),
  * DAZ (bit 6), FTZ (bit 15) */
@@ -249,7 +250,7 @@ static inline __attribute__((always_inline)) void bf_half_step_xs(__m256 a[BF_MR
  * chunk c and half h, at 32c + 16h, the 8 odd elements of the half's pairs
  * as f32, then its 8 even ones; zeros past K (kpad = K rounded up to 32).
  * Only a relayout (the bits of each bf16, widened exactly): a tile then
- * converts only w, and x is read by its fmas from memory. */
+ * converts only w and loads x as f32 ready for its fmas. */
 static void bf_split_rows(float *xs, const uint16_t *xb, int32_t rows, int32_t K, int32_t kpad)
 {
     const int32_t kfull = K / BF_CHUNK * BF_CHUNK;
@@ -441,7 +442,7 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
             const int32_t nr = n1 - n < BF_GEMV_NR ? n1 - n : BF_GEMV_NR;
             bf_gemvs[nr](y + n, ldy, xb, w + (int64_t)n * K, K);
         }
-    } else if ((int64_t)kpad * BF_XS_MIN_ROWS <= BF_XS_FLOATS) {
+    } else if (kpad > 0 && (int64_t)kpad * BF_XS_MIN_ROWS <= BF_XS_FLOATS) {
         /* A block of mc rows of x, split (bf_split_rows) into xs (in L2);
          * then per panel of w, per row tile, the panel's column tiles. */
         const int32_t mc = BF_XS_FLOATS / kpad / BF_MR * BF_MR;

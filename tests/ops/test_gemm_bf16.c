@@ -302,6 +302,17 @@ static void test_avx2_matches_definition(void **state)
         free(x);
         free(w);
     }
+    /* K = 0: every output the tree of 16 zero lanes, +0 */
+    {
+        uint16_t none[1] = {0};
+        compare_kernels(none, none, 3, 5, 0, 0, 5, "K = 0");
+        compare_kernels(none, none, 1, 5, 0, 0, 5, "K = 0 gemv");
+#if defined(PG_GEMM_X86)
+        float y[2] = {-1.0f, -1.0f};
+        cpu_gemm_bf16_cols_avx2(y, 1, none, none, 2, 0, 0, 1);
+        assert_true(y[0] == 0.0f && !signbit(y[0]) && y[1] == 0.0f && !signbit(y[1]));
+#endif
+    }
     /* all-subnormal-sum rows: tiny x and w everywhere (FTZ in every lane) */
     {
         const int32_t M = 6, N = 13, K = 300;
