@@ -43,6 +43,8 @@ import sys
 
 # pagedgen weight storage type -> the GGUF type it is compared with
 PAIRS = (("f32", "f32"), ("bf16", "bf16"), ("int8", "q8_0"))
+# the --matmul-precision mode that computes on a storage type (issue 20)
+MODE_OF = {"bf16": "bf16", "int8": "int8"}
 
 
 def parse_batched_bench(text):
@@ -78,9 +80,10 @@ def parse_batched_bench(text):
 
 
 def peer_figures(row):
-    """decode tok/s and generated tok/s incl. prefill from one table row."""
+    """decode tok/s, generated tok/s incl. prefill and prefill tok/s from one table row."""
     b, tg = row["B"], row["TG"]
-    return {"decode_tok_s": row["S_TG t/s"], "gen_tok_s": b * tg / row["T s"] if row["T s"] > 0 else 0.0}
+    return {"decode_tok_s": row["S_TG t/s"], "gen_tok_s": b * tg / row["T s"] if row["T s"] > 0 else 0.0,
+            "prefill_tok_s": row.get("S_PP t/s", 0.0)}
 
 
 def run_batched_bench(binary, gguf, prompt, gen, batches, threads):
@@ -97,13 +100,14 @@ def run_batched_bench(binary, gguf, prompt, gen, batches, threads):
 
 
 def pagedgen_rows(results):
-    """storage rows of results.json: (weights, kv) -> {batch: figures}."""
+    """storage rows of results.json: (weights, kv, matmul) -> {batch: figures}
+    (matmul: the --matmul-precision; "exact" for rows written before issue 20)."""
     st = results.get("storage")
     if not st:
         raise ValueError("results.json has no storage section (run pagedgen_bench with it)")
     out = {}
     for r in st["rows"]:
-        out[(r["weights"], r["kv"])] = {b["batch"]: b for b in r["batches"]}
+        out[(r["weights"], r["kv"], r.get("matmul", "exact"))] = {b["batch"]: b for b in r["batches"]}
     return st, out
 
 
@@ -220,9 +224,9 @@ def main():
           f"best of {rounds} interleaved round{'s' if rounds != 1 else ''}")
     report = {"prompt_len": P, "output_len": G, "threads": threads, "batches": batches, "rounds": rounds,
               "llama_batched_bench": os.path.abspath(a.llama_batched_bench), "rows": []}
-    hdr = ("  %-24s | %11s %12s %12s | %8s %8s %8s" %
-           ("pagedgen vs llama.cpp", "b1 decode/s", f"b{bmax} decode/s", f"b{bmax} gen t/s",
-            "b1 dec", f"b{bmax} dec", f"b{bmax} gen"))
+    hdr = ("  %-30s | %11s %12s %12s %13s | %8s %8s %8s %8s" %
+           ("pagedgen vs llama.cpp", "b1 decode/s", f"b{bmax} decode/s", f"b{bmax} gen t/s", f"b{bmax} prefill/s",
+            "b1 dec", f"b{bmax} dec", f"b{bmax} gen", f"b{bmax} pre"))
     # llama.cpp: every type once per round, each figure's best round kept
     best, cmds = {}, {}
     for _ in range(rounds):
@@ -253,20 +257,24 @@ def main():
             lines.append(f"  ({pg_type} vs {gg_type}: no --gguf {gg_type}=FILE given: skipped)")
             continue
         peer, cmd = best[gg_type], cmds[gg_type]
-        fig = lambda d: (d[batches[0]]["decode_tok_s"], d[bmax]["decode_tok_s"], d[bmax]["gen_tok_s"])
+        fig = lambda d: (d[batches[0]]["decode_tok_s"], d[bmax]["decode_tok_s"], d[bmax]["gen_tok_s"],
+                         d[bmax].get("prefill_tok_s", 0.0))
         lc = fig(peer)
-        lines.append("  %-24s | %11.1f %12.1f %12.1f |" % (f"llama.cpp {gg_type} (f16 kv)", *lc))
+        lines.append("  %-30s | %11.1f %12.1f %12.1f %13.1f |" % (f"llama.cpp {gg_type} (f16 kv)", *lc))
         entry = {"gguf_type": gg_type, "gguf": os.path.abspath(ggufs[gg_type]), "command": cmd,
                  "llama_cpp": {str(b): peer[b] for b in batches}, "pagedgen": {}}
-        for kv in ("bf16", "f32"):
-            if (pg_type, kv) not in pg:
+        # the storage type's exact rows, then its arithmetic mode (issue 20: bf16 vs BF16, int8 vs Q8_0)
+        for kv, matmul in (("bf16", "exact"), ("f32", "exact"), ("bf16", MODE_OF.get(pg_type, ""))):
+            if (pg_type, kv, matmul) not in pg:
                 continue
-            p = fig(pg[(pg_type, kv)])
+            p = fig(pg[(pg_type, kv, matmul)])
             r = tuple(ratio(x, y) for x, y in zip(p, lc))
-            lines.append("  %-24s | %11.1f %12.1f %12.1f | %7.2fx %7.2fx %7.2fx" %
-                         (f"pagedgen {pg_type} ({kv} kv)", *p, *r))
-            entry["pagedgen"][kv] = {"b1_decode_tok_s": p[0], "decode_tok_s": p[1], "gen_tok_s": p[2],
-                                     "ratio_b1_decode": r[0], "ratio_decode": r[1], "ratio_gen": r[2]}
+            label = f"pagedgen {pg_type} ({kv} kv)" + (f" {matmul} math" if matmul != "exact" else "")
+            lines.append("  %-30s | %11.1f %12.1f %12.1f %13.1f | %7.2fx %7.2fx %7.2fx %7.2fx" % (label, *p, *r))
+            key = kv if matmul == "exact" else f"{kv}/{matmul}"
+            entry["pagedgen"][key] = {"b1_decode_tok_s": p[0], "decode_tok_s": p[1], "gen_tok_s": p[2],
+                                      "prefill_tok_s": p[3], "ratio_b1_decode": r[0], "ratio_decode": r[1],
+                                      "ratio_gen": r[2], "ratio_prefill": r[3]}
         report["rows"].append(entry)
     print(hdr)
     for ln in lines:

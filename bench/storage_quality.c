@@ -1,10 +1,12 @@
-/* storage_quality: what the CPU storage types cost in accuracy (issue 13).
+/* storage_quality: what the CPU storage types and matmul precision modes
+ * cost in accuracy (issues 13 and 20).
  *
  *   storage_quality MODEL_DIR [N_TOKENS] [THREADS]
  *
  * Teacher-forces one fixed token sequence through the model once per
  * storage configuration (weights f32 / bf16 / int8 x KV cache f32 / bf16 /
- * f16), one token per step, and compares every position's full log-softmax
+ * f16; and --matmul-precision bf16 and int8, cpu_gemm_modes.h, on their own
+ * storage), one token per step, and compares every position's full log-softmax
  * with the f32 / f32 run's:
  *   mean NLL        -mean log p(token[i+1] | tokens[..i]) (perplexity-style)
  *   max |dlogprob|  over every position and every vocabulary entry
@@ -22,6 +24,7 @@
 
 #include "config.h"
 #include "cpu_executor.h"
+#include "cpu_gemm_modes.h"
 #include "cpu_wt.h"
 #include "model.h"
 #include "safetensors.h"
@@ -39,11 +42,15 @@ static const char *const text =
 typedef struct qcfg {
     cpu_wt wt;
     cpu_kv kv;
+    cpu_matmul_precision matmul;
 } qcfg;
 
 static const qcfg cfgs[] = {
-    {CPU_WT_F32, CPU_KV_F32}, {CPU_WT_F32, CPU_KV_BF16}, {CPU_WT_F32, CPU_KV_F16},
-    {CPU_WT_BF16, CPU_KV_F32}, {CPU_WT_BF16, CPU_KV_BF16}, {CPU_WT_I8, CPU_KV_F32}, {CPU_WT_I8, CPU_KV_BF16},
+    {CPU_WT_F32, CPU_KV_F32, CPU_MATMUL_EXACT},  {CPU_WT_F32, CPU_KV_BF16, CPU_MATMUL_EXACT},
+    {CPU_WT_F32, CPU_KV_F16, CPU_MATMUL_EXACT},  {CPU_WT_BF16, CPU_KV_F32, CPU_MATMUL_EXACT},
+    {CPU_WT_BF16, CPU_KV_BF16, CPU_MATMUL_EXACT}, {CPU_WT_I8, CPU_KV_F32, CPU_MATMUL_EXACT},
+    {CPU_WT_I8, CPU_KV_BF16, CPU_MATMUL_EXACT},  {CPU_WT_BF16, CPU_KV_BF16, CPU_MATMUL_BF16},
+    {CPU_WT_I8, CPU_KV_BF16, CPU_MATMUL_INT8},
 };
 #define N_CFG ((int)(sizeof cfgs / sizeof cfgs[0]))
 
@@ -68,7 +75,8 @@ static int run(const char *dir, const llama_config *cfg, const st_file *st, cons
     executor *ex = NULL;
     model *m = NULL;
     pg_error err = {{0}};
-    cpu_executor_params cp = {.threads = threads, .wt_dtype = (int32_t)q->wt, .kv_dtype = (int32_t)q->kv};
+    cpu_executor_params cp = {.threads = threads, .wt_dtype = (int32_t)q->wt, .kv_dtype = (int32_t)q->kv,
+                              .matmul_precision = (int32_t)q->matmul};
     const int32_t bs = 16, nb = (n + bs - 1) / bs;
     model_params mp = {.num_kv_blocks = nb, .block_size = bs, .max_num_batched_tokens = 16, .max_num_seqs = 1};
     int rc = cpu_executor_create(&ex, &cp, &err);
@@ -162,8 +170,8 @@ int main(int argc, char **argv)
         ck = et->dtype;
     printf("storage_quality: %s (checkpoint %s), %d tokens of %s, teacher-forced one per step\n", dir,
            st_dtype_name(ck), (int)n, source);
-    printf("  %-7s %-5s %10s %10s %14s %12s %12s\n", "weights", "kv", "mean NLL", "d NLL", "max |dlogprob|",
-           "max |d next|", "top-1 agree");
+    printf("  %-7s %-5s %-6s %10s %10s %14s %12s %12s\n", "weights", "kv", "matmul", "mean NLL", "d NLL",
+           "max |dlogprob|", "max |d next|", "top-1 agree");
     int rc = 0;
     for (int k = 0; k < N_CFG && rc == 0; k++) {
         double *out = k == 0 ? ref : lp;
@@ -186,8 +194,8 @@ int main(int argc, char **argv)
         }
         nll /= n - 1;
         nll_ref /= n - 1;
-        printf("  %-7s %-5s %10.5f %+10.5f %14.5f %12.5f %7d/%-4d\n", cpu_wt_name(cfgs[k].wt),
-               cpu_kv_name(cfgs[k].kv), nll, nll - nll_ref, maxd, maxn, (int)agree, (int)(n - 1));
+        printf("  %-7s %-5s %-6s %10.5f %+10.5f %14.5f %12.5f %7d/%-4d\n", cpu_wt_name(cfgs[k].wt),
+               cpu_kv_name(cfgs[k].kv), cpu_matmul_precision_name(cfgs[k].matmul), nll, nll - nll_ref, maxd, maxn, (int)agree, (int)(n - 1));
     }
     free(ids);
     free(ref);

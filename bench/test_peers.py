@@ -105,6 +105,10 @@ class SectionTest(unittest.TestCase):
                 {"batch": 1, "decode_tok_s": 2 * 102.89, "gen_tok_s": 1.0},
                 {"batch": 64, "decode_tok_s": 594.92, "gen_tok_s": 64 * 128 / 21.570 / 2}]}
                 for w in ("f32", "bf16", "int8") for kv in ("f32", "bf16")]
+            # issue 20: the bf16 arithmetic mode's row, compared with the same BF16 GGUF
+            rows.append({"weights": "bf16", "kv": "bf16", "matmul": "bf16", "batches": [
+                {"batch": 1, "decode_tok_s": 102.89, "gen_tok_s": 1.0, "prefill_tok_s": 1.0},
+                {"batch": 64, "decode_tok_s": 2 * 594.92, "gen_tok_s": 1.0, "prefill_tok_s": 3 * 1050.26}]})
             res = os.path.join(d, "results.json")
             with open(res, "w") as f:
                 json.dump({"storage": {"prompt_len": 128, "output_len": 128, "threads": 2, "rows": rows}}, f)
@@ -123,6 +127,11 @@ class SectionTest(unittest.TestCase):
             self.assertAlmostEqual(r["ratio_b1_decode"], 2.0)
             self.assertAlmostEqual(r["ratio_decode"], 1.0)
             self.assertAlmostEqual(r["ratio_gen"], 0.5)
+            m = rep["rows"][0]["pagedgen"]["bf16/bf16"]
+            self.assertAlmostEqual(m["ratio_b1_decode"], 1.0)
+            self.assertAlmostEqual(m["ratio_decode"], 2.0)
+            self.assertAlmostEqual(m["ratio_prefill"], 3.0)  # S_PP t/s of the batch-64 row
+            self.assertIn("pagedgen bf16 (bf16 kv) bf16 math", p.stdout)
 
     def test_rounds_keep_best(self):
         """rounds from results.json: llama.cpp runs that many times per type

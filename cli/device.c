@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cpu_executor.h"
+#include "cpu_gemm_modes.h"
 #include "cpu_wt.h"
 #include "cuda_loader.h"
 #include "cuda_plan.h"
@@ -28,10 +29,15 @@ static st_dtype checkpoint_dtype(const char *model_dir)
     return d;
 }
 
+_Static_assert((int)CLI_MATMUL_BF16 == (int)CPU_MATMUL_BF16 && (int)CLI_MATMUL_INT8 == (int)CPU_MATMUL_INT8,
+               "--matmul-precision's values are the cpu executor's");
+
 void cli_cpu_storage(const cli_options *o, st_dtype checkpoint, int32_t *wt, int32_t *kv)
 {
-    if (o->quantization == CLI_QUANT_INT8)
+    if (o->quantization == CLI_QUANT_INT8 || o->matmul_precision == CLI_MATMUL_INT8)
         *wt = CPU_WT_I8;
+    else if (o->matmul_precision == CLI_MATMUL_BF16)
+        *wt = CPU_WT_BF16; /* the mode computes on bf16: f32 and f16 checkpoints are rounded */
     else if (o->dtype == CLI_DTYPE_BF16 || (o->dtype == CLI_DTYPE_AUTO && checkpoint == ST_BF16))
         *wt = CPU_WT_BF16;
     else
@@ -110,7 +116,7 @@ int cli_device_open(const cli_options *o, executor **out, pg_error *err)
             pg_error_wrap(err, rc, "--device auto picked the cpu (no CUDA device)");
         return rc;
     }
-    cpu_executor_params p = {.threads = o->threads};
+    cpu_executor_params p = {.threads = o->threads, .matmul_precision = (int32_t)o->matmul_precision};
     cli_cpu_storage(o, checkpoint_dtype(o->model_dir), &p.wt_dtype, &p.kv_dtype);
     return cpu_executor_create(out, &p, err);
 }

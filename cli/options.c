@@ -21,7 +21,7 @@ enum {
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
     OPT_QUANT, OPT_PROFILE_OPS, OPT_POOLING,
     OPT_GENERATION_CONFIG, OPT_REASONING_PARSER,
-    OPT_PLP_PER_STEP, OPT_PPL_CTX, OPT_PPL_BATCH,
+    OPT_PLP_PER_STEP, OPT_PPL_CTX, OPT_PPL_BATCH, OPT_MATMUL_PRECISION,
 };
 
 static const struct option generate_opts[] = {
@@ -48,6 +48,7 @@ static const struct option generate_opts[] = {
     {"kv-cache-dtype", required_argument, NULL, OPT_KV_DTYPE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"quantization", required_argument, NULL, OPT_QUANT},
+    {"matmul-precision", required_argument, NULL, OPT_MATMUL_PRECISION},
     {"cuda-device", required_argument, NULL, OPT_CUDA_DEVICE},
     {"fast-gemm", no_argument, NULL, OPT_FAST_GEMM},
     {"enforce-eager", no_argument, NULL, OPT_ENFORCE_EAGER},
@@ -127,6 +128,7 @@ static const struct option perplexity_opts[] = {
     {"kv-cache-dtype", required_argument, NULL, OPT_KV_DTYPE},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"quantization", required_argument, NULL, OPT_QUANT},
+    {"matmul-precision", required_argument, NULL, OPT_MATMUL_PRECISION},
     {"cuda-device", required_argument, NULL, OPT_CUDA_DEVICE},
     {"fast-gemm", no_argument, NULL, OPT_FAST_GEMM},
     {"enforce-eager", no_argument, NULL, OPT_ENFORCE_EAGER},
@@ -199,6 +201,7 @@ static const char *const generate_help[] = {
 "                             a step, as before issue 21 (tests and benchmarks;\n"
 "                             the same values, slower) [default: in chunks]\n"
 "\n"
+,
 "Precision and CUDA (vLLM names; see cli/README.md):\n"
 "      --gpu-memory-utilization X  share of the device's total memory pagedgen may\n"
 "                             use, (0, 1]: the KV cache gets X x total minus what is\n"
@@ -216,6 +219,13 @@ static const char *const generate_help[] = {
 "                             float32 (an f16 checkpoint stays exact)]\n"
 "      --quantization int8    cpu: int8 weights, one f32 scale per 32 (quantized\n"
 "                             while loading) [default: none]\n"
+"      --matmul-precision P   cpu: exact|bf16|int8, the arithmetic of the matrix\n"
+"                             products: exact = f32; bf16 = bf16 activations and\n"
+"                             weights, pairs summed in f32 (weights rounded to bf16\n"
+"                             at load); int8 = int8 activations (per 32) times int8\n"
+"                             weights, summed in int32. Faster, less precise; each\n"
+"                             mode still gives the same bits for any batch and\n"
+"                             thread count [default: exact]\n"
 "      --cuda-device N        CUDA device ordinal [default: 0]\n"
 "      --fast-gemm            one cuBLAS call per matmul: faster prefill, but a row's\n"
 "                             last bits may depend on the batch, so outputs are no\n"
@@ -364,6 +374,7 @@ static const char *const perplexity_help =
 "                             max-num-batched-tokens) [default: 2048]\n"
 "      --tokenizer DIR        tokenizer.json folder [default: the model folder]\n"
 "      --device D, --threads N, --dtype T, --kv-cache-dtype T, --quantization Q,\n"
+"      --matmul-precision P,\n"
 "      --block-size N, --kv-cache-memory S, --num-kv-blocks N, --max-num-seqs N,\n"
 "      --gpu-memory-utilization X, --cuda-device N, --fast-gemm, --enforce-eager\n"
 "                             as for generate\n"
@@ -463,6 +474,16 @@ const char *cli_format_name(cli_format f)
     case CLI_FORMAT_TEXT: return "text";
     case CLI_FORMAT_JSONL: return "jsonl";
     case CLI_FORMAT_OPENAI: return "openai";
+    }
+    return "?";
+}
+
+const char *cli_matmul_precision_name(cli_matmul_precision p)
+{
+    switch (p) {
+    case CLI_MATMUL_EXACT: return "exact";
+    case CLI_MATMUL_BF16: return "bf16";
+    case CLI_MATMUL_INT8: return "int8";
     }
     return "?";
 }
@@ -642,6 +663,19 @@ int cli_options_check_dtypes(const cli_options *o, const char *device, pg_error 
         return pg_error_set(err, PG_EINVAL,
                             "--quantization int8: the weights are stored as int8 "
                             "(expected --dtype auto, got %s)", cli_dtype_name(o->dtype));
+    if (o->matmul_precision == CLI_MATMUL_BF16 && (o->dtype == CLI_DTYPE_F32 || o->quantization == CLI_QUANT_INT8))
+        return pg_error_set(err, PG_EINVAL,
+                            "--matmul-precision bf16: the weights are stored as bf16 (expected --dtype auto "
+                            "or bfloat16 and no --quantization, got --dtype %s%s)", cli_dtype_name(o->dtype),
+                            o->quantization == CLI_QUANT_INT8 ? ", --quantization int8" : "");
+    if (o->matmul_precision == CLI_MATMUL_INT8 && o->dtype != CLI_DTYPE_AUTO)
+        return pg_error_set(err, PG_EINVAL,
+                            "--matmul-precision int8: the weights are stored as int8 "
+                            "(expected --dtype auto, got %s)", cli_dtype_name(o->dtype));
+    if (cuda && o->matmul_precision != CLI_MATMUL_EXACT)
+        return pg_error_set(err, PG_EINVAL, "--matmul-precision %s: a cpu arithmetic mode (expected --device cpu; "
+                                            "on cuda --dtype sets the precision)",
+                            cli_matmul_precision_name(o->matmul_precision));
     if (cuda && o->quantization == CLI_QUANT_INT8)
         return pg_error_set(err, PG_EINVAL, "--quantization int8: only the cpu executor quantizes "
                                             "(expected --device cpu)");
@@ -745,6 +779,13 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         else if (strcmp(arg, "none") == 0) o->quantization = CLI_QUANT_NONE;
         else
             return pg_error_set(err, PG_EINVAL, "--quantization: expected int8 or none, got '%s'", arg);
+        break;
+    case OPT_MATMUL_PRECISION:
+        if (strcmp(arg, "exact") == 0) o->matmul_precision = CLI_MATMUL_EXACT;
+        else if (strcmp(arg, "bf16") == 0) o->matmul_precision = CLI_MATMUL_BF16;
+        else if (strcmp(arg, "int8") == 0) o->matmul_precision = CLI_MATMUL_INT8;
+        else
+            return pg_error_set(err, PG_EINVAL, "--matmul-precision: expected exact, bf16 or int8, got '%s'", arg);
         break;
     case OPT_CUDA_DEVICE: rc = parse_i32(arg, 0, 1023, "--cuda-device", &o->cuda_device, err); break;
     case OPT_FAST_GEMM: o->fast_gemm = true; break;

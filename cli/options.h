@@ -62,6 +62,18 @@ typedef enum cli_quant {
     CLI_QUANT_INT8,
 } cli_quant;
 
+/* --matmul-precision (cpu only; after PyTorch's set_float32_matmul_precision):
+ * the arithmetic of every matrix product (cpu/cpu_gemm_modes.h). EXACT is
+ * f32 in the canonical order; BF16 rounds activations to bf16 and sums
+ * bf16 pairs as VDPBF16PS does, on bf16 weights; INT8 quantizes
+ * activations per block of 32 and sums int8 products in int32 (W8A8), on
+ * int8 weights. Each keeps its own canonical order. */
+typedef enum cli_matmul_precision {
+    CLI_MATMUL_EXACT = 0,
+    CLI_MATMUL_BF16,
+    CLI_MATMUL_INT8,
+} cli_matmul_precision;
+
 typedef enum cli_format {
     CLI_FORMAT_AUTO = 0, /* decided from the first non-blank line */
     CLI_FORMAT_TEXT,     /* one prompt per line */
@@ -114,6 +126,7 @@ typedef struct cli_options {
     cli_kv_dtype kv_cache_dtype;   /* auto */
     cli_dtype dtype;               /* auto */
     cli_quant quantization;        /* none (cpu: int8) */
+    cli_matmul_precision matmul_precision; /* exact (cpu only) */
     int32_t cuda_device;           /* 0 */
     bool fast_gemm;                /* false: batch-invariant GEMMs */
     bool enforce_eager;            /* false: CUDA graphs for decode steps */
@@ -186,6 +199,7 @@ int cli_parse_double(const char *s, double lo, double hi, const char *what, doub
 int cli_parse_date(const char *s, int64_t *out, pg_error *err);
 
 const char *cli_format_name(cli_format f);
+const char *cli_matmul_precision_name(cli_matmul_precision p); /* "exact", "bf16", "int8" */
 const char *cli_kv_dtype_name(cli_kv_dtype d); /* "auto", "bf16", "fp16", "f32" */
 const char *cli_dtype_name(cli_dtype d);       /* "auto", "bfloat16", "float32" */
 

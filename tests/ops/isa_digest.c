@@ -6,8 +6,10 @@
  * rmsnorm, matmul (fused QKV, O, gate|up, down), rope, kv_write, paged
  * attention (GQA), silu_mul, gather_rows, logits.
  *
- *   isa_digest <auto|generic|avx2|avx512>
+ *   isa_digest <auto|generic|avx2|avx512> [exact|bf16|int8]
  *
+ * The second argument picks the matmul precision (cpu_gemm_modes.h; bf16
+ * stores the weights bf16, int8 int8), exact by default.
  * Prints "digest <16 hex digits>" (FNV-1a over the logits bytes after every
  * logits-golden and greedy-golden prompt, run as one prefill and as one
  * token per step) and "gemm <variant>". Exit 77 (skip) when the variant
@@ -24,10 +26,12 @@
 
 #include "cpu_executor.h"
 #include "cpu_gemm.h"
+#include "cpu_gemm_modes.h"
 #include "golden_support.h"
 
 typedef struct digest_args {
     cpu_gemm_variant variant;
+    cpu_matmul_precision precision;
 } digest_args;
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -48,7 +52,12 @@ static void test_digest(void **state)
     }
     pg_error err = {{0}};
     executor *ex = NULL;
-    cpu_executor_params cp = {.threads = 2, .gemm_variant = (int32_t)a->variant};
+    cpu_executor_params cp = {.threads = 2, .gemm_variant = (int32_t)a->variant,
+                              .matmul_precision = (int32_t)a->precision};
+    if (a->precision == CPU_MATMUL_BF16)
+        cp.wt_dtype = CPU_WT_BF16;
+    else if (a->precision == CPU_MATMUL_INT8)
+        cp.wt_dtype = CPU_WT_I8;
     if (cpu_executor_create(&ex, &cp, &err) != 0)
         fail_msg("cpu executor: %s", err.msg);
     const int32_t bs = 16, V = set.cfg.vocab_size;
@@ -69,9 +78,9 @@ static void test_digest(void **state)
         pg_golden_run_prompt(m, ids, n, 1, bs, logits);
         h = fnv1a(h, logits, (size_t)V * sizeof *logits);
     }
-    printf("gemm %s\ndigest %016llx\n", cpu_gemm_variant_name(a->variant == CPU_GEMM_AUTO ? cpu_gemm_variant_best()
-                                                                                         : a->variant),
-           (unsigned long long)h);
+    printf("gemm %s %s\ndigest %016llx\n",
+           cpu_gemm_variant_name(a->variant == CPU_GEMM_AUTO ? cpu_gemm_variant_best() : a->variant),
+           cpu_matmul_precision_name(a->precision), (unsigned long long)h);
     fflush(stdout);
     free(logits);
     model_destroy(m);
@@ -81,12 +90,15 @@ static void test_digest(void **state)
 
 int main(int argc, char **argv)
 {
-    digest_args a = {CPU_GEMM_VARIANT_COUNT};
-    for (int v = 0; argc == 2 && v < (int)CPU_GEMM_VARIANT_COUNT; v++)
+    digest_args a = {CPU_GEMM_VARIANT_COUNT, argc == 3 ? CPU_MATMUL_COUNT : CPU_MATMUL_EXACT};
+    for (int v = 0; (argc == 2 || argc == 3) && v < (int)CPU_GEMM_VARIANT_COUNT; v++)
         if (strcmp(argv[1], cpu_gemm_variant_name((cpu_gemm_variant)v)) == 0)
             a.variant = (cpu_gemm_variant)v;
-    if (a.variant == CPU_GEMM_VARIANT_COUNT) {
-        fprintf(stderr, "usage: isa_digest auto|generic|avx2|avx512\n");
+    for (int p = 0; argc == 3 && p < (int)CPU_MATMUL_COUNT; p++)
+        if (strcmp(argv[2], cpu_matmul_precision_name((cpu_matmul_precision)p)) == 0)
+            a.precision = (cpu_matmul_precision)p;
+    if (a.variant == CPU_GEMM_VARIANT_COUNT || a.precision == CPU_MATMUL_COUNT) {
+        fprintf(stderr, "usage: isa_digest auto|generic|avx2|avx512 [exact|bf16|int8]\n");
         return 2;
     }
     if (!cpu_gemm_variant_available(a.variant)) {

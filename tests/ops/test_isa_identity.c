@@ -15,7 +15,8 @@
  * digest of stories260K's logits; all of them, under every GEMM variant
  * they can run, and the baseline build under glibc's non-FMA libm
  * (GLIBC_TUNABLES masks AVX2/FMA/AVX-512 for glibc's ifuncs: expf, sincosf),
- * must print the same digest. This is what checks that the scalar ops
+ * must print the same digest — and so must each matmul precision mode
+ * (cpu_gemm_modes.h: bf16, int8), against its own reference. This is what checks that the scalar ops
  * (rmsnorm, rope, silu) and attention's vector code do not depend on the compiler's
  * vectorization or on FMA contraction either. The libm run only shows that
  * stories260K does not hit the few inputs where glibc's FMA and SSE2 expf /
@@ -406,10 +407,11 @@ typedef struct digest_progs {
 
 /* Runs one digest program; returns 0 and the digest line in out, 77 when it
  * skipped, or fails the test. */
-static int run_digest(const char *path, const char *variant, const char *env, char *out, size_t cap)
+static int run_digest(const char *path, const char *variant, const char *mode, const char *env, char *out,
+                      size_t cap)
 {
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s '%s' %s", env, path, variant);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s %s", env, path, variant, mode);
     FILE *f = popen(cmd, "r");
     if (!f)
         fail_msg("cannot run %s", cmd);
@@ -435,38 +437,42 @@ static void test_builds_agree(void **state)
     }
     /* non-FMA glibc: masks the features its ifunc resolvers test */
     const char *no_fma = "GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F,-AVX512VL";
-    char ref[512] = "", got[512], ref_what[512] = "";
+    static const char *const modes[] = {"exact", "bf16", "int8"};
     int compared = 0;
-    for (int i = 0; i < d->n; i++) {
-        const char *base = strrchr(d->paths[i], '/');
-        base = base ? base + 1 : d->paths[i];
-        const int v3 = strstr(base, "x86-64-v3") != NULL, baseline = !v3 && strstr(base, "x86-64") != NULL;
-        if (v3 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("bmi2"))) {
-            print_message("SKIP %s: this CPU is not x86-64-v3\n", base);
-            continue;
-        }
-        const char *runs[][2] = {{"auto", ""}, {"avx2", ""}, {"generic", ""}, {"generic", no_fma}};
-        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-            if (r == 3 && !baseline)
-                continue; /* the libm check once, on the baseline build */
-            if (run_digest(d->paths[i], runs[r][0], runs[r][1], got, sizeof got) == 77) {
-                print_message("SKIP %s %s: variant not available here\n", base, runs[r][0]);
+    for (size_t mo = 0; mo < sizeof modes / sizeof modes[0]; mo++) {
+        char ref[512] = "", got[512], ref_what[512] = "";
+        for (int i = 0; i < d->n; i++) {
+            const char *base = strrchr(d->paths[i], '/');
+            base = base ? base + 1 : d->paths[i];
+            const int v3 = strstr(base, "x86-64-v3") != NULL, baseline = !v3 && strstr(base, "x86-64") != NULL;
+            if (v3 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                        __builtin_cpu_supports("bmi2"))) {
+                print_message("SKIP %s: this CPU is not x86-64-v3\n", base);
                 continue;
             }
-            char what[512];
-            snprintf(what, sizeof what, "%s gemm=%s%s%s", base, runs[r][0], runs[r][1][0] ? " " : "", runs[r][1]);
-            print_message("%s: %s", what, got);
-            if (!ref[0]) {
-                snprintf(ref, sizeof ref, "%s", got);
-                snprintf(ref_what, sizeof ref_what, "%s", what);
-            } else if (strcmp(ref, got) != 0) {
-                fail_msg("stories260K logits differ: %s gives %s but %s gives %s", what, got, ref_what, ref);
+            const char *runs[][2] = {{"auto", ""}, {"avx2", ""}, {"generic", ""}, {"generic", no_fma}};
+            for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+                if (r == 3 && !baseline)
+                    continue; /* the libm check once, on the baseline build */
+                if (run_digest(d->paths[i], runs[r][0], modes[mo], runs[r][1], got, sizeof got) == 77) {
+                    print_message("SKIP %s %s: variant not available here\n", base, runs[r][0]);
+                    continue;
+                }
+                char what[512];
+                snprintf(what, sizeof what, "%s gemm=%s %s%s%s", base, runs[r][0], modes[mo],
+                         runs[r][1][0] ? " " : "", runs[r][1]);
+                print_message("%s: %s", what, got);
+                if (!ref[0]) {
+                    snprintf(ref, sizeof ref, "%s", got);
+                    snprintf(ref_what, sizeof ref_what, "%s", what);
+                } else if (strcmp(ref, got) != 0) {
+                    fail_msg("stories260K logits differ: %s gives %s but %s gives %s", what, got, ref_what, ref);
+                }
+                compared++;
             }
-            compared++;
         }
     }
-    print_message("%d builds x variants agree bit for bit\n", compared);
+    print_message("%d builds x variants x modes agree bit for bit\n", compared);
 }
 
 int main(int argc, char **argv)
