@@ -27,12 +27,11 @@
  * (low halves over a k chunk, then high halves), converting only w. Where
  * K > 4096 (8 split rows no longer fit) the tiles convert x as they go.
  *
- * One known gap, stated in cpu_gemm_modes.h: x86 detects tininess after
- * rounding, the generic flush before (on the gradual-underflow result), so
- * an fma whose exact result lies in [FLT_MIN - 2^-150, FLT_MIN - 2^-151)
- * (or its negative) gives 0 here and +-FLT_MIN in the generic kernel. Only
- * an fma can land there (the tree adds normals: multiples of 2^-149);
- * tests/ops/test_gemm_bf16.c pins that case, and avoids it elsewhere.
+ * Tininess: x86 decides it after rounding (to 24 bits, unbounded
+ * exponent), so an fma whose exact result lies in [FLT_MIN - 2^-150,
+ * FLT_MIN - 2^-151) is flushed although its gradual-underflow rounding is
+ * FLT_MIN; the generic kernel does the same (bf_fma_ftz), so the two agree
+ * there too (tests/ops/test_gemm_bf16.c test_tininess_after_rounding).
  */
 #include <float.h>
 #include <math.h>
@@ -75,6 +74,22 @@ static inline float bf_at(const uint16_t *row, int32_t k, int32_t K)
     return bf_flush(f);
 }
 
+/* ftz(fma(a, b, c)) with x86's tininess after rounding: a result that
+ * rounds (gradually) to +-FLT_MIN is still tiny when its exact value is
+ * below FLT_MIN - 2^-151 (rounding it to 24 bits with an unbounded
+ * exponent would give less than FLT_MIN). Only then is the exact value
+ * needed, and it is exact in double there: every nonzero term is then
+ * below 2^-124 and a multiple of 2^-176 (bf16 products, f32 partial sums),
+ * which 53 bits hold. */
+static inline float bf_fma_ftz(float a, float b, float c)
+{
+    const float r = fmaf(a, b, c);
+    if (fabsf(r) != FLT_MIN)
+        return bf_flush(r);
+    const double e = (double)a * (double)b + (double)c;
+    return fabs(e) < (double)FLT_MIN - 0x1p-151 ? copysignf(0.0f, r) : r;
+}
+
 /* The definition: one output at a time, the sixteen lanes in scalars. */
 static float bf16_dot_ref(const uint16_t *xr, const uint16_t *wr, int32_t K)
 {
@@ -82,8 +97,8 @@ static float bf16_dot_ref(const uint16_t *xr, const uint16_t *wr, int32_t K)
     for (int32_t k0 = 0; k0 < K; k0 += 32)
         for (int l = 0; l < 16; l++) {
             const int32_t odd = k0 + 2 * l + 1, even = k0 + 2 * l;
-            acc[l] = bf_flush(fmaf(bf_at(xr, odd, K), bf_at(wr, odd, K), acc[l]));
-            acc[l] = bf_flush(fmaf(bf_at(xr, even, K), bf_at(wr, even, K), acc[l]));
+            acc[l] = bf_fma_ftz(bf_at(xr, odd, K), bf_at(wr, odd, K), acc[l]);
+            acc[l] = bf_fma_ftz(bf_at(xr, even, K), bf_at(wr, even, K), acc[l]);
         }
     float s8[8], s4[4], s2[2];
     for (int i = 0; i < 8; i++)

@@ -19,11 +19,11 @@
  * daz(v): a subnormal input reads as zero of its sign; ftz(r): a result
  * that is subnormal after rounding to f32's own precision becomes zero of
  * its sign (both are MXCSR's DAZ and FTZ bits, which the x86 kernels set
- * around the product; the generic kernel does them in software). Products
- * of two bf16 are exact in f32, so each step is one rounding, as in the
- * instruction. The generic flush tests the gradual-underflow result, which
- * differs from x86's after-rounding tininess only for exact sums within
- * 2^-150 below FLT_MIN. Where the CPU has AVX512_BF16 the instruction
+ * around the product; the generic kernel does them in software, with x86's
+ * tininess after rounding: a result whose exact value is below FLT_MIN -
+ * 2^-151 is flushed even where it would round to FLT_MIN). Products of two
+ * bf16 are exact in f32, so each step is one rounding, as in the
+ * instruction. Where the CPU has AVX512_BF16 the instruction
  * computes the same sequence (tests/ops/test_gemm_bf16.c pins that where
  * it can run; the x86 kernel here is AVX2 + FMA, which every x86 machine
  * with AVX512_BF16 also has).

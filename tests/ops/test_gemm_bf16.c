@@ -6,8 +6,8 @@
  *     K, K % 32 != 0) and on edge values (subnormal bf16, partial sums in
  *     the subnormal range, +-0, inf, large cancellations), with guard
  *     columns in y and column splits;
- *   - the known x86 / definition gap of cpu_gemm_modes.h (tininess after
- *     vs before rounding), pinned where it lies;
+ *   - x86's tininess after rounding, which the definition follows: the
+ *     window where it differs from tininess before rounding, both kernels;
  *   - cpu_gemm_mode with pools of 1 and 2 threads and row subsets: every
  *     row bit-identical to the same row in any batch, any variant;
  *   - VDPBF16PS itself vs the definition, where the CPU has AVX512_BF16.
@@ -63,7 +63,7 @@ static int have_avx2(void)
 
 /* Random bf16 values of one class. Normal values keep exponents >= -67,
  * so that every product of two normals is a multiple of 2^-148 and no fma
- * lands in the gap pinned by test_tininess_gap (its window holds no such
+ * lands in the window of test_tininess_after_rounding (its window holds no such
  * multiple); tiny ones (2^-67 .. 2^-60) make products and partial sums
  * near and below FLT_MIN (FTZ), subnormal bf16 test DAZ, large ones
  * (2^40 .. 2^50) big terms that cancel (make_cancellations). Infinities
@@ -233,29 +233,35 @@ static void test_definition_by_hand(void **state)
 #endif
 }
 
-/* The documented gap (cpu_gemm_modes.h): odd product 2^-63 * 2^-63 =
+/* Tininess after rounding (cpu_gemm_modes.h): odd product 2^-63 * 2^-63 =
  * FLT_MIN, then 2^-126 * -2^-24 = -2^-150: the exact sum FLT_MIN - 2^-150
- * is tiny before rounding (the generic flush keeps the gradual result,
- * which rounds to FLT_MIN) and after rounding to 24 bits (x86 flushes it
- * to +0). */
-static void test_tininess_gap(void **state)
+ * rounds (gradually) to FLT_MIN but to 24 bits with an unbounded exponent
+ * below it, so x86 flushes it to +0 — and so must the definition. One step
+ * out of the window (FLT_MIN - 2^-151, which rounds up) both keep FLT_MIN;
+ * the same on the negative side. */
+static void test_tininess_after_rounding(void **state)
 {
     (void)state;
     uint16_t x[2], w[2];
     x[1] = w[1] = bf16_of(ldexpf(1.0f, -63));
     x[0] = bf16_of(ldexpf(1.0f, -126)), w[0] = bf16_of(-ldexpf(1.0f, -24));
+    float d = def_dot(x, w, 2);
+    assert_true(d == 0.0f && !signbit(d));
+    w[0] = bf16_of(-ldexpf(1.0f, -25));
     assert_true(def_dot(x, w, 2) == FLT_MIN);
+    w[1] = bf16_of(-ldexpf(1.0f, -63)), w[0] = bf16_of(ldexpf(1.0f, -24));
+    d = def_dot(x, w, 2); /* lane 0 flushes to -0; the tree's -0 + +0 of lane 8 is +0 */
+    assert_true(d == 0.0f && !signbit(d));
     if (!have_avx2()) {
         print_message("SKIP: this CPU lacks AVX2 + FMA: no avx2 kernel to compare\n");
         skip();
     }
 #if defined(PG_GEMM_X86)
-    float y;
-    cpu_gemm_bf16_cols_avx2(&y, 1, x, w, 1, 2, 0, 1);
-    assert_true(y == 0.0f && !signbit(y));
-    /* one step out of the window, both agree: FLT_MIN - 2^-151 rounds up */
-    w[0] = bf16_of(-ldexpf(1.0f, -25));
-    compare_kernels(x, w, 1, 1, 2, 0, 1, "gap edge");
+    for (int k = 0; k < 4; k++) {
+        w[1] = bf16_of((k & 1 ? -1.0f : 1.0f) * ldexpf(1.0f, -63));
+        w[0] = bf16_of((k & 1 ? 1.0f : -1.0f) * ldexpf(1.0f, k & 2 ? -25 : -24));
+        compare_kernels(x, w, 1, 1, 2, 0, 1, "tininess window");
+    }
 #endif
 }
 
@@ -486,7 +492,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_definition_by_hand),
-        cmocka_unit_test(test_tininess_gap),
+        cmocka_unit_test(test_tininess_after_rounding),
         cmocka_unit_test(test_avx2_matches_definition),
         cmocka_unit_test(test_mode_batch_invariant),
         cmocka_unit_test(test_vdpbf16ps_pinned),
