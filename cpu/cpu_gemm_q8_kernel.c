@@ -3,7 +3,7 @@
  * cpu_gemm_q8_cols_<variant>. Every variant computes the canonical order of
  * cpu_gemm_modes.h ("int8"), so all return the same bits; the generic one is
  * the definition written out, the simple twin the others are tested
- * against (tests/ops/test_gemm_modes.c).
+ * against (tests/ops/test_gemm_q8.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -18,11 +18,18 @@
 #define Q8_CAT2(a, b) a##b
 #define Q8_CAT(a, b) Q8_CAT2(a, b)
 #define Q8_COLS_FN Q8_CAT(cpu_gemm_q8_cols_, CPU_GEMM_VARIANT)
+/* which variant: compare the macro's spelling */
+#define Q8_ID_avx2 2
+#define Q8_ID_generic 3
+#define Q8_ID Q8_CAT(Q8_ID_, CPU_GEMM_VARIANT)
+#if Q8_ID == Q8_ID_avx2 && (!defined(__AVX2__) || !defined(__FMA__))
+#error "the avx2 variant is compiled with -mavx2 -mfma"
+#endif
 
 _Static_assert(CPU_I8_GROUP == 32, "the int8 mode's order is defined on blocks of 32");
 
 /* The definition: one output at a time, the eight lanes in scalars. */
-static float q8_dot_ref(const unsigned char *xr, const unsigned char *wr, int32_t nb)
+static inline float q8_dot_ref(const unsigned char *xr, const unsigned char *wr, int32_t nb)
 {
     float acc[8] = {0};
     for (int32_t b = 0; b < nb; b++) {
@@ -47,6 +54,160 @@ static float q8_dot_ref(const unsigned char *xr, const unsigned char *wr, int32_
     return s2[0] + s2[1];
 }
 
+#if Q8_ID == Q8_ID_avx2
+/* The AVX2 kernel: the same order as q8_dot_ref, eight lanes in one ymm.
+ * For one pair (row of x, row of w) and block b, with qx, qw the 32 int8:
+ *   ax  = |qx|                       (vpabsb; |q| <= 127, the quantizer clamps)
+ *   sw  = qw * sign(qx)              (vpsignb: 0 where qx = 0)
+ *   p16 = ax[2t] * sw[2t] + ax[2t+1] * sw[2t+1]   (vpmaddubsw, u8 x s8; at most
+ *         2 * 127 * 127 = 32258 in magnitude, so its int16 saturation never acts)
+ *   p32 = p16[2j] + p16[2j+1]        (vpmaddwd with ones) = p_b[j] exactly
+ * then acc = fma((float)p32, sx_b * sw_b, acc) (vcvtdq2ps is exact below 2^24;
+ * the scale product is one vmulps of two broadcasts, the same rounding as
+ * the definition's scalar sx * sw) and the 8-lane tree of q8_dot_ref.
+ * (-128 would break the sign trick; cpu_wt.c's quantizer never writes it.)
+ *
+ * Tiles: Q8_MR rows of x x Q8_NR rows of w (4 x 2: 8 accumulators, 2 w
+ * blocks, a row's qx and |qx| in 16 ymm); |qx| and the broadcast sx are per
+ * row of the tile and block, the sign and the products per pair. At M = 1
+ * (batch-1 decode, bound by the weight stream) a 1 x Q8_GEMV_NR tile reads
+ * each block of w once and prefetches each row Q8_PF_BYTES ahead into L2,
+ * as cpu_gemm_kernel.c's GEMV tiles do. */
+#include <immintrin.h>
+
+#define Q8_MR 4
+#define Q8_NR 2
+#define Q8_GEMV_NR 6
+#define Q8_TILE_NR (Q8_GEMV_NR > Q8_NR ? Q8_GEMV_NR : Q8_NR)
+/* prefetch distance of the batch-1 tile (cpu_gemm_kernel.c GEMM_PF_BYTES) */
+#ifndef Q8_PF_BYTES
+#define Q8_PF_BYTES 16384
+#endif
+
+static inline __m256 q8_bcast_scale(const unsigned char *blk)
+{
+    float s;
+    memcpy(&s, blk, sizeof s);
+    return _mm256_set1_ps(s);
+}
+
+static inline __m256i q8_load_ints(const unsigned char *blk)
+{
+    return _mm256_loadu_si256((const __m256i *)(blk + 4));
+}
+
+/* (float)p_b[j] for the 8 lanes of one pair */
+static inline __m256 q8_block_products(__m256i ax, __m256i qx, __m256i qw, __m256i ones)
+{
+    const __m256i p16 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(qw, qx));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+}
+
+/* s4[i] = acc[i] + acc[i + 4], s2[i] = s4[i] + s4[i + 2], y = s2[0] + s2[1] */
+static inline float q8_tree(__m256 acc)
+{
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+/* y[i][j] for rows i < mr of xq and rows j < nr of w (both q8 rows of
+ * row_bytes); mr, nr are constants at every call site (the loops unroll and
+ * the accumulators stay in registers). pf: prefetch w ahead (batch 1). */
+static inline __attribute__((always_inline)) void q8_tile(float *y, int64_t ldy, const unsigned char *xq,
+                                                          const unsigned char *w, size_t row_bytes, int32_t nb,
+                                                          const int mr, const int nr, const int pf)
+{
+    __m256 acc[Q8_MR][Q8_TILE_NR];
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    for (int32_t b = 0; b < nb; b++) {
+        const size_t off = (size_t)b * CPU_I8_BLOCK_BYTES;
+        __m256i qw[Q8_TILE_NR];
+        __m256 sw[Q8_TILE_NR];
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++) {
+            const unsigned char *wb = w + (size_t)j * row_bytes + off;
+            if (pf)
+                __builtin_prefetch(wb + Q8_PF_BYTES, 0, 1); /* prefetcht2: into L2 */
+            qw[j] = q8_load_ints(wb);
+            sw[j] = q8_bcast_scale(wb);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) {
+            const unsigned char *xb = xq + (size_t)i * row_bytes + off;
+            const __m256i qx = q8_load_ints(xb), ax = _mm256_abs_epi8(qx);
+            const __m256 sx = q8_bcast_scale(xb);
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                acc[i][j] = _mm256_fmadd_ps(q8_block_products(ax, qx, qw[j], ones), _mm256_mul_ps(sx, sw[j]),
+                                            acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++)
+            y[(int64_t)i * ldy + j] = q8_tree(acc[i][j]);
+}
+
+typedef void (*q8_tile_fn)(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, size_t row_bytes,
+                           int32_t nb);
+#define Q8_TILE_DEF(mr, nr, pf)                                                                                \
+    static void q8_tile_##mr##_##nr##_##pf(float *y, int64_t ldy, const unsigned char *xq,                     \
+                                           const unsigned char *w, size_t row_bytes, int32_t nb)              \
+    {                                                                                                          \
+        q8_tile(y, ldy, xq, w, row_bytes, nb, mr, nr, pf);                                                     \
+    }
+_Static_assert(Q8_MR == 4 && Q8_NR == 2 && Q8_GEMV_NR == 6, "update the tile tables below");
+Q8_TILE_DEF(1, 1, 0) Q8_TILE_DEF(1, 2, 0) Q8_TILE_DEF(2, 1, 0) Q8_TILE_DEF(2, 2, 0)
+Q8_TILE_DEF(3, 1, 0) Q8_TILE_DEF(3, 2, 0) Q8_TILE_DEF(4, 1, 0) Q8_TILE_DEF(4, 2, 0)
+Q8_TILE_DEF(1, 1, 1) Q8_TILE_DEF(1, 2, 1) Q8_TILE_DEF(1, 3, 1) Q8_TILE_DEF(1, 4, 1) Q8_TILE_DEF(1, 5, 1)
+Q8_TILE_DEF(1, 6, 1)
+/* q8_tiles[mr][nr], q8_gemv_tiles[nr] */
+static const q8_tile_fn q8_tiles[Q8_MR + 1][Q8_NR + 1] = {
+    {NULL}, {NULL, q8_tile_1_1_0, q8_tile_1_2_0}, {NULL, q8_tile_2_1_0, q8_tile_2_2_0},
+    {NULL, q8_tile_3_1_0, q8_tile_3_2_0}, {NULL, q8_tile_4_1_0, q8_tile_4_2_0}};
+static const q8_tile_fn q8_gemv_tiles[Q8_GEMV_NR + 1] = {NULL,          q8_tile_1_1_1, q8_tile_1_2_1, q8_tile_1_3_1,
+                                                         q8_tile_1_4_1, q8_tile_1_5_1, q8_tile_1_6_1};
+
+void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M, int32_t K,
+                int32_t n0, int32_t n1)
+{
+    const int32_t nb = K / CPU_I8_GROUP;
+    const size_t row_bytes = (size_t)nb * CPU_I8_BLOCK_BYTES;
+    if (M == 1) { /* batch-1 decode: stream w once */
+        for (int32_t n = n0; n < n1; n += Q8_GEMV_NR) {
+            const int32_t nr = n1 - n < Q8_GEMV_NR ? n1 - n : Q8_GEMV_NR;
+            q8_gemv_tiles[nr](y + n, ldy, xq, w + (size_t)n * row_bytes, row_bytes, nb);
+        }
+        return;
+    }
+    /* A block of mc rows of x (about 256 KiB) stays in L2 while the row
+     * tiles of the block pass over each tile of Q8_NR rows of w (in L1). */
+    int32_t mc = (int32_t)((256u * 1024u) / (row_bytes > 0 ? row_bytes : 1));
+    mc = mc / Q8_MR * Q8_MR;
+    if (mc < Q8_MR)
+        mc = Q8_MR;
+    for (int32_t mb = 0; mb < M; mb += mc) {
+        const int32_t me = mb + mc < M ? mb + mc : M;
+        for (int32_t n = n0; n < n1; n += Q8_NR) {
+            const int32_t nr = n1 - n < Q8_NR ? n1 - n : Q8_NR;
+            for (int32_t m = mb; m < me; m += Q8_MR) {
+                const int32_t mr = me - m < Q8_MR ? me - m : Q8_MR;
+                q8_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, xq + (size_t)m * row_bytes,
+                                 w + (size_t)n * row_bytes, row_bytes, nb);
+            }
+        }
+    }
+}
+
+#else /* the generic variant: the definition itself */
+
 void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M, int32_t K,
                 int32_t n0, int32_t n1)
 {
@@ -56,3 +217,4 @@ void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned c
         for (int32_t n = n0; n < n1; n++)
             y[(int64_t)m * ldy + n] = q8_dot_ref(xq + (size_t)m * row_bytes, w + (size_t)n * row_bytes, nb);
 }
+#endif
