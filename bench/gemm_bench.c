@@ -1,7 +1,8 @@
 /* gemm_bench: the CPU executor's GEMM (cpu/cpu_gemm.c) against OpenBLAS on
  * the 110m model's shapes, with the machine's ceiling beside the figures.
  *
- *   gemm_bench [threads]      (default: all online cores, for both)
+ *   gemm_bench [threads] [int8]   (threads default: all online cores, for both;
+ *                                  int8: the ceiling and the int8 section only)
  *
  * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
  * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
@@ -9,8 +10,12 @@
  * product). At M = 1 it also prints GB/s of weight streamed. Then whether
  * OpenBLAS itself is batch-invariant here (row 0 of an M = 64 sgemm vs the
  * same row alone through sgemm and through sgemv), which is why pagedgen
- * does not use it for its matmuls. Fixed seed, warm-up, best of timed
- * repetitions within ~0.3 s per point.
+ * does not use it for its matmuls. Then the int8 section (issue 20): per
+ * shape and M in {1, 16, 64, 256}, GFLOP/s of the exact f32 GEMM, of the
+ * exact GEMM on int8 weights (W8A16: cpu_gemm_wt, CPU_WT_I8) and of the
+ * int8 mode (W8A8: cpu_gemm_mode, activation quantization included), and
+ * the ratios W8A8 / f32 and W8A8 / W8A16. Fixed seed, warm-up, best of
+ * timed repetitions within ~0.3 s per point.
  */
 #include <cblas.h>
 #include <stdint.h>
@@ -21,7 +26,9 @@
 #include <unistd.h>
 
 #include "cpu_gemm.h"
+#include "cpu_gemm_modes.h"
 #include "cpu_pool.h"
+#include "cpu_wt.h"
 
 static double now_s(void)
 {
@@ -44,13 +51,25 @@ static float *rand_buf(size_t n, uint64_t *state)
     return p;
 }
 
-typedef enum { IMPL_MINE, IMPL_SGEMM, IMPL_SGEMV } impl;
+typedef enum { IMPL_MINE, IMPL_SGEMM, IMPL_SGEMV, IMPL_W8A16, IMPL_W8A8 } impl;
 
-static void run_once(impl which, cpu_pool *pool, float *y, const float *x, const float *w, int M, int N, int K)
+/* One timed product: y [M][N] = x [M][K] @ w^T; w_i8 (the int8 impls): w
+ * as CPU_WT_I8 blocks; scratch: the int8 mode's (cpu_gemm_mode_scratch_bytes). */
+typedef struct bench_op {
+    cpu_pool *pool;
+    float *y;
+    const float *x, *w;
+    const void *w_i8;
+    void *scratch;
+} bench_op;
+
+static void run_once(impl which, const bench_op *op, int M, int N, int K)
 {
+    float *y = op->y;
+    const float *x = op->x, *w = op->w;
     switch (which) {
     case IMPL_MINE:
-        cpu_gemm(pool, y, N, x, w, M, N, K);
+        cpu_gemm(op->pool, y, N, x, w, M, N, K);
         break;
     case IMPL_SGEMM:
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
@@ -60,13 +79,19 @@ static void run_once(impl which, cpu_pool *pool, float *y, const float *x, const
             cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x + (size_t)m * K, 1, 0.0f,
                         y + (size_t)m * N, 1);
         break;
+    case IMPL_W8A16:
+        cpu_gemm_wt(CPU_GEMM_AUTO, CPU_WT_I8, op->pool, y, N, x, op->w_i8, M, N, K);
+        break;
+    case IMPL_W8A8:
+        cpu_gemm_mode(CPU_MATMUL_INT8, CPU_GEMM_AUTO, CPU_WT_I8, op->pool, y, N, x, op->w_i8, M, N, K, op->scratch);
+        break;
     }
 }
 
 /* GFLOP/s: warm-up, then the best of repetitions within ~0.3 s */
-static double gflops(impl which, cpu_pool *pool, float *y, const float *x, const float *w, int M, int N, int K)
+static double gflops(impl which, const bench_op *op, int M, int N, int K)
 {
-    run_once(which, pool, y, x, w, M, N, K);
+    run_once(which, op, M, N, K);
     double best = 1e30, start = now_s();
     int reps = 0;
     do {
@@ -74,7 +99,7 @@ static double gflops(impl which, cpu_pool *pool, float *y, const float *x, const
         int inner = 0;
         double t;
         do {
-            run_once(which, pool, y, x, w, M, N, K);
+            run_once(which, op, M, N, K);
             inner++;
         } while ((t = now_s() - t0) < 0.02);
         if (t / inner < best)
@@ -84,11 +109,52 @@ static double gflops(impl which, cpu_pool *pool, float *y, const float *x, const
     return 2.0 * M * N * K / best * 1e-9;
 }
 
+/* The int8 section: f32 exact, W8A16 and W8A8 side by side. */
+static void int8_section(cpu_pool *pool, double peak, uint64_t *seed)
+{
+    const struct { const char *name; int N, K; } shapes[] = {
+        {"o", 768, 768}, {"qkv", 2304, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
+    };
+    const int Ms[] = {1, 16, 64, 256};
+    printf("\nint8 (issue 20): exact f32, exact on int8 weights (W8A16), int8 mode (W8A8, quantizing x included)\n");
+    printf("%-8s %5s %5s %4s | %9s %9s %9s | %8s %8s %7s | %s\n", "shape", "N", "K", "M", "f32", "W8A16", "W8A8",
+           "A8/f32", "A8/A16", "A8/peak", "M=1 weight GB/s (f32, W8A16, W8A8)");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int N = shapes[s].N, K = shapes[s].K;
+        float *w = rand_buf((size_t)N * K, seed), *x = rand_buf((size_t)256 * K, seed);
+        float *y = rand_buf((size_t)256 * N, seed);
+        void *w_i8 = malloc(cpu_wt_bytes(CPU_WT_I8, (size_t)N * K));
+        void *scratch = aligned_alloc(64, (cpu_gemm_mode_scratch_bytes(CPU_MATMUL_INT8, 256, K) + 63) / 64 * 64);
+        if (!w_i8 || !scratch) {
+            fprintf(stderr, "gemm_bench: out of memory\n");
+            exit(1);
+        }
+        cpu_wt_store(CPU_WT_I8, w_i8, 0, w, ST_F32, (size_t)N * K);
+        const bench_op op = {pool, y, x, w, w_i8, scratch};
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            const int M = Ms[mi];
+            const double g32 = gflops(IMPL_MINE, &op, M, N, K), g16 = gflops(IMPL_W8A16, &op, M, N, K);
+            const double g8 = gflops(IMPL_W8A8, &op, M, N, K);
+            printf("%-8s %5d %5d %4d | %9.1f %9.1f %9.1f | %7.2fx %7.2fx %6.0f%% |", shapes[s].name, N, K, M, g32, g16,
+                   g8, g8 / g32, g8 / g16, 100.0 * g8 / peak);
+            if (M == 1) /* 2 flops per weight: f32 4 bytes, int8 36 per 32 */
+                printf(" %.1f, %.1f, %.1f", g32 * 2.0, g16 * 0.5625, g8 * 0.5625);
+            printf("\n");
+        }
+        free(w);
+        free(x);
+        free(y);
+        free(w_i8);
+        free(scratch);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1)
         threads = 1;
+    const int int8_only = argc > 2 && strcmp(argv[2], "int8") == 0;
     cpu_pool *pool = NULL;
     if (cpu_pool_create(&pool, threads, NULL) != 0) {
         fprintf(stderr, "gemm_bench: cannot start %d threads\n", threads);
@@ -101,8 +167,9 @@ int main(int argc, char **argv)
     const int P = 2048;
     float *pa = rand_buf((size_t)P * P, &seed), *pb = rand_buf((size_t)P * P, &seed);
     float *pc = rand_buf((size_t)P * P, &seed);
-    double peak = gflops(IMPL_SGEMM, pool, pc, pa, pb, P, P, P);
-    double mine_sq = gflops(IMPL_MINE, pool, pc, pa, pb, P, P, P);
+    const bench_op sq = {pool, pc, pa, pb, NULL, NULL};
+    double peak = gflops(IMPL_SGEMM, &sq, P, P, P);
+    double mine_sq = gflops(IMPL_MINE, &sq, P, P, P);
     free(pa);
     free(pb);
     free(pc);
@@ -111,6 +178,11 @@ int main(int argc, char **argv)
     printf("ceiling: OpenBLAS sgemm %dx%dx%d = %.1f GFLOP/s (cpu_gemm on it: %.1f, %.0f%%)\n\n", P, P, P, peak,
            mine_sq, 100.0 * mine_sq / peak);
 
+    if (int8_only) {
+        int8_section(pool, peak, &seed);
+        cpu_pool_destroy(pool);
+        return 0;
+    }
     const struct { const char *name; int N, K; } shapes[] = {
         {"qkv", 2304, 768}, {"o", 768, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
     };
@@ -123,9 +195,10 @@ int main(int argc, char **argv)
         float *y = rand_buf((size_t)256 * N, &seed);
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
             const int M = Ms[mi];
-            double g_mine = gflops(IMPL_MINE, pool, y, x, w, M, N, K);
-            double g_blas = gflops(IMPL_SGEMM, pool, y, x, w, M, N, K);
-            double g_gemv = M == 1 ? gflops(IMPL_SGEMV, pool, y, x, w, M, N, K) : 0.0;
+            const bench_op op = {pool, y, x, w, NULL, NULL};
+            double g_mine = gflops(IMPL_MINE, &op, M, N, K);
+            double g_blas = gflops(IMPL_SGEMM, &op, M, N, K);
+            double g_gemv = M == 1 ? gflops(IMPL_SGEMV, &op, M, N, K) : 0.0;
             printf("%-8s %5d %5d %4d | %9.1f %9.1f ", shapes[s].name, N, K, M, g_mine, g_blas);
             if (M == 1)
                 printf("%9.1f | %6.0f%% %6.0f%% | %.1f, %.1f\n", g_gemv, 100.0 * g_mine / g_blas, 100.0 * g_mine / peak,
@@ -164,6 +237,7 @@ int main(int argc, char **argv)
         free(y1);
         free(yv);
     }
+    int8_section(pool, peak, &seed);
     cpu_pool_destroy(pool);
     return 0;
 }

@@ -67,28 +67,47 @@ static inline float q8_dot_ref(const unsigned char *xr, const unsigned char *wr,
  * the definition's scalar sx * sw) and the 8-lane tree of q8_dot_ref.
  * (-128 would break the sign trick; cpu_wt.c's quantizer never writes it.)
  *
- * Tiles: Q8_MR rows of x x Q8_NR rows of w (4 x 2: 8 accumulators, 2 w
- * blocks, a row's qx and |qx| in 16 ymm); |qx| and the broadcast sx are per
- * row of the tile and block, the sign and the products per pair. At M = 1
- * (batch-1 decode, bound by the weight stream) a 1 x Q8_GEMV_NR tile reads
- * each block of w once and prefetches each row Q8_PF_BYTES ahead into L2,
- * as cpu_gemm_kernel.c's GEMV tiles do. */
+ * Per pair and block that is 6 vector ops (psignb, pmaddubsw, pmaddwd,
+ * cvtdq2ps, mulps, fma) for 32 multiply-adds, against 4 FMAs for f32.
+ *
+ * Tiles: Q8_MR rows of x x Q8_NR rows of w, 4 x 3 (12 accumulators, 3 w
+ * blocks; |qx| and the broadcast sx per row of the tile and block, the sign
+ * and the products per pair). At M = 1 (batch-1 decode, bound by the
+ * weight stream) a 1 x Q8_GEMV_NR tile reads each block of w once and
+ * prefetches each row Q8_PF_BYTES ahead into L2, as cpu_gemm_kernel.c's
+ * GEMV tiles do. Measured on a 2-core Zen 3 (EPYC VM, shared), one thread,
+ * best of 8 interleaved rounds, ns per pair and block at M = 64, N = 768,
+ * K = 768: tiles 4 x 3 0.80, 4 x 4 0.78, 4 x 2 0.86, 2 x 4 0.86, 3 x 3
+ * 0.87; forming a chunk's scale products 8 blocks per vmulps first (and a
+ * broadcast load per pair) 0.97 against 0.93 without: dropped. At M = 1,
+ * N = 32000: GEMV_NR 4 / 6 / 8 2.86 / 2.77 / 2.60 (6 kept: equal at
+ * N = 4096, 1.02 / 1.00 / 1.02, and whole in the pool's 12-column shares),
+ * and 4.02 without the prefetch. */
 #include <immintrin.h>
 
+#ifndef Q8_MR /* overridable for tuning: 1..4 */
 #define Q8_MR 4
-#define Q8_NR 2
+#endif
+#ifndef Q8_NR /* 1..4 */
+#define Q8_NR 3
+#endif
+#ifndef Q8_GEMV_NR /* 1..8 */
 #define Q8_GEMV_NR 6
-#define Q8_TILE_NR (Q8_GEMV_NR > Q8_NR ? Q8_GEMV_NR : Q8_NR)
+#endif
+#define Q8_TILE_NR 8 /* the widest tile in the tables below */
 /* prefetch distance of the batch-1 tile (cpu_gemm_kernel.c GEMM_PF_BYTES) */
 #ifndef Q8_PF_BYTES
 #define Q8_PF_BYTES 16384
 #endif
 
+/* The block's scale in all lanes: vbroadcastss from memory (a load). With
+ * memcpy + _mm256_set1_ps instead, GCC rewrites each pair's
+ * mul(set1(sx), set1(sw)) as vmulss + a vbroadcastss shuffle, two vector
+ * ops per pair instead of one (measured ~15% slower at M = 64). The same
+ * product either way: one f32 multiply per lane. */
 static inline __m256 q8_bcast_scale(const unsigned char *blk)
 {
-    float s;
-    memcpy(&s, blk, sizeof s);
-    return _mm256_set1_ps(s);
+    return _mm256_broadcast_ss((const float *)(const void *)blk);
 }
 
 static inline __m256i q8_load_ints(const unsigned char *blk)
@@ -118,7 +137,7 @@ static inline __attribute__((always_inline)) void q8_tile(float *y, int64_t ldy,
                                                           const unsigned char *w, size_t row_bytes, int32_t nb,
                                                           const int mr, const int nr, const int pf)
 {
-    __m256 acc[Q8_MR][Q8_TILE_NR];
+    __m256 acc[4][Q8_TILE_NR];
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
@@ -163,17 +182,19 @@ typedef void (*q8_tile_fn)(float *y, int64_t ldy, const unsigned char *xq, const
     {                                                                                                          \
         q8_tile(y, ldy, xq, w, row_bytes, nb, mr, nr, pf);                                                     \
     }
-_Static_assert(Q8_MR == 4 && Q8_NR == 2 && Q8_GEMV_NR == 6, "update the tile tables below");
-Q8_TILE_DEF(1, 1, 0) Q8_TILE_DEF(1, 2, 0) Q8_TILE_DEF(2, 1, 0) Q8_TILE_DEF(2, 2, 0)
-Q8_TILE_DEF(3, 1, 0) Q8_TILE_DEF(3, 2, 0) Q8_TILE_DEF(4, 1, 0) Q8_TILE_DEF(4, 2, 0)
-Q8_TILE_DEF(1, 1, 1) Q8_TILE_DEF(1, 2, 1) Q8_TILE_DEF(1, 3, 1) Q8_TILE_DEF(1, 4, 1) Q8_TILE_DEF(1, 5, 1)
-Q8_TILE_DEF(1, 6, 1)
-/* q8_tiles[mr][nr], q8_gemv_tiles[nr] */
-static const q8_tile_fn q8_tiles[Q8_MR + 1][Q8_NR + 1] = {
-    {NULL}, {NULL, q8_tile_1_1_0, q8_tile_1_2_0}, {NULL, q8_tile_2_1_0, q8_tile_2_2_0},
-    {NULL, q8_tile_3_1_0, q8_tile_3_2_0}, {NULL, q8_tile_4_1_0, q8_tile_4_2_0}};
-static const q8_tile_fn q8_gemv_tiles[Q8_GEMV_NR + 1] = {NULL,          q8_tile_1_1_1, q8_tile_1_2_1, q8_tile_1_3_1,
-                                                         q8_tile_1_4_1, q8_tile_1_5_1, q8_tile_1_6_1};
+_Static_assert(Q8_MR >= 1 && Q8_MR <= 4 && Q8_NR >= 1 && Q8_NR <= 4 && Q8_GEMV_NR >= 1 && Q8_GEMV_NR <= 8,
+               "the tile tables below cover up to 4 x 4 and 1 x 8");
+#define Q8_TILE_ROW(mr) Q8_TILE_DEF(mr, 1, 0) Q8_TILE_DEF(mr, 2, 0) Q8_TILE_DEF(mr, 3, 0) Q8_TILE_DEF(mr, 4, 0)
+Q8_TILE_ROW(1) Q8_TILE_ROW(2) Q8_TILE_ROW(3) Q8_TILE_ROW(4)
+Q8_TILE_DEF(1, 1, 1) Q8_TILE_DEF(1, 2, 1) Q8_TILE_DEF(1, 3, 1) Q8_TILE_DEF(1, 4, 1)
+Q8_TILE_DEF(1, 5, 1) Q8_TILE_DEF(1, 6, 1) Q8_TILE_DEF(1, 7, 1) Q8_TILE_DEF(1, 8, 1)
+/* q8_tiles[mr][nr] (the tables are complete; Q8_MR, Q8_NR pick the part used), q8_gemv_tiles[nr] */
+#define Q8_TILE_ENTRY(mr) {NULL, q8_tile_##mr##_1_0, q8_tile_##mr##_2_0, q8_tile_##mr##_3_0, q8_tile_##mr##_4_0}
+static const q8_tile_fn q8_tiles[5][5] = {{NULL}, Q8_TILE_ENTRY(1), Q8_TILE_ENTRY(2), Q8_TILE_ENTRY(3),
+                                          Q8_TILE_ENTRY(4)};
+static const q8_tile_fn q8_gemv_tiles[9] = {NULL,          q8_tile_1_1_1, q8_tile_1_2_1, q8_tile_1_3_1,
+                                            q8_tile_1_4_1, q8_tile_1_5_1, q8_tile_1_6_1, q8_tile_1_7_1,
+                                            q8_tile_1_8_1};
 
 void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M, int32_t K,
                 int32_t n0, int32_t n1)
