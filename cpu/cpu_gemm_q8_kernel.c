@@ -227,6 +227,57 @@ void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned c
     }
 }
 
+/* x [M][K] f32 -> q8 rows (K % 32 == 0), the same bytes as cpu_wt.c's
+ * i8_block (cpu_q8_quantize_rows, its definition), 8 lanes at a time:
+ *   amax: vmaxps(|v|, m) keeps m where |v| is NaN, as i8_block's
+ *         `fabsf(v) > amax ? fabsf(v) : amax` does; max is exact, so the
+ *         lane order of the final max does not matter;
+ *   scale = amax / 127 (one f32 division, scalar as there); 0 -> ints 0;
+ *   q = round(v / scale) in the current rounding mode (vdivps, vroundps =
+ *       nearbyintf), clamped with vminps/vmaxps ordered so that a NaN q
+ *       stays NaN (`q > 127 ? 127 : ...` leaves it too);
+ *   byte = the low byte of vcvttps2dq(q): the int for |q| <= 127, 0 for NaN
+ *       (0x80000000), which is what `(int8_t)q` compiles to on x86-64
+ *       (cvttss2si, then the low byte) for the NaN of a NaN or inf input.
+ * tests/ops/test_gemm_q8.c compares the two on random and edge values. */
+void cpu_q8_quantize_rows_avx2(unsigned char *xq, const float *x, int32_t M, int32_t K)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    /* the low byte of each int32, lanes 0-3 of each 128-bit half */
+    const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8,
+                                               12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i gather = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const int64_t nblocks = (int64_t)M * (K / CPU_I8_GROUP);
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        const float *v = x + blk * CPU_I8_GROUP;
+        unsigned char *out = xq + blk * CPU_I8_BLOCK_BYTES;
+        __m256 vv[4], m = _mm256_setzero_ps();
+        for (int g = 0; g < 4; g++) {
+            vv[g] = _mm256_loadu_ps(v + 8 * g);
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, vv[g]), m);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float scale = _mm_cvtss_f32(m4) / 127.0f;
+        memcpy(out, &scale, sizeof scale);
+        if (!(scale > 0.0f)) {
+            memset(out + 4, 0, CPU_I8_GROUP);
+            continue;
+        }
+        const __m256 vs = _mm256_set1_ps(scale);
+        __m256i q[4];
+        for (int g = 0; g < 4; g++) {
+            __m256 r = _mm256_round_ps(_mm256_div_ps(vv[g], vs), _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC);
+            r = _mm256_max_ps(lo, _mm256_min_ps(hi, r)); /* NaN in the second operand passes through */
+            /* 8 int32 -> their low bytes in bytes 0-3 of each half, then lanes 0 and 4 side by side */
+            q[g] = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(_mm256_cvttps_epi32(r), low_bytes), gather);
+        }
+        for (int g = 0; g < 4; g++)
+            _mm_storel_epi64((__m128i *)(out + 4 + 8 * g), _mm256_castsi256_si128(q[g]));
+    }
+}
+
 #else /* the generic variant: the definition itself */
 
 void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M, int32_t K,

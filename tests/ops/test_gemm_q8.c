@@ -187,7 +187,9 @@ static void fill_edge(pg_test_rng *rng, unsigned char *q, int32_t rows, int32_t 
             case EDGE_MAX: scale = pg_test_rng_uniform(rng, 0.5f, 2.0f); break;
             /* 2^-140 .. 2^-108: subnormal scales, and products sx * sw,
              * p * d and sums that are subnormal (DAZ or FTZ would show) */
-            case EDGE_TINY: scale = ldexpf(pg_test_rng_uniform(rng, 1.0f, 2.0f), pg_test_rng_int(rng, -140, -109)); break;
+            case EDGE_TINY:
+                scale = ldexpf(pg_test_rng_uniform(rng, 1.0f, 2.0f), pg_test_rng_int(rng, -140, -109));
+                break;
             /* sx * sw overflows to inf (p = 0 then gives NaN, as in the definition) */
             case EDGE_HUGE: scale = FLT_MAX / 127.0f * pg_test_rng_uniform(rng, 0.01f, 1.0f); break;
             default: scale = pg_test_rng_uniform(rng, 1e-3f, 1.0f); break;
@@ -223,6 +225,61 @@ static void test_avx2_matches_generic_edges(void **state)
 #endif
 }
 
+/* The AVX2 activation quantizer against cpu_q8_quantize_rows (cpu_wt.c's
+ * i8_block, the definition) byte for byte: random rows over a wide
+ * exponent range, and blocks of edge values: zeros of both signs, NaN,
+ * +-inf, FLT_MAX, subnormals (scale 0 or subnormal), exact ties of
+ * v / scale at k + 1/2 (amax 127: scale 1), values just past the clamp. */
+static void test_quantize_matches_definition(void **state)
+{
+    (void)state;
+    if (!have_avx2()) {
+        print_message("SKIP: this CPU has no AVX2 + FMA (the generic quantizer is the only one)\n");
+        skip();
+    }
+#if defined(PG_GEMM_X86)
+    pg_test_rng rng = {36};
+    static const float edges[] = {0.0f, -0.0f, NAN, -NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, FLT_MIN,
+                                  FLT_TRUE_MIN, -FLT_TRUE_MIN, 1e-40f, 127.0f, -127.0f, 2.5f, -3.5f, 0.5f, -0.5f,
+                                  126.5f, 127.49f, 1.0f, -1e-3f};
+    const int n_edges = (int)(sizeof edges / sizeof edges[0]);
+    for (int it = 0; it < 400; it++) {
+        const int32_t M = pg_test_rng_int(&rng, 1, 5), K = 32 * pg_test_rng_int(&rng, 1, it < 200 ? 4 : 64);
+        const size_t n = (size_t)M * (size_t)K, bytes = n / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
+        float *x = xmalloc(n * sizeof *x);
+        pg_test_fill_uniform(&rng, x, n, -1.0f, 1.0f);
+        for (size_t b = 0; b < n / CPU_I8_GROUP; b++) {
+            const int kind = pg_test_rng_int(&rng, 0, 3);
+            const float s = ldexpf(1.0f, pg_test_rng_int(&rng, -140, 120));
+            for (int i = 0; i < CPU_I8_GROUP; i++) {
+                float *v = &x[b * CPU_I8_GROUP + (size_t)i];
+                if (kind == 1)
+                    *v *= s; /* a scale from subnormal to huge */
+                else if (kind == 2 && pg_test_rng_int(&rng, 0, 3) == 0)
+                    *v = edges[pg_test_rng_int(&rng, 0, n_edges - 1)];
+                else if (kind == 3) /* amax 127, scale 1: halves are exact ties */
+                    *v = i == 0 ? 127.0f : (float)pg_test_rng_int(&rng, -254, 254) * 0.5f;
+            }
+        }
+        unsigned char *qd = xmalloc(bytes), *qa = xmalloc(bytes);
+        memset(qd, 0xAA, bytes);
+        memset(qa, 0x55, bytes);
+        cpu_q8_quantize_rows(qd, x, M, K);
+        cpu_q8_quantize_rows_avx2(qa, x, M, K);
+        for (size_t i = 0; i < bytes; i++)
+            if (qd[i] != qa[i]) {
+                const size_t b = i / CPU_I8_BLOCK_BYTES, at = i % CPU_I8_BLOCK_BYTES;
+                const size_t e = b * CPU_I8_GROUP + (at < 4 ? 0 : at - 4); /* the element (byte 0-3: the scale) */
+                fail_msg("q8 quantize M=%d K=%d: block %zu byte %zu: definition 0x%02x, avx2 0x%02x (x = %a)", (int)M,
+                         (int)K, b, at, qd[i], qa[i], (double)x[e]);
+            }
+        free(x);
+        free(qd);
+        free(qa);
+    }
+#endif
+}
+
 /* cpu_gemm_mode end to end on f32 x (quantized inside): every variant, pool
  * and batch gives row r the bits it gets alone through the generic kernel. */
 static void test_mode_invariance(void **state)
@@ -245,7 +302,8 @@ static void test_mode_invariance(void **state)
         void *scratch = aligned_alloc(64, (cpu_gemm_mode_scratch_bytes(CPU_MATMUL_INT8, Mmax, K) + 64) / 64 * 64);
         assert_non_null(scratch);
         /* each row alone, generic, no pool: the reference */
-        float *ref = xmalloc((size_t)Mmax * (size_t)N * sizeof *ref), *y = xmalloc((size_t)Mmax * (size_t)N * sizeof *y);
+        float *ref = xmalloc((size_t)Mmax * (size_t)N * sizeof *ref);
+        float *y = xmalloc((size_t)Mmax * (size_t)N * sizeof *y);
         for (int32_t m = 0; m < Mmax; m++)
             cpu_gemm_mode(CPU_MATMUL_INT8, CPU_GEMM_GENERIC, CPU_WT_I8, NULL, ref + (size_t)m * (size_t)N, N,
                           x + (size_t)m * (size_t)K, w, 1, N, K, scratch);
@@ -294,6 +352,7 @@ int main(void)
         cmocka_unit_test(test_definition_pinned),
         cmocka_unit_test(test_avx2_matches_generic_random),
         cmocka_unit_test(test_avx2_matches_generic_edges),
+        cmocka_unit_test(test_quantize_matches_definition),
         cmocka_unit_test(test_mode_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
