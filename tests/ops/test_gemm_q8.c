@@ -138,6 +138,18 @@ static void test_avx2_matches_generic_random(void **state)
 #if defined(PG_GEMM_X86)
     pg_test_rng rng = {2020};
     long outputs = 0;
+    /* fixed corners first: the largest K with M = 1, 4, 70; one column;
+     * tiles 4 x 3 and 1 x 6 plus one */
+    static const int32_t fixed[][3] = {{1, 7, 4096}, {4, 13, 4096}, {70, 5, 4096}, {5, 1, 32}, {1, 1, 32}, {5, 4, 64},
+                                       {1, 7, 64}, {70, 301, 32}};
+    for (size_t f = 0; f < sizeof fixed / sizeof fixed[0]; f++) {
+        const int32_t M = fixed[f][0], N = fixed[f][1], K = fixed[f][2];
+        unsigned char *xq = rand_q8(&rng, M, K), *w = rand_q8(&rng, N, K);
+        compare_kernels("fixed", xq, w, M, N, K, 0, N, N + 1);
+        outputs += (long)M * N;
+        free(xq);
+        free(w);
+    }
     for (int it = 0; it < 120; it++) {
         /* small shapes first, then up to M = 70, K = 4096 (work kept bounded) */
         const int32_t M = it % 5 == 0 ? 1 : pg_test_rng_int(&rng, 1, it < 60 ? 9 : 70);
