@@ -1,8 +1,11 @@
 /* gemm_bench: the CPU executor's GEMM (cpu/cpu_gemm.c) against OpenBLAS on
  * the 110m model's shapes, with the machine's ceiling beside the figures.
  *
- *   gemm_bench [threads] [int8]   (threads default: all online cores, for both;
- *                                  int8: the ceiling and the int8 section only)
+ *   gemm_bench [threads] [int8 [cputime]]
+ *       threads: default all online cores, for both; int8: the ceiling and
+ *       the int8 section only; cputime (threads = 1): the int8 section
+ *       timed in the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), which a
+ *       shared machine's other processes do not inflate
  *
  * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
  * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
@@ -110,32 +113,41 @@ static double gflops(impl which, const bench_op *op, int M, int N, int K)
     return 2.0 * M * N * K / best * 1e-9;
 }
 
-/* Seconds per call: the best of windows of >= 0.02 s */
-static double best_window_s(impl which, const bench_op *op, int M, int N, int K)
+/* seconds on clock c */
+static double clock_s(clockid_t c)
 {
-    double t0 = now_s(), t;
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Seconds per call on clock c over one window of >= 0.02 s */
+static double best_window_s(impl which, const bench_op *op, int M, int N, int K, clockid_t c)
+{
+    double t0 = clock_s(c), t;
     int inner = 0;
     do {
         run_once(which, op, M, N, K);
         inner++;
-    } while ((t = now_s() - t0) < 0.02);
+    } while ((t = clock_s(c) - t0) < 0.02);
     return t / inner;
 }
 
 /* GFLOP/s of several impls timed in interleaved rounds (warm-up, then
  * rounds of one window each until ~0.45 s and >= 5 rounds, best window per
  * impl): a load that comes and goes hits them alike, so their ratio holds. */
-static void gflops_interleaved(const impl *which, double *out, int n, const bench_op *op, int M, int N, int K)
+static void gflops_interleaved(const impl *which, double *out, int n, const bench_op *op, int M, int N, int K,
+                               clockid_t c)
 {
     double best[8];
     for (int i = 0; i < n; i++) {
         run_once(which[i], op, M, N, K);
         best[i] = 1e30;
     }
-    const double start = now_s();
+    const double start = now_s(); /* the round budget in wall time */
     for (int r = 0; r < 5 || now_s() - start < 0.45; r++)
         for (int i = 0; i < n; i++) {
-            const double t = best_window_s(which[i], op, M, N, K);
+            const double t = best_window_s(which[i], op, M, N, K, c);
             best[i] = t < best[i] ? t : best[i];
         }
     for (int i = 0; i < n; i++)
@@ -143,13 +155,14 @@ static void gflops_interleaved(const impl *which, double *out, int n, const benc
 }
 
 /* The int8 section: f32 exact, W8A16 and W8A8 side by side. */
-static void int8_section(cpu_pool *pool, double peak, uint64_t *seed)
+static void int8_section(cpu_pool *pool, double peak, uint64_t *seed, clockid_t c)
 {
     const struct { const char *name; int N, K; } shapes[] = {
         {"o", 768, 768}, {"qkv", 2304, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
     };
     const int Ms[] = {1, 16, 64, 256};
-    printf("\nint8 (issue 20): exact f32, exact on int8 weights (W8A16), int8 mode (W8A8, quantizing x included)\n");
+    printf("\nint8 (issue 20): exact f32, exact on int8 weights (W8A16), int8 mode (W8A8, quantizing x included)%s\n",
+           c == CLOCK_THREAD_CPUTIME_ID ? "; thread CPU time" : "");
     printf("%-8s %5s %5s %4s | %9s %9s %9s | %8s %8s %7s | %s\n", "shape", "N", "K", "M", "f32", "W8A16", "W8A8",
            "A8/f32", "A8/A16", "A8/peak", "M=1 weight GB/s (f32, W8A16, W8A8)");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -168,7 +181,7 @@ static void int8_section(cpu_pool *pool, double peak, uint64_t *seed)
             const int M = Ms[mi];
             const impl which[3] = {IMPL_MINE, IMPL_W8A16, IMPL_W8A8};
             double g[3];
-            gflops_interleaved(which, g, 3, &op, M, N, K);
+            gflops_interleaved(which, g, 3, &op, M, N, K, c);
             const double g32 = g[0], g16 = g[1], g8 = g[2];
             printf("%-8s %5d %5d %4d | %9.1f %9.1f %9.1f | %7.2fx %7.2fx %6.0f%% |", shapes[s].name, N, K, M, g32, g16,
                    g8, g8 / g32, g8 / g16, 100.0 * g8 / peak);
@@ -190,6 +203,12 @@ int main(int argc, char **argv)
     if (threads < 1)
         threads = 1;
     const int int8_only = argc > 2 && strcmp(argv[2], "int8") == 0;
+    const int cputime = int8_only && argc > 3 && strcmp(argv[3], "cputime") == 0;
+    if (cputime && threads != 1) {
+        fprintf(stderr, "gemm_bench: cputime: expected 1 thread (the pool's workers are not counted), got %d\n",
+                threads);
+        return 1;
+    }
     cpu_pool *pool = NULL;
     if (cpu_pool_create(&pool, threads, NULL) != 0) {
         fprintf(stderr, "gemm_bench: cannot start %d threads\n", threads);
@@ -214,7 +233,7 @@ int main(int argc, char **argv)
            mine_sq, 100.0 * mine_sq / peak);
 
     if (int8_only) {
-        int8_section(pool, peak, &seed);
+        int8_section(pool, peak, &seed, cputime ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC);
         cpu_pool_destroy(pool);
         return 0;
     }
@@ -272,7 +291,7 @@ int main(int argc, char **argv)
         free(y1);
         free(yv);
     }
-    int8_section(pool, peak, &seed);
+    int8_section(pool, peak, &seed, CLOCK_MONOTONIC);
     cpu_pool_destroy(pool);
     return 0;
 }
