@@ -139,9 +139,9 @@ static void test_avx2_matches_generic_random(void **state)
     pg_test_rng rng = {2020};
     long outputs = 0;
     /* fixed corners first: the largest K with M = 1, 4, 70; one column;
-     * tiles 4 x 3 and 1 x 6 plus one */
+     * tiles 4 x 3 and 1 x 6 plus one; K = 32768 and one block past it */
     static const int32_t fixed[][3] = {{1, 7, 4096}, {4, 13, 4096}, {70, 5, 4096}, {5, 1, 32}, {1, 1, 32}, {5, 4, 64},
-                                       {1, 7, 64}, {70, 301, 32}};
+                                       {1, 7, 64}, {70, 301, 32}, {5, 4, 32 * 1025}, {9, 7, 32 * 1024}};
     for (size_t f = 0; f < sizeof fixed / sizeof fixed[0]; f++) {
         const int32_t M = fixed[f][0], N = fixed[f][1], K = fixed[f][2];
         unsigned char *xq = rand_q8(&rng, M, K), *w = rand_q8(&rng, N, K);
