@@ -68,7 +68,8 @@ static inline float q8_dot_ref(const unsigned char *xr, const unsigned char *wr,
  * (-128 would break the sign trick; cpu_wt.c's quantizer never writes it.)
  *
  * Per pair and block that is 6 vector ops (psignb, pmaddubsw, pmaddwd,
- * cvtdq2ps, mulps, fma) for 32 multiply-adds, against 4 FMAs for f32.
+ * cvtdq2ps, mulps, fma) for 32 multiply-adds, against 4 FMAs for f32; 5
+ * where q8_tile_s forms the scale products 8 blocks per vmulps.
  *
  * Tiles: Q8_MR rows of x x Q8_NR rows of w, 4 x 3 (12 accumulators, 3 w
  * blocks; |qx| and the broadcast sx per row of the tile and block, the sign
@@ -78,8 +79,10 @@ static inline float q8_dot_ref(const unsigned char *xr, const unsigned char *wr,
  * GEMV tiles do. Measured on a 2-core Zen 3 (EPYC VM, shared), one thread,
  * best of 8 interleaved rounds, ns per pair and block at M = 64, N = 768,
  * K = 768: tiles 4 x 3 0.80, 4 x 4 0.78, 4 x 2 0.86, 2 x 4 0.86, 3 x 3
- * 0.87; forming a chunk's scale products 8 blocks per vmulps first (and a
- * broadcast load per pair) 0.97 against 0.93 without: dropped. At M = 1,
+ * 0.87; forming a chunk's scale products 8 blocks per vmulps first inside
+ * each tile (and a broadcast load per pair) 0.97 against 0.93 without;
+ * with the scales gathered once per row block and column tile instead
+ * (q8_tile_s) 0.75 against 0.80: kept for M >= 16. At M = 1,
  * N = 32000: GEMV_NR 4 / 6 / 8 2.86 / 2.77 / 2.60 (6 kept: equal at
  * N = 4096, 1.02 / 1.00 / 1.02, and whole in the pool's 12-column shares),
  * and 4.02 without the prefetch. */
@@ -179,6 +182,100 @@ static inline __attribute__((always_inline)) void q8_tile(float *y, int64_t ldy,
             y[(int64_t)i * ldy + j] = q8_tree(acc[i][j]);
 }
 
+/* q8_tile for M > 1 with the scale products formed 8 blocks per vmulps:
+ * xs, ws are the tile's scales gathered out of the blocks (rows of nbp
+ * floats, nbp = nb rounded up to 8, zeros past nb), once per row block
+ * and once per column tile (Q8_COLS_FN); per group of 8 blocks the tile
+ * forms d = sx_b * sw_b for each pair with one vmulps (the same f32
+ * product per lane), and each pair then reads its d with a broadcast load:
+ * 5 vector ops per pair and block instead of 6 (~7% faster at M >= 64;
+ * gathering per tile instead, the first try below, cost more stores than
+ * it saved). */
+static inline __attribute__((always_inline)) void q8_tile_s(float *y, int64_t ldy, const unsigned char *xq,
+                                                            const unsigned char *w, size_t row_bytes, int32_t nb,
+                                                            const float *xs, const float *ws, int32_t nbp,
+                                                            const int mr, const int nr)
+{
+    __m256 acc[4][Q8_TILE_NR];
+    float dd[4][Q8_TILE_NR][8] __attribute__((aligned(32)));
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    for (int32_t b0 = 0; b0 < nb; b0 += 8) {
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                _mm256_store_ps(dd[i][j], _mm256_mul_ps(_mm256_load_ps(xs + (size_t)i * (size_t)nbp + b0),
+                                                        _mm256_load_ps(ws + (size_t)j * (size_t)nbp + b0)));
+        const int32_t be = b0 + 8 < nb ? b0 + 8 : nb;
+        for (int32_t b = b0; b < be; b++) {
+            const size_t off = (size_t)b * CPU_I8_BLOCK_BYTES;
+            __m256i qw[Q8_TILE_NR];
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                qw[j] = q8_load_ints(w + (size_t)j * row_bytes + off);
+#pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) {
+                const __m256i qx = q8_load_ints(xq + (size_t)i * row_bytes + off), ax = _mm256_abs_epi8(qx);
+#pragma GCC unroll 8
+                for (int j = 0; j < nr; j++)
+                    acc[i][j] = _mm256_fmadd_ps(q8_block_products(ax, qx, qw[j], ones),
+                                                _mm256_broadcast_ss(&dd[i][j][b - b0]), acc[i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++)
+            y[(int64_t)i * ldy + j] = q8_tree(acc[i][j]);
+}
+
+/* dst [rows][nbp] = the scales of rows q8 rows, zeros past nb */
+static void q8_gather_scales(float *dst, const unsigned char *q, size_t row_bytes, int32_t rows, int32_t nb,
+                             int32_t nbp)
+{
+    for (int32_t r = 0; r < rows; r++)
+        for (int32_t b = 0; b < nbp; b++) {
+            float s = 0.0f;
+            if (b < nb)
+                memcpy(&s, q + (size_t)r * row_bytes + (size_t)b * CPU_I8_BLOCK_BYTES, sizeof s);
+            dst[(size_t)r * (size_t)nbp + (size_t)b] = s;
+        }
+}
+
+typedef void (*q8_tile_s_fn)(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w,
+                             size_t row_bytes, int32_t nb, const float *xs, const float *ws, int32_t nbp);
+#define Q8_TILE_S_DEF(mr, nr)                                                                                  \
+    static void q8_tile_s_##mr##_##nr(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, \
+                                      size_t row_bytes, int32_t nb, const float *xs, const float *ws,         \
+                                      int32_t nbp)                                                             \
+    {                                                                                                          \
+        q8_tile_s(y, ldy, xq, w, row_bytes, nb, xs, ws, nbp, mr, nr);                                          \
+    }
+#define Q8_TILE_S_ROW(mr) Q8_TILE_S_DEF(mr, 1) Q8_TILE_S_DEF(mr, 2) Q8_TILE_S_DEF(mr, 3) Q8_TILE_S_DEF(mr, 4)
+Q8_TILE_S_ROW(1) Q8_TILE_S_ROW(2) Q8_TILE_S_ROW(3) Q8_TILE_S_ROW(4)
+#define Q8_TILE_S_ENTRY(mr)                                                                                    \
+    {NULL, q8_tile_s_##mr##_1, q8_tile_s_##mr##_2, q8_tile_s_##mr##_3, q8_tile_s_##mr##_4}
+static const q8_tile_s_fn q8_tiles_s[5][5] = {{NULL}, Q8_TILE_S_ENTRY(1), Q8_TILE_S_ENTRY(2), Q8_TILE_S_ENTRY(3),
+                                              Q8_TILE_S_ENTRY(4)};
+
+/* the gathered scales' buffers (stack, per call): x rows of a row block,
+ * w rows of a column tile; K past Q8_SCALES_MAX_BLOCKS * 32 runs q8_tile.
+ * Below Q8_GATHER_MIN_M rows a column tile's gather is shared by too few
+ * row tiles to pay: q8_tile there too. Measured (one thread, ns per pair
+ * and block, q8_tile_s against q8_tile): M = 256 0.74 / 0.81, M = 64 0.75
+ * / 0.80, M = 16 0.77 / 0.80, M = 8 0.80 / 0.81, M = 4 0.87 / 0.84. */
+#define Q8_SCALES_MAX_BLOCKS 1024
+#ifndef Q8_GATHER_MIN_M
+#define Q8_GATHER_MIN_M 16
+#endif
+#define Q8_XS_FLOATS (4 * Q8_SCALES_MAX_BLOCKS)
+
 typedef void (*q8_tile_fn)(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, size_t row_bytes,
                            int32_t nb);
 #define Q8_TILE_DEF(mr, nr, pf)                                                                                \
@@ -219,14 +316,28 @@ void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned c
     mc = mc / Q8_MR * Q8_MR;
     if (mc < Q8_MR)
         mc = Q8_MR;
+    const int32_t nbp = (nb + 7) / 8 * 8;
+    const int gathered = nbp <= Q8_SCALES_MAX_BLOCKS && M >= Q8_GATHER_MIN_M;
+    float xs[Q8_XS_FLOATS] __attribute__((aligned(32))), ws[Q8_NR * Q8_SCALES_MAX_BLOCKS] __attribute__((aligned(32)));
+    if (gathered && mc * nbp > Q8_XS_FLOATS)
+        mc = Q8_XS_FLOATS / nbp / Q8_MR * Q8_MR; /* >= Q8_MR: nbp <= Q8_XS_FLOATS / 4 */
     for (int32_t mb = 0; mb < M; mb += mc) {
         const int32_t me = mb + mc < M ? mb + mc : M;
+        if (gathered)
+            q8_gather_scales(xs, xq + (size_t)mb * row_bytes, row_bytes, me - mb, nb, nbp);
         for (int32_t n = n0; n < n1; n += Q8_NR) {
             const int32_t nr = n1 - n < Q8_NR ? n1 - n : Q8_NR;
+            if (gathered)
+                q8_gather_scales(ws, w + (size_t)n * row_bytes, row_bytes, nr, nb, nbp);
             for (int32_t m = mb; m < me; m += Q8_MR) {
                 const int32_t mr = me - m < Q8_MR ? me - m : Q8_MR;
-                q8_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, xq + (size_t)m * row_bytes,
-                                 w + (size_t)n * row_bytes, row_bytes, nb);
+                if (gathered)
+                    q8_tiles_s[mr][nr](y + (int64_t)m * ldy + n, ldy, xq + (size_t)m * row_bytes,
+                                       w + (size_t)n * row_bytes, row_bytes, nb, xs + (size_t)(m - mb) * (size_t)nbp,
+                                       ws, nbp);
+                else
+                    q8_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, xq + (size_t)m * row_bytes,
+                                     w + (size_t)n * row_bytes, row_bytes, nb);
             }
         }
     }
