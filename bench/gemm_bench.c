@@ -1,9 +1,13 @@
 /* gemm_bench: the CPU executor's GEMM (cpu/cpu_gemm.c) against OpenBLAS on
  * the 110m model's shapes, with the machine's ceiling beside the figures.
  *
- *   gemm_bench [threads]      (default: all online cores, for both)
- *   gemm_bench [threads] --bf16-mode
- *                             (only the bf16 matmul mode's section, below)
+ *   gemm_bench [threads] [modes [cputime]]
+ *       threads: default all online cores, for both; modes: the ceiling and
+ *       the modes section only (also spelled int8 or --bf16-mode, the
+ *       names it had before its two halves were merged); cputime (threads
+ *       = 1): the modes section timed in the thread's CPU time
+ *       (CLOCK_THREAD_CPUTIME_ID), which a shared machine's other
+ *       processes do not inflate
  *
  * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
  * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
@@ -11,17 +15,15 @@
  * product). At M = 1 it also prints GB/s of weight streamed. Then whether
  * OpenBLAS itself is batch-invariant here (row 0 of an M = 64 sgemm vs the
  * same row alone through sgemm and through sgemv), which is why pagedgen
- * does not use it for its matmuls. Fixed seed, warm-up, best of timed
- * repetitions within ~0.3 s per point.
- *
- * --bf16-mode (issue 20): per shape and M in {1, 16, 64, 256}, GFLOP/s of
- * the exact product on f32 weights (cpu_gemm), the exact product on bf16
- * weights (cpu_gemm_wt CPU_WT_BF16) and the bf16 mode (cpu_gemm_mode:
- * activations rounded to bf16, VDPBF16PS's order, cpu_gemm_modes.h), each
- * the best of five interleaved rounds, with the ratios, the mode as a
- * fraction of the sgemm ceiling, and at M = 1 the weight GB/s (2 bytes per
- * weight: GB/s = GFLOP/s). With threads = 1 it times thread CPU time
- * (bfb_clock), which a loaded machine disturbs less than wall time.
+ * does not use it for its matmuls. Then the modes section (issue 20):
+ * per shape and M in {1, 16, 64, 256}, GFLOP/s of the exact f32 GEMM, of
+ * the exact GEMM on int8 weights (W8A16: cpu_gemm_wt, CPU_WT_I8), of the
+ * int8 mode (W8A8: cpu_gemm_mode, activation quantization included), of
+ * the exact GEMM on bf16 weights and of the bf16 mode (activation rounding
+ * included, cpu_gemm_modes.h), the five timed in interleaved rounds, with
+ * each mode's ratio to f32 and to the exact product on its own storage.
+ * Fixed seed, warm-up, best of timed repetitions within ~0.3 s (modes
+ * section: ~0.45 s for the five) per point.
  */
 #include <cblas.h>
 #include <stdint.h>
@@ -34,6 +36,7 @@
 #include "cpu_gemm.h"
 #include "cpu_gemm_modes.h"
 #include "cpu_pool.h"
+#include "cpu_wt.h"
 
 static double now_s(void)
 {
@@ -56,13 +59,27 @@ static float *rand_buf(size_t n, uint64_t *state)
     return p;
 }
 
-typedef enum { IMPL_MINE, IMPL_SGEMM, IMPL_SGEMV } impl;
+typedef enum { IMPL_MINE, IMPL_SGEMM, IMPL_SGEMV, IMPL_W8A16, IMPL_W8A8, IMPL_BF16, IMPL_BF16_MODE } impl;
 
-static void run_once(impl which, cpu_pool *pool, float *y, const float *x, const float *w, int M, int N, int K)
+/* One timed product: y [M][N] = x [M][K] @ w^T; w_i8 / w_bf16 (the int8 /
+ * bf16 impls): w as CPU_WT_I8 blocks / rounded to bf16; scratch: the
+ * modes' (cpu_gemm_mode_scratch_bytes, the larger of the two). */
+typedef struct bench_op {
+    cpu_pool *pool;
+    float *y;
+    const float *x, *w;
+    const void *w_i8;
+    void *scratch;
+    const uint16_t *w_bf16;
+} bench_op;
+
+static void run_once(impl which, const bench_op *op, int M, int N, int K)
 {
+    float *y = op->y;
+    const float *x = op->x, *w = op->w;
     switch (which) {
     case IMPL_MINE:
-        cpu_gemm(pool, y, N, x, w, M, N, K);
+        cpu_gemm(op->pool, y, N, x, w, M, N, K);
         break;
     case IMPL_SGEMM:
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
@@ -72,13 +89,26 @@ static void run_once(impl which, cpu_pool *pool, float *y, const float *x, const
             cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x + (size_t)m * K, 1, 0.0f,
                         y + (size_t)m * N, 1);
         break;
+    case IMPL_W8A16:
+        cpu_gemm_wt(CPU_GEMM_AUTO, CPU_WT_I8, op->pool, y, N, x, op->w_i8, M, N, K);
+        break;
+    case IMPL_W8A8:
+        cpu_gemm_mode(CPU_MATMUL_INT8, CPU_GEMM_AUTO, CPU_WT_I8, op->pool, y, N, x, op->w_i8, M, N, K, op->scratch);
+        break;
+    case IMPL_BF16:
+        cpu_gemm_wt(CPU_GEMM_AUTO, CPU_WT_BF16, op->pool, y, N, x, op->w_bf16, M, N, K);
+        break;
+    case IMPL_BF16_MODE:
+        cpu_gemm_mode(CPU_MATMUL_BF16, CPU_GEMM_AUTO, CPU_WT_BF16, op->pool, y, N, x, op->w_bf16, M, N, K,
+                      op->scratch);
+        break;
     }
 }
 
 /* GFLOP/s: warm-up, then the best of repetitions within ~0.3 s */
-static double gflops(impl which, cpu_pool *pool, float *y, const float *x, const float *w, int M, int N, int K)
+static double gflops(impl which, const bench_op *op, int M, int N, int K)
 {
-    run_once(which, pool, y, x, w, M, N, K);
+    run_once(which, op, M, N, K);
     double best = 1e30, start = now_s();
     int reps = 0;
     do {
@@ -86,7 +116,7 @@ static double gflops(impl which, cpu_pool *pool, float *y, const float *x, const
         int inner = 0;
         double t;
         do {
-            run_once(which, pool, y, x, w, M, N, K);
+            run_once(which, op, M, N, K);
             inner++;
         } while ((t = now_s() - t0) < 0.02);
         if (t / inner < best)
@@ -96,150 +126,113 @@ static double gflops(impl which, cpu_pool *pool, float *y, const float *x, const
     return 2.0 * M * N * K / best * 1e-9;
 }
 
-/* ---- the bf16 matmul mode vs the exact products (--bf16-mode) ---------- */
-
-typedef enum { BFB_EXACT_F32, BFB_EXACT_BF16, BFB_MODE_BF16, BFB_COUNT } bfb_impl;
-
-typedef struct bfb_operands {
-    cpu_pool *pool;
-    float *y;               /* [M][N] */
-    const float *x;         /* [M][K] */
-    const float *w;         /* [N][K] f32 */
-    const uint16_t *wb;     /* [N][K] bf16 (w rounded) */
-    void *scratch;          /* cpu_gemm_mode_scratch_bytes(bf16, 256, K) */
-    int M, N, K;
-} bfb_operands;
-
-static void bfb_run(bfb_impl which, const bfb_operands *o)
+/* seconds on clock c */
+static double clock_s(clockid_t c)
 {
-    switch (which) {
-    case BFB_EXACT_F32:
-        cpu_gemm(o->pool, o->y, o->N, o->x, o->w, o->M, o->N, o->K);
-        break;
-    case BFB_EXACT_BF16:
-        cpu_gemm_wt(CPU_GEMM_AUTO, CPU_WT_BF16, o->pool, o->y, o->N, o->x, o->wb, o->M, o->N, o->K);
-        break;
-    case BFB_MODE_BF16:
-        cpu_gemm_mode(CPU_MATMUL_BF16, CPU_GEMM_AUTO, CPU_WT_BF16, o->pool, o->y, o->N, o->x, o->wb, o->M, o->N, o->K,
-                      o->scratch);
-        break;
-    case BFB_COUNT:
-        break;
-    }
-}
-
-/* With one thread every product runs on the calling thread (cpu_pool of 1),
- * so the section can time this thread's CPU time, which excludes the time
- * it waits descheduled on a loaded machine (not cache or SMT-sibling
- * interference). With more threads: wall time. */
-static double bfb_clock(int thread_cpu)
-{
-    if (!thread_cpu)
-        return now_s();
     struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    clock_gettime(c, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* seconds per product: the best of repetitions within ~0.1 s (one round) */
-static double bfb_round(bfb_impl which, const bfb_operands *o, int thread_cpu)
+/* Seconds per call on clock c over one window of >= 0.02 s */
+static double best_window_s(impl which, const bench_op *op, int M, int N, int K, clockid_t c)
 {
-    bfb_run(which, o);
-    double best = 1e30, start = bfb_clock(thread_cpu);
+    double t0 = clock_s(c), t;
+    int inner = 0;
     do {
-        double t0 = bfb_clock(thread_cpu), t;
-        int inner = 0;
-        do {
-            bfb_run(which, o);
-            inner++;
-        } while ((t = bfb_clock(thread_cpu) - t0) < 0.01);
-        if (t / inner < best)
-            best = t / inner;
-    } while (bfb_clock(thread_cpu) - start < 0.1);
-    return best;
+        run_once(which, op, M, N, K);
+        inner++;
+    } while ((t = clock_s(c) - t0) < 0.02);
+    return t / inner;
 }
 
-static void bench_bf16_mode(cpu_pool *pool, int threads, uint64_t *seed)
+/* GFLOP/s of several impls timed in interleaved rounds (warm-up, then
+ * rounds of one window each until ~0.45 s and >= 5 rounds, best window per
+ * impl): a load that comes and goes hits them alike, so their ratio holds. */
+static void gflops_interleaved(const impl *which, double *out, int n, const bench_op *op, int M, int N, int K,
+                               clockid_t c)
 {
-    /* the ceiling, on the section's clock: a 2048^3 sgemm (OpenBLAS runs
-     * on the calling thread when it has one) */
-    double peak;
-    {
-        const int P = 2048;
-        float *pa = rand_buf((size_t)P * P, seed), *pb = rand_buf((size_t)P * P, seed);
-        float *pc = rand_buf((size_t)P * P, seed);
-        double best = 1e30;
-        for (int r = 0; r < 4; r++) {
-            const double t0 = bfb_clock(threads == 1);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, P, P, P, 1.0f, pa, P, pb, P, 0.0f, pc, P);
-            const double t = bfb_clock(threads == 1) - t0;
-            best = t < best ? t : best;
-        }
-        peak = 2.0 * P * P * P / best * 1e-9;
-        printf("ceiling: OpenBLAS sgemm %dx%dx%d = %.1f GFLOP/s (f32 FMA; on AVX2 the bf16 mode has no faster "
-               "instruction)\n", P, P, P, peak);
-        free(pa);
-        free(pb);
-        free(pc);
+    double best[8];
+    for (int i = 0; i < n; i++) {
+        run_once(which[i], op, M, N, K);
+        best[i] = 1e30;
     }
+    const double start = now_s(); /* the round budget in wall time */
+    for (int r = 0; r < 5 || now_s() - start < 0.45; r++)
+        for (int i = 0; i < n; i++) {
+            const double t = best_window_s(which[i], op, M, N, K, c);
+            best[i] = t < best[i] ? t : best[i];
+        }
+    for (int i = 0; i < n; i++)
+        out[i] = 2.0 * M * N * K / best[i] * 1e-9;
+}
+
+/* The modes section: f32 exact, W8A16, W8A8, exact on bf16 weights and
+ * the bf16 mode side by side. */
+static void modes_section(cpu_pool *pool, double peak, uint64_t *seed, clockid_t c)
+{
     const struct { const char *name; int N, K; } shapes[] = {
         {"o", 768, 768}, {"qkv", 2304, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
     };
     const int Ms[] = {1, 16, 64, 256};
-    printf("bf16 matmul mode (cpu_gemm_modes.h), %d threads, kernels %s; GFLOP/s (%s), best of 5 interleaved "
-           "rounds\n", threads, cpu_gemm_isa(), threads == 1 ? "thread CPU time" : "wall time");
-    printf("%-8s %5s %5s %4s | %9s %9s %9s | %9s %9s %6s | %s\n", "shape", "N", "K", "M", "exact f32", "exact bf16",
-           "bf16 mode", "mode/f32", "mode/bf16", "/peak", "M=1 weight GB/s (exact bf16, mode)");
+    printf("\nmatmul modes (issue 20): exact f32; int8 weights exact (W8A16) and int8 mode (W8A8, quantizing x "
+           "included); bf16 weights exact and bf16 mode (rounding x included); GFLOP/s%s\n",
+           c == CLOCK_THREAD_CPUTIME_ID ? ", thread CPU time" : "");
+    printf("%-8s %5s %5s %4s | %8s %8s %8s %8s %8s | %7s %7s %7s %7s %7s | %s\n", "shape", "N", "K", "M", "f32",
+           "W8A16", "W8A8", "bf16", "bf16mode", "A8/f32", "A8/A16", "bm/f32", "bm/bf16", "A8/peak",
+           "M=1 weight GB/s (f32, W8A16, W8A8, bf16, bf16 mode)");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int N = shapes[s].N, K = shapes[s].K;
         float *w = rand_buf((size_t)N * K, seed), *x = rand_buf((size_t)256 * K, seed);
         float *y = rand_buf((size_t)256 * N, seed);
-        uint16_t *wb = aligned_alloc(64, ((size_t)N * K * sizeof *wb + 63) / 64 * 64);
-        const size_t scratch_bytes = cpu_gemm_mode_scratch_bytes(CPU_MATMUL_BF16, 256, K);
-        void *scratch = aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
-        if (!wb || !scratch) {
+        void *w_i8 = malloc(cpu_wt_bytes(CPU_WT_I8, (size_t)N * K));
+        uint16_t *w_bf16 = aligned_alloc(64, ((size_t)N * K * sizeof *w_bf16 + 63) / 64 * 64);
+        size_t sb = cpu_gemm_mode_scratch_bytes(CPU_MATMUL_INT8, 256, K);
+        const size_t sb16 = cpu_gemm_mode_scratch_bytes(CPU_MATMUL_BF16, 256, K);
+        sb = sb16 > sb ? sb16 : sb;
+        void *scratch = aligned_alloc(64, (sb + 63) / 64 * 64);
+        if (!w_i8 || !w_bf16 || !scratch) {
             fprintf(stderr, "gemm_bench: out of memory\n");
             exit(1);
         }
-        cpu_bf16_round_rows(wb, w, (int64_t)N * K);
+        cpu_wt_store(CPU_WT_I8, w_i8, 0, w, ST_F32, (size_t)N * K);
+        cpu_bf16_round_rows(w_bf16, w, (int64_t)N * K);
+        const bench_op op = {pool, y, x, w, w_i8, scratch, w_bf16};
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
-            bfb_operands o = {pool, y, x, w, wb, scratch, Ms[mi], N, K};
-            double best[BFB_COUNT] = {1e30, 1e30, 1e30};
-            for (int round = 0; round < 5; round++)
-                for (int i = 0; i < BFB_COUNT; i++) {
-                    const double t = bfb_round((bfb_impl)i, &o, threads == 1);
-                    if (t < best[i])
-                        best[i] = t;
-                }
-            double g[BFB_COUNT];
-            for (int i = 0; i < BFB_COUNT; i++)
-                g[i] = 2.0 * o.M * N * K / best[i] * 1e-9;
-            printf("%-8s %5d %5d %4d | %9.1f %9.1f %9.1f | %8.2fx %8.2fx %5.0f%% |", shapes[s].name, N, K, o.M,
-                   g[BFB_EXACT_F32], g[BFB_EXACT_BF16], g[BFB_MODE_BF16], g[BFB_MODE_BF16] / g[BFB_EXACT_F32],
-                   g[BFB_MODE_BF16] / g[BFB_EXACT_BF16], 100.0 * g[BFB_MODE_BF16] / peak);
-            if (o.M == 1)
-                printf(" %.1f, %.1f", g[BFB_EXACT_BF16], g[BFB_MODE_BF16]);
+            const int M = Ms[mi];
+            const impl which[5] = {IMPL_MINE, IMPL_W8A16, IMPL_W8A8, IMPL_BF16, IMPL_BF16_MODE};
+            double g[5];
+            gflops_interleaved(which, g, 5, &op, M, N, K, c);
+            printf("%-8s %5d %5d %4d | %8.1f %8.1f %8.1f %8.1f %8.1f | %6.2fx %6.2fx %6.2fx %6.2fx %6.0f%% |",
+                   shapes[s].name, N, K, M, g[0], g[1], g[2], g[3], g[4], g[2] / g[0], g[2] / g[1], g[4] / g[0],
+                   g[4] / g[3], 100.0 * g[2] / peak);
+            if (M == 1) /* 2 flops per weight: f32 4 bytes, int8 36 per 32, bf16 2 */
+                printf(" %.1f, %.1f, %.1f, %.1f, %.1f", g[0] * 2.0, g[1] * 0.5625, g[2] * 0.5625, g[3], g[4]);
             printf("\n");
             fflush(stdout);
         }
         free(w);
         free(x);
         free(y);
-        free(wb);
+        free(w_i8);
+        free(w_bf16);
         free(scratch);
     }
 }
 
 int main(int argc, char **argv)
 {
-    int bf16_mode_only = 0;
-    if (argc > 1 && strcmp(argv[argc - 1], "--bf16-mode") == 0) {
-        bf16_mode_only = 1;
-        argc--;
-    }
     int threads = argc > 1 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1)
         threads = 1;
+    const int modes_only = argc > 2 && (strcmp(argv[2], "modes") == 0 || strcmp(argv[2], "int8") == 0 ||
+                                        strcmp(argv[2], "--bf16-mode") == 0);
+    const int cputime = modes_only && argc > 3 && strcmp(argv[3], "cputime") == 0;
+    if (cputime && threads != 1) {
+        fprintf(stderr, "gemm_bench: cputime: expected 1 thread (the pool's workers are not counted), got %d\n",
+                threads);
+        return 1;
+    }
     cpu_pool *pool = NULL;
     if (cpu_pool_create(&pool, threads, NULL) != 0) {
         fprintf(stderr, "gemm_bench: cannot start %d threads\n", threads);
@@ -247,18 +240,23 @@ int main(int argc, char **argv)
     }
     openblas_set_num_threads(threads);
     uint64_t seed = 12345;
-    if (bf16_mode_only) {
-        bench_bf16_mode(pool, threads, &seed);
-        cpu_pool_destroy(pool);
-        return 0;
-    }
 
     /* the ceiling: a large square sgemm */
     const int P = 2048;
     float *pa = rand_buf((size_t)P * P, &seed), *pb = rand_buf((size_t)P * P, &seed);
     float *pc = rand_buf((size_t)P * P, &seed);
-    double peak = gflops(IMPL_SGEMM, pool, pc, pa, pb, P, P, P);
-    double mine_sq = gflops(IMPL_MINE, pool, pc, pa, pb, P, P, P);
+    const bench_op sq = {pool, pc, pa, pb, NULL, NULL, NULL};
+    double peak, mine_sq;
+    if (cputime) { /* the ceiling on the same clock as the figures beside it */
+        const impl which[2] = {IMPL_SGEMM, IMPL_MINE};
+        double g[2];
+        gflops_interleaved(which, g, 2, &sq, P, P, P, CLOCK_THREAD_CPUTIME_ID);
+        peak = g[0];
+        mine_sq = g[1];
+    } else {
+        peak = gflops(IMPL_SGEMM, &sq, P, P, P);
+        mine_sq = gflops(IMPL_MINE, &sq, P, P, P);
+    }
     free(pa);
     free(pb);
     free(pc);
@@ -267,6 +265,11 @@ int main(int argc, char **argv)
     printf("ceiling: OpenBLAS sgemm %dx%dx%d = %.1f GFLOP/s (cpu_gemm on it: %.1f, %.0f%%)\n\n", P, P, P, peak,
            mine_sq, 100.0 * mine_sq / peak);
 
+    if (modes_only) {
+        modes_section(pool, peak, &seed, cputime ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC);
+        cpu_pool_destroy(pool);
+        return 0;
+    }
     const struct { const char *name; int N, K; } shapes[] = {
         {"qkv", 2304, 768}, {"o", 768, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
     };
@@ -279,9 +282,10 @@ int main(int argc, char **argv)
         float *y = rand_buf((size_t)256 * N, &seed);
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
             const int M = Ms[mi];
-            double g_mine = gflops(IMPL_MINE, pool, y, x, w, M, N, K);
-            double g_blas = gflops(IMPL_SGEMM, pool, y, x, w, M, N, K);
-            double g_gemv = M == 1 ? gflops(IMPL_SGEMV, pool, y, x, w, M, N, K) : 0.0;
+            const bench_op op = {pool, y, x, w, NULL, NULL, NULL};
+            double g_mine = gflops(IMPL_MINE, &op, M, N, K);
+            double g_blas = gflops(IMPL_SGEMM, &op, M, N, K);
+            double g_gemv = M == 1 ? gflops(IMPL_SGEMV, &op, M, N, K) : 0.0;
             printf("%-8s %5d %5d %4d | %9.1f %9.1f ", shapes[s].name, N, K, M, g_mine, g_blas);
             if (M == 1)
                 printf("%9.1f | %6.0f%% %6.0f%% | %.1f, %.1f\n", g_gemv, 100.0 * g_mine / g_blas, 100.0 * g_mine / peak,
@@ -320,6 +324,7 @@ int main(int argc, char **argv)
         free(y1);
         free(yv);
     }
+    modes_section(pool, peak, &seed, CLOCK_MONOTONIC);
     cpu_pool_destroy(pool);
     return 0;
 }

@@ -45,6 +45,8 @@ void cpu_gemm_q8_cols_avx2(float *y, int64_t ldy, const unsigned char *xq, const
                            int32_t K, int32_t n0, int32_t n1);
 void cpu_gemm_bf16_cols_avx2(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M, int32_t K,
                              int32_t n0, int32_t n1);
+/* cpu_q8_quantize_rows (cpu_gemm_modes.h), the same bytes, with AVX2 */
+void cpu_q8_quantize_rows_avx2(unsigned char *xq, const float *x, int32_t M, int32_t K);
 #endif
 void cpu_gemm_q8_cols_generic(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M,
                               int32_t K, int32_t n0, int32_t n1);
