@@ -9,10 +9,13 @@ docs/gguf.md. What llama.cpp expects beyond the container:
   - q and k rows in Meta's interleaved RoPE order (pairs (2i, 2i+1) of a head
     rotate together), while HF stores rotate-half order (i, i + d/2): the
     inverse of the permutation HF's conversion applies is undone here;
-  - a vocabulary (tokenizer.ggml.*): the llama2 tokenizer.json when its size
-    matches the checkpoint's vocab_size, else a minimal one (<unk>, <s>,
-    </s>, the 256 byte tokens, then placeholders), enough to load and run
-    llama-batched-bench, which feeds token ids, not text.
+  - a vocabulary (tokenizer.ggml.*): the checkpoint's tokenizer.json, else
+    llama2's, when its size matches the checkpoint's vocab_size, with
+    scores from its BPE merge ranks (score_and_type: llama.cpp then
+    tokenizes text as pagedgen does, which llama-perplexity needs); else a
+    minimal one (<unk>, <s>, </s>, the 256 byte tokens, then placeholders,
+    with a warning), enough to load and run llama-batched-bench, which feeds
+    token ids, not text.
 
 Weight types: f32, bf16 (the float's top 16 bits, round to nearest even) or
 q8_0 (blocks of 32 along a row: f16 scale max|x|/127 + 32 int8, llama.cpp's
@@ -110,24 +113,59 @@ def tensor_bytes(a, wtype, name):
 
 
 def load_vocab(tokenizer_path, vocab_size):
-    """(tokens, scores, token_types): the llama2 tokenizer.json's vocabulary
-    if it has exactly vocab_size entries, else a minimal one."""
+    """(tokens, scores, token_types): the tokenizer.json's vocabulary if it
+    has exactly vocab_size entries, else a minimal one (said on stderr: text
+    would tokenize to bytes, fine for llama-batched-bench, wrong for
+    llama-perplexity)."""
+    why = f"{tokenizer_path}: no such file"
     if tokenizer_path and os.path.exists(tokenizer_path):
         with open(tokenizer_path, encoding="utf-8") as f:
-            vocab = json.load(f)["model"]["vocab"]
+            model = json.load(f)["model"]
+        vocab = model["vocab"]
+        why = f"{tokenizer_path}: {len(vocab)} entries, the checkpoint's vocab_size is {vocab_size}"
         if len(vocab) == vocab_size:
             tokens = [None] * vocab_size
             for piece, i in vocab.items():
                 tokens[i] = piece
             if None not in tokens:
-                return tokens, *score_and_type(tokens)
+                return tokens, *score_and_type(tokens, model.get("merges"))
+            why = f"{tokenizer_path}: ids are not 0..{vocab_size - 1}"
+    elif not tokenizer_path:
+        why = "no tokenizer.json"
+    print(f"hf_to_gguf: {why}: writing a minimal vocabulary (<unk>, <s>, </s>, bytes, placeholders)",
+          file=sys.stderr)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     tokens += [f"tok{i}" for i in range(len(tokens), vocab_size)]
-    return tokens[:vocab_size], *score_and_type(tokens[:vocab_size])
+    return tokens[:vocab_size], *score_and_type(tokens[:vocab_size], None)
 
 
-def score_and_type(tokens):
-    """sentencepiece-style scores (earlier pieces merge first) and types."""
+def merge_ranks(merges):
+    """piece -> rank of the first merge in tokenizer.json's BPE merges list
+    that makes it ("a b" strings or [a, b] pairs)."""
+    ranks = {}
+    for r, m in enumerate(merges or ()):
+        a, b = (m.split(" ", 1) if isinstance(m, str) else m)
+        ranks.setdefault(a + b, r)
+    return ranks
+
+
+def score_and_type(tokens, merges):
+    """sentencepiece-style scores and token types.
+
+    llama.cpp's llama tokenizer (llm_tokenizer_spm) merges, among adjacent
+    pairs whose concatenation is a piece, the one whose piece scores highest
+    (leftmost on ties); Hugging Face's BPE merges the pair ranked first in
+    tokenizer.json's merges. For a tokenizer.json converted from a
+    sentencepiece model (llama2's, stories260K's) the merges list holds
+    every such pair, ordered by the merged piece's score, so score = -rank
+    of the piece's first merge reproduces the tokenization exactly. The
+    vocabulary id order is not the same thing: llama2's whitespace runs
+    ("▁▁" is id 259) rank last among its merges (their sentencepiece scores
+    are -1e9), and -id scores merge runs of spaces first ("    check"
+    becomes "▁▁▁▁" "check", not "▁▁▁" "▁check"). Pieces that no merge makes
+    (single characters) score below every merged piece; without a merges
+    list, -id."""
+    ranks = merge_ranks(merges)
     scores, types = [], []
     for i, t in enumerate(tokens):
         if t == "<unk>":
@@ -138,7 +176,12 @@ def score_and_type(tokens):
             types.append(TOK_BYTE)
         else:
             types.append(TOK_NORMAL)
-        scores.append(0.0 if types[-1] != TOK_NORMAL else -float(i))
+        if types[-1] != TOK_NORMAL:
+            scores.append(0.0)
+        elif not ranks:
+            scores.append(-float(i))
+        else:
+            scores.append(-float(ranks.get(t, len(ranks) + i)))
     return scores, types
 
 
@@ -278,6 +321,8 @@ def main():
                     "else ../shared/tokenizers/llama2; a minimal vocabulary if its size differs)")
     a = ap.parse_args()
     tok = a.tokenizer
+    if tok is not None and not os.path.isfile(tok):
+        sys.exit(f"hf_to_gguf: --tokenizer {tok}: expected a tokenizer.json file, got no such file")
     if tok is None:  # the checkpoint's own, else the llama2 one (the synthetic models have none)
         own = os.path.join(a.model_dir, "tokenizer.json")
         tok = own if os.path.exists(own) else default_tok

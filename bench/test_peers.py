@@ -319,6 +319,103 @@ class GGUFTest(unittest.TestCase):
         self.assertEqual(int(np.abs(blocks["qs"]).max()), 127)
 
 
+def spm_tokenize(text, tokens, scores):
+    """llama.cpp's llama tokenizer (llm_tokenizer_spm, src/llama-vocab.cpp)
+    over a GGUF vocabulary: " " -> "▁" with one prepended, then among
+    adjacent symbols whose concatenation is a piece, merge the highest
+    scoring (leftmost on ties) until none; unknown characters as bytes."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    sym = list("▁" + text.replace(" ", "▁"))
+    while True:
+        best = None
+        for k in range(len(sym) - 1):
+            i = ids.get(sym[k] + sym[k + 1])
+            if i is not None and (best is None or scores[i] > scores[ids[sym[best] + sym[best + 1]]]):
+                best = k
+        if best is None:
+            break
+        sym[best:best + 2] = [sym[best] + sym[best + 1]]
+    out = []
+    for t in sym:
+        out += [ids[t]] if t in ids else [ids[f"<0x{b:02X}>"] for b in t.encode()]
+    return out
+
+
+def bpe_tokenize(text, vocab, merges):
+    """Hugging Face's BPE (what pagedgen's tokenizer does for these files):
+    merge the adjacent pair ranked first in the merges list, leftmost on
+    ties; byte fallback for characters not in the vocabulary."""
+    rank = {tuple(m.split(" ", 1) if isinstance(m, str) else m): r for r, m in enumerate(merges)}
+    sym = list("▁" + text.replace(" ", "▁"))
+    while True:
+        cand = [(rank[(sym[k], sym[k + 1])], k) for k in range(len(sym) - 1) if (sym[k], sym[k + 1]) in rank]
+        if not cand:
+            break
+        _, k = min(cand)
+        sym[k:k + 2] = [sym[k] + sym[k + 1]]
+    out = []
+    for t in sym:
+        out += [vocab[t]] if t in vocab else [vocab[f"<0x{b:02X}>"] for b in t.encode()]
+    return out
+
+
+@unittest.skipIf(np is None, "numpy missing")
+class VocabScoresTest(unittest.TestCase):
+    """The GGUF's token scores make llama.cpp tokenize text as pagedgen does
+    (llama-perplexity compares values on the same ids): scores follow the
+    BPE merge ranks, not the vocabulary ids."""
+
+    def write_tokenizer(self, d, vocab, merges):
+        path = os.path.join(d, "tokenizer.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": merges}}, f)
+        return path
+
+    def test_rank_not_id(self):
+        """"▁▁" has the lower id but its merge ranks last (as in llama2):
+        " c" is "▁" "▁c", not "▁▁" "c"."""
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁▁", "▁c", "▁", "c"]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        merges = ["▁ c", "▁ ▁"]
+        with tempfile.TemporaryDirectory() as d:
+            toks, scores, types = hf_to_gguf.load_vocab(self.write_tokenizer(d, vocab, merges), len(tokens))
+        self.assertEqual(toks, tokens)
+        self.assertEqual((types[0], types[1], types[3], types[259]), (2, 3, 6, 1))
+        self.assertGreater(scores[vocab["▁c"]], scores[vocab["▁▁"]])
+        self.assertGreater(scores[vocab["▁▁"]], scores[vocab["c"]])  # no merge makes "c"
+        for text in (" c", "c", "  c c", "cc x"):
+            self.assertEqual(spm_tokenize(text, toks, scores), bpe_tokenize(text, vocab, merges), text)
+        self.assertEqual(spm_tokenize(" c", toks, scores), [vocab["▁"], vocab["▁c"]])
+
+    def test_minimal_vocabulary_said(self):
+        import contextlib
+        import io
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            toks, _, _ = hf_to_gguf.load_vocab("/nonexistent/tokenizer.json", 300)
+        self.assertEqual((len(toks), toks[3], toks[299]), (300, "<0x00>", "tok299"))
+        self.assertIn("minimal vocabulary", err.getvalue())
+
+    def test_shared_tokenizers(self):
+        """llama2's (the 110m synthetic model's) and stories260K's
+        tokenizer.json: text with runs of spaces, code, newlines."""
+        shared = os.environ.get("PAGEDGEN_SHARED", "")
+        files = [os.path.join(shared, "tokenizers", "llama2", "tokenizer.json"),
+                 os.path.join(shared, "models", "stories260K", "tokenizer.json")]
+        if not all(os.path.isfile(f) for f in files):
+            self.skipTest("no tokenizers under $PAGEDGEN_SHARED")
+        texts = ["Once upon a time, there was a little girl named Lily.",
+                 "    if (check(x)) {\n        return  the_value;   }\n\tdone",
+                 "a  b   c    d     e      f", "   leading and trailing   "]
+        for f in files:
+            with open(f, encoding="utf-8") as fh:
+                model = json.load(fh)["model"]
+            toks, scores, _ = hf_to_gguf.load_vocab(f, len(model["vocab"]))
+            for text in texts:
+                self.assertEqual(spm_tokenize(text, toks, scores), bpe_tokenize(text, model["vocab"], model["merges"]),
+                                 f"{f}: {text!r}")
+
+
 if __name__ == "__main__":
     result = unittest.main(exit=False, verbosity=1).result
     if not result.wasSuccessful():
