@@ -81,6 +81,97 @@ class PerplexityParser(unittest.TestCase):
             peers.parse_llama_perplexity("perplexity: tokenizing the input ..\n")
 
 
+# llama-perplexity of 2026 (0.5.0-dev, de3ff81): timestamped log lines on
+# stderr, the running estimate on stdout; no llama_perf lines (lost at exit)
+PPL_TS_ERR = """\
+0.00.642.111 I perplexity: tokenizing the input ..
+0.00.643.123 I perplexity: calculating perplexity over 10 chunks, n_ctx=512, batch_size=512, n_seq=1
+0.02.552.980 I perplexity: 1.97 seconds per pass - ETA 0.30 minutes
+0.20.643.123 I Final estimate: PPL = 37552.9844 +/- 416.01728
+"""
+PPL_TS_OUT = "[1]40036.3605,[2]38365.6603,[9]37722.1304,[10]37552.9844,\n"
+
+
+class PerplexityTimestamps(unittest.TestCase):
+    def test_log_timing(self):
+        f = peers.parse_llama_perplexity(PPL_TS_OUT + PPL_TS_ERR, 30.0)
+        self.assertEqual((f["ppl"], f["ppl_stderr"], f["tokens"], f["timing"]), (37552.9844, 416.01728, 5120, "log"))
+        self.assertAlmostEqual(f["seconds"], 20.0)
+
+    def test_lost_final_line(self):
+        """the final estimate lost: the running [10] value, timed by wall
+        time from the 'calculating' line"""
+        text = PPL_TS_OUT + PPL_TS_ERR.split("0.20.643")[0]
+        f = peers.parse_llama_perplexity(text, 30.643123)
+        self.assertEqual((f["ppl"], f["ppl_stderr"], f["timing"]), (37552.9844, None, "wall"))
+        self.assertAlmostEqual(f["seconds"], 30.0)
+        self.assertIsNone(peers.parse_llama_perplexity(text)["tok_per_s"])
+        with self.assertRaisesRegex(ValueError, r"running estimate \[10\]"):
+            peers.parse_llama_perplexity(text.replace("[10]37552.9844,", ""), 30.0)
+
+
+class PerplexitySectionTest(unittest.TestCase):
+    """peers.py --llama-perplexity end to end with stand-ins: the first
+    llama-perplexity call loses its last lines (run again), rounds
+    interleave, each side keeps its fastest, the values' relative
+    difference decides the exit status."""
+
+    def run_section(self, d, pagedgen_ppl):
+        lp = os.path.join(d, "llama-perplexity")
+        with open(lp, "w") as f:
+            f.write("#!/bin/sh\necho \"$@\" >> %s/lp_args\necho x >> %s/lp_calls\n"
+                    "if [ $(wc -l < %s/lp_calls) -ge 2 ]; then printf '%%s' '%s'; printf '%%s' '%s' >&2;"
+                    " else printf '%%s' '%s'; printf '%%s' '%s' >&2; fi\n"
+                    % (d, d, d, PPL_TS_OUT, PPL_TS_ERR, PPL_TS_OUT.split("[10]")[0],
+                       PPL_TS_ERR.split("0.02.552")[0]))
+        pg = os.path.join(d, "pagedgen")
+        with open(pg, "w") as f:  # slower in its second run: the first is kept
+            f.write("#!/bin/sh\necho \"$@\" >> %s/pg_args\necho x >> %s/pg_calls\n"
+                    "if [ $(wc -l < %s/pg_calls) -ge 2 ]; then t=40.0; else t=25.0; fi\n"
+                    "echo '{\"ppl\":%s,\"ppl_stderr\":416.0278,\"tok_per_s\":'$t'}'\n" % (d, d, d, pagedgen_ppl))
+        for b in (lp, pg):
+            os.chmod(b, 0o755)
+        gguf, text = os.path.join(d, "m.gguf"), os.path.join(d, "t.txt")
+        for x in (gguf, text):
+            open(x, "w").close()
+        out = os.path.join(d, "ppl.json")
+        import subprocess
+        p = subprocess.run([sys.executable, os.path.join(os.path.dirname(peers.__file__), "peers.py"),
+                            "--llama-perplexity", lp, "--pagedgen", pg, "--model-dir", d, "--text", text,
+                            "--gguf", "f32=" + gguf, "--rounds", "2", "--out", out],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return p, out
+
+    def test_agree(self):
+        with tempfile.TemporaryDirectory() as d:
+            p, out = self.run_section(d, "37553.223846")
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("lost its last lines", p.stdout)
+            self.assertIn("within 0.1%", p.stdout)
+            with open(os.path.join(d, "lp_args")) as f:
+                calls = f.read().splitlines()
+            self.assertEqual(len(calls), 3)  # round 1 twice (lost lines), round 2 once
+            args = calls[0].split()
+            for flag, val in (("-c", "512"), ("-b", "512"), ("-t", "2"), ("-tb", "2")):
+                self.assertEqual(args[args.index(flag) + 1], val)
+            with open(os.path.join(d, "pg_args")) as f:
+                args = f.read().splitlines()[0].split()
+            self.assertEqual(args[:1] + args[args.index("--ctx"):args.index("--ctx") + 2], ["perplexity", "--ctx", "512"])
+            with open(out) as f:
+                rep = json.load(f)
+            self.assertEqual(rep["rounds"], 2)
+            self.assertAlmostEqual(rep["llama_cpp"]["tok_per_s"], 5120 / 20.0)
+            self.assertEqual(rep["pagedgen"]["tok_per_s"], 40.0)
+            self.assertAlmostEqual(rep["ratio_tok_per_s"], 40.0 / 256.0)
+            self.assertAlmostEqual(rep["ppl_rel_diff"], (37553.223846 - 37552.9844) / 37552.9844)
+
+    def test_disagree(self):
+        with tempfile.TemporaryDirectory() as d:
+            p, out = self.run_section(d, "37600.0")
+            self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+            self.assertIn("OVER 0.1%", p.stdout)
+
+
 def run_peers(fake, results, gguf_spec, out):
     """peers.py as scripts/bench runs it, with a stand-in binary"""
     import subprocess
