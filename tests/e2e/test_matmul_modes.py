@@ -24,6 +24,9 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from case_runner import check, exe, main  # noqa: E402
+
 SHARED = os.environ.get("PAGEDGEN_SHARED", "")
 SRC = os.environ.get("PAGEDGEN_SOURCE_ROOT",
                      os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -35,20 +38,10 @@ MODES = ["bf16", "int8"]
 # Mean NLL per token may move this much from exact's (stories260K, story.txt,
 # ctx 128; measured 2026-11-26: bf16 +0.0002, int8 +0.0010 of exact's 1.3607).
 NLL_BOUND = 0.01
-EXE = None
-
-
-class Fail(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
 
 
 def run(args, stdin_bytes=None, timeout=300):
-    p = subprocess.run([EXE] + args, input=stdin_bytes, stdout=subprocess.PIPE,
+    p = subprocess.run([exe()] + args, input=stdin_bytes, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
@@ -125,24 +118,5 @@ def case_modes_errors():
         check(rc == 0 and out.count(b"\n") == 1, f"{flags}: exit {rc}: {err[:300]!r}")
 
 
-def main():
-    global EXE
-    EXE = os.path.abspath(sys.argv[1])
-    case = sys.argv[2]
-    if not os.path.isdir(MODEL):
-        if os.environ.get("CI") == "true":
-            print(f"no test data at {MODEL} in CI")
-            return 1
-        print(f"skip: no test data at {MODEL} (set PAGEDGEN_SHARED)")
-        return 77
-    try:
-        globals()["case_" + case]()
-    except Fail as e:
-        print(f"FAIL [{case}]: {e}")
-        return 1
-    print(f"ok [{case}]")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(globals(), MODEL))
