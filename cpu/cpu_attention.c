@@ -48,6 +48,14 @@
  * summed cost (context length x heads) crosses an equal share; the pool runs
  * CHUNKS_PER_THREAD chunks per thread (a thread the OS delays holds only a
  * small share). Which chunk computes an item never changes its arithmetic.
+ * Prefill: a sequence with several query rows in the step is cut into
+ * tiles of up to ATTN_TILE_MAX consecutive rows, and an item is a tile x a
+ * kv-head range (attn_tile): it walks its context once, and each K row
+ * serves the dots of every (row, head) of the tile that reaches it (causal,
+ * window), each V row their sums, while it sits in L1; otherwise a prompt of
+ * P tokens streamed its K/V about P/2 times. Each (t, h) keeps the order
+ * above, so a token's bits do not depend on its tile either (a tile of one
+ * row, a decode, runs attn_item as before).
  * Measured (bench/, 110m model, 2 cores): decode at batch 64 streams the
  * cache at about 19-20 GB/s of a 30 GB/s machine, 2.2-2.6x the old kernel; the
  * rest is DRAM latency across 4 KiB pages (huge pages for the KV cache gave
@@ -72,10 +80,12 @@ typedef struct attn_job {
     float scale;
     const step_batch *b;
     /* fast version only */
-    int32_t hsplit;             /* kv-head ranges per token: items = T * hsplit */
+    int32_t hsplit;             /* kv-head ranges per tile: items = n_tiles * hsplit */
+    const int32_t *tiles;       /* [n_tiles + 1] first token row of each tile, then T */
     const int32_t *chunk_first; /* [n_chunks + 1] first item of each chunk */
     int32_t nhp;                /* nh rounded up to 16 */
     int32_t hdp;                /* hd rounded up to 16 */
+    int64_t tile_e_floats;      /* score area of a tile item (attn_tile) */
     size_t chunk_floats;        /* scratch per chunk */
 } attn_job;
 
@@ -421,18 +431,182 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
     }
 }
 
-/* attn_item for each cache type (the loads are inlined per type) */
-static void attn_item_f32(const attn_job *j, float *buf, int32_t t, int32_t g0, int32_t g1)
+/* ---- prefill tiles ------------------------------------------------------------ */
+
+/* Most query rows in one tile (attn_tile): a K or V row read from the cache
+ * serves the dots and sums of all of them while it is in L1. */
+#define ATTN_TILE_MAX 8
+/* A tile's score area is capped at this many floats (per chunk): long
+ * contexts get shorter tiles (cpu_op_attention). */
+#define ATTN_TILE_E_MAX_FLOATS ((int64_t)1 << 20)
+
+static inline int32_t attn_round16(int32_t n)
 {
-    attn_item(j, buf, t, g0, g1, CPU_KV_F32);
+    return (n + CM_LANES - 1) / CM_LANES * CM_LANES;
 }
-static void attn_item_bf16(const attn_job *j, float *buf, int32_t t, int32_t g0, int32_t g1)
+
+/* One tile item: query rows t0 .. t0+nt-1 (2 <= nt <= ATTN_TILE_MAX) of one
+ * sequence, kv heads [g0, g1), query heads h0 .. h0+nhi-1. The tile's pairs
+ * (token tt, local head hi) are numbered q = tt * nhi + hi; pair q attends to
+ * positions [lo[tt], n[tt]) of the tile's span [jlo, jhi) (the union). The
+ * walk is the one of attn_item over the span, once for the whole tile:
+ * for each K row j the dots of every pair that reaches j (16 pairs per
+ * cm_hsum16), then the softmax with 16 pairs per vector, each lane over its
+ * own range (a lane outside its range keeps its max and adds nothing to z),
+ * then for each V row j the sums of every pair that reaches j. Every pair
+ * sees the canonical order of the header: the same bits as attn_item.
+ * buf: this chunk's scratch,
+ *   e     [jhi - jlo][npp]     scores, then exp(s - max), lanes = pairs
+ *         (npp = nt * nhi rounded up to 16; at most j->tile_e_floats)
+ *   qp    [nt * nhi][hdp]      q, zero-padded
+ *   o     [nt * nhi][hdp]      output accumulators
+ *   inv_z [npp] */
+static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, float *buf, int32_t t0, int32_t nt,
+                                                            int32_t g0, int32_t g1, const int kvt)
 {
-    attn_item(j, buf, t, g0, g1, CPU_KV_BF16);
+    const step_batch *b = j->b;
+    const int32_t hd = j->hd, hdp = j->hdp, nkv = j->nkv, G = j->nh / nkv, bs = b->block_size;
+    const int32_t nv = hd / CM_LANES, rem = hd % CM_LANES;
+    const int64_t kvw = (int64_t)nkv * hd, row = (int64_t)(j->nh + 2 * nkv) * hd;
+    const int32_t s = j->ce->tok_seq[t0];
+    const int32_t *table = b->block_tables + (int64_t)s * b->block_table_stride;
+    const int32_t h0 = g0 * G, nhi = (g1 - g0) * G, np = nt * nhi, npp = attn_round16(np);
+    int32_t lo[ATTN_TILE_MAX], n[ATTN_TILE_MAX], jlo = INT32_MAX, jhi = 0;
+    for (int32_t tt = 0; tt < nt; tt++) {
+        n[tt] = b->positions[t0 + tt] + 1;
+        lo[tt] = attn_lo(b, b->positions[t0 + tt]);
+        jlo = lo[tt] < jlo ? lo[tt] : jlo;
+        jhi = n[tt] > jhi ? n[tt] : jhi;
+    }
+    float *e = buf, *qp = e + j->tile_e_floats, *o = qp + (int64_t)ATTN_TILE_MAX * j->nh * hdp;
+    float *inv_z = o + (int64_t)ATTN_TILE_MAX * j->nh * hdp;
+
+    for (int32_t tt = 0; tt < nt; tt++) {
+        const float *q = j->qkv + (int64_t)(t0 + tt) * row + (int64_t)h0 * hd;
+        for (int32_t hi = 0; hi < nhi; hi++) {
+            float *qd = qp + (int64_t)(tt * nhi + hi) * hdp;
+            memcpy(qd, q + (int64_t)hi * hd, (size_t)hd * sizeof(float));
+            memset(qd + hd, 0, (size_t)(hdp - hd) * sizeof(float));
+            memset(o + (int64_t)(tt * nhi + hi) * hdp, 0, (size_t)hdp * sizeof(float));
+        }
+    }
+
+    const size_t eb = kvt == CPU_KV_F32 ? 4u : 2u, run_bytes = (size_t)(g1 - g0) * (size_t)hd * eb;
+    for (int32_t d = 0; d < ATTN_PF_BLOCKS; d++)
+        attn_prefetch_block(j->k_cache, table, jlo / bs + d, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
+
+    /* K: each row once for all pairs; a pair whose token does not reach
+     * the row gets a zero (never read) */
+    for (int32_t c0 = jlo / bs * bs, blk = jlo / bs; c0 < jhi; c0 += bs, blk++) {
+        const int32_t rows = jhi - c0 < bs ? jhi - c0 : bs;
+        attn_prefetch_block(j->k_cache, table, blk + ATTN_PF_BLOCKS, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
+        const int64_t kb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
+        for (int32_t r = c0 < jlo ? jlo - c0 : 0; r < rows; r++) {
+            const int32_t jj = c0 + r;
+            const int64_t kr = kb + r * kvw;
+            float *er = e + (int64_t)(jj - jlo) * npp;
+            for (int32_t qg = 0; qg < np; qg += CM_LANES) {
+                cm_v16f acc[CM_LANES];
+                for (int32_t i = 0; i < CM_LANES; i++) {
+                    const int32_t q = qg + i, tt = q / nhi, hi = q - tt * nhi;
+                    acc[i] = q < np && jj >= lo[tt] && jj < n[tt]
+                                 ? attn_dot_lanes(qp + (int64_t)q * hdp, j->k_cache, kr + (int64_t)(hi / G) * hd,
+                                                  nv, rem, kvt)
+                                 : cm_zero();
+                }
+                cm_store(er + qg, cm_hsum16(acc) * j->scale);
+            }
+        }
+    }
+    for (int32_t d = 0; d < ATTN_PF_BLOCKS; d++)
+        attn_prefetch_block(j->v_cache, table, jlo / bs + d, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
+
+    /* softmax, 16 pairs per vector: lane l runs over its own [lo, n) */
+    for (int32_t qg = 0; qg < np; qg += CM_LANES) {
+        cm_v16i lov, nv_;
+        for (int32_t i = 0; i < CM_LANES; i++) {
+            const int32_t q = qg + i, tt = q / nhi;
+            lov[i] = q < np ? lo[tt] : INT32_MAX; /* lanes past np: never in range */
+            nv_[i] = q < np ? n[tt] : INT32_MAX;
+        }
+        cm_v16f mx = cm_zero();
+        for (int32_t c = jlo; c < jhi; c++) {
+            const cm_v16i cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
+            const cm_v16f ec = cm_load(e + (int64_t)(c - jlo) * npp + qg);
+            /* mx = e[lo], then e[c] > mx ? e[c] : mx (attn_item's order) */
+            mx = cm_select(cv == lov, ec, cm_select((cv > lov) & (cv < nv_) & (ec > mx), ec, mx));
+        }
+        cm_v16f z = cm_zero();
+        for (int32_t c = jlo; c < jhi; c++) {
+            const cm_v16i cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
+            float *ep = e + (int64_t)(c - jlo) * npp + qg;
+            const cm_v16f ec = cm_exp(cm_load(ep) - mx);
+            cm_store(ep, ec);
+            /* outside the range: + 0, which leaves z (>= +0) as it is */
+            z = z + cm_select((cv >= lov) & (cv < nv_), ec, cm_zero());
+        }
+        cm_store(inv_z + qg, 1.0f / z);
+    }
+
+    /* V: each row once for all pairs that reach it, sums in increasing j */
+    for (int32_t c0 = jlo / bs * bs, blk = jlo / bs; c0 < jhi; c0 += bs, blk++) {
+        const int32_t rows = jhi - c0 < bs ? jhi - c0 : bs;
+        const int64_t vb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
+        attn_prefetch_block(j->v_cache, table, blk + ATTN_PF_BLOCKS, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
+        for (int32_t r = c0 < jlo ? jlo - c0 : 0; r < rows; r++) {
+            const int32_t jj = c0 + r;
+            const int64_t vr = vb + r * kvw;
+            const float *er = e + (int64_t)(jj - jlo) * npp;
+            for (int32_t tt = 0; tt < nt; tt++) {
+                if (jj < lo[tt] || jj >= n[tt])
+                    continue;
+                for (int32_t hi = 0; hi < nhi; hi++) {
+                    const int32_t q = tt * nhi + hi;
+                    attn_axpy(o + (int64_t)q * hdp, er[q], j->v_cache, vr + (int64_t)(hi / G) * hd, nv, rem, kvt);
+                }
+            }
+        }
+    }
+
+    for (int32_t tt = 0; tt < nt; tt++) {
+        float *out = j->out + (int64_t)(t0 + tt) * j->nh * hd + (int64_t)h0 * hd;
+        for (int32_t hi = 0; hi < nhi; hi++) {
+            const int32_t q = tt * nhi + hi;
+            const float inv = inv_z[q];
+            const float *oh = o + (int64_t)q * hdp;
+            float *dst = out + (int64_t)hi * hd;
+            for (int32_t i = 0; i < nv; i++)
+                cm_store(dst + CM_LANES * i, cm_load(oh + CM_LANES * i) * inv);
+            if (rem) {
+                const cm_v16f last = cm_load(oh + CM_LANES * nv) * inv;
+                memcpy(dst + CM_LANES * nv, &last, (size_t)rem * sizeof(float));
+            }
+        }
+    }
 }
-static void attn_item_f16(const attn_job *j, float *buf, int32_t t, int32_t g0, int32_t g1)
+
+/* attn_item (one token) or attn_tile, for each cache type (the loads are
+ * inlined per type) */
+static void attn_tile_f32(const attn_job *j, float *buf, int32_t t0, int32_t nt, int32_t g0, int32_t g1)
 {
-    attn_item(j, buf, t, g0, g1, CPU_KV_F16);
+    if (nt == 1)
+        attn_item(j, buf, t0, g0, g1, CPU_KV_F32);
+    else
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F32);
+}
+static void attn_tile_bf16(const attn_job *j, float *buf, int32_t t0, int32_t nt, int32_t g0, int32_t g1)
+{
+    if (nt == 1)
+        attn_item(j, buf, t0, g0, g1, CPU_KV_BF16);
+    else
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_BF16);
+}
+static void attn_tile_f16(const attn_job *j, float *buf, int32_t t0, int32_t nt, int32_t g0, int32_t g1)
+{
+    if (nt == 1)
+        attn_item(j, buf, t0, g0, g1, CPU_KV_F16);
+    else
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F16);
 }
 
 /* kv heads [*g0, *g1) of item part `part` of hsplit */
@@ -451,12 +625,13 @@ static void attn_chunk(void *ctx, int32_t chunk, int32_t n_chunks)
     const int32_t nt = j->ce->n_threads;
     /* chunk c: region c / nt of worker c % nt's scratch (no two chunks share one) */
     float *buf = j->ce->scratch[chunk % nt].buf + (size_t)(chunk / nt) * j->chunk_floats;
-    void (*item)(const attn_job *, float *, int32_t, int32_t, int32_t) =
-        j->ce->kv == CPU_KV_BF16 ? attn_item_bf16 : (j->ce->kv == CPU_KV_F16 ? attn_item_f16 : attn_item_f32);
+    void (*item)(const attn_job *, float *, int32_t, int32_t, int32_t, int32_t) =
+        j->ce->kv == CPU_KV_BF16 ? attn_tile_bf16 : (j->ce->kv == CPU_KV_F16 ? attn_tile_f16 : attn_tile_f32);
     for (int32_t i = j->chunk_first[chunk]; i < j->chunk_first[chunk + 1]; i++) {
         int32_t g0, g1;
         attn_heads(j->nkv, i % j->hsplit, j->hsplit, &g0, &g1);
-        item(j, buf, i / j->hsplit, g0, g1);
+        const int32_t t0 = j->tiles[i / j->hsplit];
+        item(j, buf, t0, j->tiles[i / j->hsplit + 1] - t0, g0, g1);
     }
 }
 
@@ -529,6 +704,33 @@ int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const void 
     return PG_OK;
 }
 
+/* Cuts the step's query rows into tiles of up to nt_max consecutive rows of
+ * one sequence (ce->attn_tiles: n_tiles + 1 entries, the last T); returns
+ * n_tiles, and in *e_floats the largest score area of a tile of >= 2 rows
+ * (span x pairs rounded up to 16, all nh heads). */
+static int32_t attn_cut_tiles(cpu_exec *ce, const step_batch *b, int32_t nh, int32_t nt_max, int64_t *e_floats)
+{
+    int32_t n_tiles = 0;
+    *e_floats = 0;
+    for (int32_t s = 0; s < b->num_seqs; s++)
+        for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += nt_max) {
+            const int32_t nt = b->query_start[s + 1] - t0 < nt_max ? b->query_start[s + 1] - t0 : nt_max;
+            ce->attn_tiles[n_tiles++] = t0;
+            if (nt < 2)
+                continue;
+            int32_t jlo = INT32_MAX, jhi = 0;
+            for (int32_t t = t0; t < t0 + nt; t++) {
+                const int32_t l = attn_lo(b, b->positions[t]);
+                jlo = l < jlo ? l : jlo;
+                jhi = b->positions[t] + 1 > jhi ? b->positions[t] + 1 : jhi;
+            }
+            const int64_t ef = (int64_t)(jhi - jlo) * attn_round16(nt * nh);
+            *e_floats = ef > *e_floats ? ef : *e_floats;
+        }
+    ce->attn_tiles[n_tiles] = b->num_tokens;
+    return n_tiles;
+}
+
 int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_cache,
                      const void *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
                      const step_batch *b)
@@ -537,7 +739,24 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
     if (rc)
         return rc;
     const int32_t T = b->num_tokens;
-    /* cost of token t's item: context x heads (+ a fixed part per item) */
+    if ((size_t)T + 1 > ce->attn_tiles_cap) {
+        int32_t *p = realloc(ce->attn_tiles, ((size_t)T + 1) * sizeof *p);
+        if (!p)
+            return cpu_exec_fail(ce, PG_ENOMEM, "attention: out of memory for %d tiles", (int)T + 1);
+        ce->attn_tiles = p;
+        ce->attn_tiles_cap = (size_t)T + 1;
+    }
+    /* tiles of ATTN_TILE_MAX rows, shorter where the score area would pass
+     * ATTN_TILE_E_MAX_FLOATS (which tile a row is in never changes its bits) */
+    int32_t nt_max = ATTN_TILE_MAX, n_tiles;
+    int64_t tile_e = 0;
+    for (;;) {
+        n_tiles = attn_cut_tiles(ce, b, nh, nt_max, &tile_e);
+        if (nt_max == 1 || tile_e <= ATTN_TILE_E_MAX_FLOATS)
+            break;
+        nt_max /= 2;
+    }
+    /* cost of token t: context x heads (+ a fixed part per token) */
     double work = 0.0;
     for (int32_t t = 0; t < T; t++)
         work += (double)(b->positions[t] + 1 - attn_lo(b, b->positions[t]));
@@ -545,25 +764,34 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
     int32_t n_chunks = work < 32768.0 ? 1 : ce->n_threads * CHUNKS_PER_THREAD;
     if (n_chunks > MAX_CHUNKS)
         n_chunks = MAX_CHUNKS;
-    /* all kv heads in one item unless there are too few tokens to share */
+    /* all kv heads in one item unless there are too few tiles to share */
     int32_t hsplit = 1;
-    while (hsplit < nkv && (int64_t)T * hsplit < 2 * (int64_t)n_chunks)
+    while (hsplit < nkv && (int64_t)n_tiles * hsplit < 2 * (int64_t)n_chunks)
         hsplit++;
-    const int64_t items = (int64_t)T * hsplit;
+    const int64_t items = (int64_t)n_tiles * hsplit;
     if (n_chunks > items)
         n_chunks = (int32_t)items;
 
     attn_job job = {.ce = ce, .out = out, .qkv = qkv, .k_cache = k_cache, .v_cache = v_cache,
-                    .nh = nh, .nkv = nkv, .hd = hd, .scale = scale, .b = b, .hsplit = hsplit};
+                    .nh = nh, .nkv = nkv, .hd = hd, .scale = scale, .b = b, .hsplit = hsplit,
+                    .tiles = ce->attn_tiles};
     job.hdp = (hd + CM_LANES - 1) / CM_LANES * CM_LANES;
-    job.nhp = (nh + CM_LANES - 1) / CM_LANES * CM_LANES;
-    job.chunk_floats = (size_t)attn_e_floats(b->max_seq_len, job.nhp) + (size_t)job.nhp + 2 * (size_t)nh * (size_t)job.hdp;
+    job.nhp = attn_round16(nh);
+    job.tile_e_floats = tile_e;
+    /* an item of one row (attn_item) or a tile (attn_tile): the larger */
+    const size_t item_floats = (size_t)attn_e_floats(b->max_seq_len, job.nhp) + (size_t)job.nhp +
+                               2 * (size_t)nh * (size_t)job.hdp;
+    const size_t tile_floats = nt_max < 2 ? 0
+                                          : (size_t)tile_e + (size_t)attn_round16(ATTN_TILE_MAX * nh) +
+                                                2 * (size_t)ATTN_TILE_MAX * (size_t)nh * (size_t)job.hdp;
+    job.chunk_floats = item_floats > tile_floats ? item_floats : tile_floats;
     const int32_t per_worker = (n_chunks + ce->n_threads - 1) / ce->n_threads;
     rc = cpu_exec_scratch(ce, (size_t)per_worker * job.chunk_floats);
     if (rc)
         return rc;
 
-    /* cut the items into n_chunks runs of about equal cost */
+    /* cut the items into n_chunks runs of about equal cost: a tile's is the
+     * sum over its rows */
     int32_t first[MAX_CHUNKS + 1];
     double total = 0.0;
     for (int32_t t = 0; t < T; t++)
@@ -572,10 +800,11 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
     int32_t k = 1;
     double acc = 0.0;
     for (int64_t i = 0; i < items && k < n_chunks; i++) {
-        const int32_t t = (int32_t)(i / hsplit);
+        const int32_t tile = (int32_t)(i / hsplit);
         int32_t g0, g1;
         attn_heads(nkv, (int32_t)(i % hsplit), hsplit, &g0, &g1);
-        acc += (double)(b->positions[t] + 1 - attn_lo(b, b->positions[t]) + 16) * (g1 - g0);
+        for (int32_t t = ce->attn_tiles[tile]; t < ce->attn_tiles[tile + 1]; t++)
+            acc += (double)(b->positions[t] + 1 - attn_lo(b, b->positions[t]) + 16) * (g1 - g0);
         while (k < n_chunks && acc * n_chunks >= total * k)
             first[k++] = (int32_t)(i + 1);
     }
