@@ -433,6 +433,46 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
 
 /* ---- prefill tiles ------------------------------------------------------------ */
 
+/* The tile's inner loops use the machine's vector width (GCC splits a
+ * 16-lane cm_v16f into memory round trips when it is kept in arrays on
+ * AVX2): a 16-lane dot accumulator is 16 / ATTN_VW vectors, lane l in
+ * vector l / ATTN_VW; the sums and the widening are per element, so the
+ * width changes no bits. */
+#if !defined(ATTN_VW) /* 8 or 16; -DATTN_VW=16 tests the AVX-512 form elsewhere */
+#if defined(__AVX512F__)
+#define ATTN_VW 16
+#else
+#define ATTN_VW 8
+#endif
+#endif
+typedef float attn_vf __attribute__((vector_size(ATTN_VW * 4)));
+typedef uint32_t attn_vu __attribute__((vector_size(ATTN_VW * 4)));
+typedef int32_t attn_vi __attribute__((vector_size(ATTN_VW * 4)));
+typedef uint16_t attn_vh __attribute__((vector_size(ATTN_VW * 2)));
+
+/* ATTN_VW cache elements from element e of c (type kvt), widened exactly
+ * as cm_load_bf16 / cm_load_f16 do */
+static inline __attribute__((always_inline)) attn_vf attn_loadw(const void *c, int64_t e, const int kvt)
+{
+    attn_vf v;
+    if (kvt == CPU_KV_F32) {
+        memcpy(&v, (const float *)c + e, sizeof v);
+        return v;
+    }
+    attn_vh h;
+    memcpy(&h, (const uint16_t *)c + e, sizeof h);
+    const attn_vu u = __builtin_convertvector(h, attn_vu);
+    if (kvt == CPU_KV_BF16)
+        return (attn_vf)(u << 16);
+    const attn_vu em = (u & 0x7fffu) << 13;
+    const attn_vf fin = (attn_vf)em * 0x1p112f;
+    const attn_vf nonfin = (attn_vf)(em | 0x7f800000u);
+    const attn_vi big = (attn_vi)(em >= (0x7c00u << 13));
+    v = (attn_vf)(((attn_vi)nonfin & big) | ((attn_vi)fin & ~big));
+    return (attn_vf)((attn_vu)v | ((u & 0x8000u) << 16));
+}
+
+
 /* Most query rows in one tile (attn_tile): a K or V row read from the cache
  * serves the dots and sums of all of them while it is in L1. */
 #define ATTN_TILE_MAX 8
@@ -462,7 +502,7 @@ static inline int32_t attn_round16(int32_t n)
  *   o     [nt * nhi][hdp]      output accumulators
  *   inv_z [npp] */
 static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, float *buf, int32_t t0, int32_t nt,
-                                                            int32_t g0, int32_t g1, const int kvt)
+                                                            int32_t g0, int32_t g1, const int kvt, const int NV)
 {
     const step_batch *b = j->b;
     const int32_t hd = j->hd, hdp = j->hdp, nkv = j->nkv, G = j->nh / nkv, bs = b->block_size;
@@ -495,26 +535,50 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
     for (int32_t d = 0; d < ATTN_PF_BLOCKS; d++)
         attn_prefetch_block(j->k_cache, table, jlo / bs + d, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
 
-    /* K: each row once for all pairs; a pair whose token does not reach
-     * the row gets a zero (never read) */
+    /* K: groups of up to 16 rows of a block; for each pair, the dots of the
+     * rows its token reaches (q in registers when NV is known), reduced
+     * 16 rows at once (cm_hsum16: cm_hsum's bits), stored into the rows'
+     * lanes of the pair; the rows of a group stay in L1 for all pairs */
     for (int32_t c0 = jlo / bs * bs, blk = jlo / bs; c0 < jhi; c0 += bs, blk++) {
         const int32_t rows = jhi - c0 < bs ? jhi - c0 : bs;
         attn_prefetch_block(j->k_cache, table, blk + ATTN_PF_BLOCKS, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
         const int64_t kb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
-        for (int32_t r = c0 < jlo ? jlo - c0 : 0; r < rows; r++) {
-            const int32_t jj = c0 + r;
-            const int64_t kr = kb + r * kvw;
-            float *er = e + (int64_t)(jj - jlo) * npp;
-            for (int32_t qg = 0; qg < np; qg += CM_LANES) {
-                cm_v16f acc[CM_LANES];
-                for (int32_t i = 0; i < CM_LANES; i++) {
-                    const int32_t q = qg + i, tt = q / nhi, hi = q - tt * nhi;
-                    acc[i] = q < np && jj >= lo[tt] && jj < n[tt]
-                                 ? attn_dot_lanes(qp + (int64_t)q * hdp, j->k_cache, kr + (int64_t)(hi / G) * hd,
-                                                  nv, rem, kvt)
-                                 : cm_zero();
+        for (int32_t r = c0 < jlo ? jlo - c0 : 0; r < rows; r += CM_LANES) {
+            const int32_t jj0 = c0 + r, nr = rows - r < CM_LANES ? rows - r : CM_LANES;
+            for (int32_t tt = 0; tt < nt; tt++) {
+                const int32_t ra = lo[tt] - jj0 > 0 ? lo[tt] - jj0 : 0, rb = n[tt] - jj0 < nr ? n[tt] - jj0 : nr;
+                if (ra >= rb)
+                    continue; /* the token reaches none of these rows */
+                for (int32_t hi = 0; hi < nhi; hi++) {
+                    const int32_t q = tt * nhi + hi;
+                    const float *qq = qp + (int64_t)q * hdp;
+                    const int64_t kr = kb + (int64_t)r * kvw + (int64_t)(hi / G) * hd;
+                    enum { P = CM_LANES / ATTN_VW };
+                    const int32_t NW = NV * P; /* <= 16: NV <= 8 */
+                    attn_vf qv[16];
+                    cm_v16f acc[CM_LANES];
+                    for (int32_t w = 0; w < NW; w++)
+                        memcpy(&qv[w], qq + ATTN_VW * w, sizeof qv[w]);
+                    for (int32_t i = 0; i < CM_LANES; i++) {
+                        if (i < ra || i >= rb) {
+                            acc[i] = cm_zero();
+                        } else if (NV > 0) {
+                            /* lane l of the 16: part l / ATTN_VW, d = l, l + 16, ... in order */
+                            attn_vf part[P];
+                            for (int32_t p = 0; p < P; p++)
+                                part[p] = (attn_vf){0.0f};
+                            for (int32_t w = 0; w < NW; w++)
+                                part[w % P] = part[w % P] + qv[w] * attn_loadw(j->k_cache, kr + i * kvw + ATTN_VW * w, kvt);
+                            memcpy(&acc[i], part, sizeof acc[i]);
+                        } else {
+                            acc[i] = attn_dot_lanes(qq, j->k_cache, kr + i * kvw, nv, rem, kvt);
+                        }
+                    }
+                    const cm_v16f sc = cm_hsum16(acc) * j->scale;
+                    float *eq = e + (int64_t)(jj0 - jlo) * npp + q;
+                    for (int32_t i = 0; i < nr; i++)
+                        eq[(int64_t)i * npp] = sc[i];
                 }
-                cm_store(er + qg, cm_hsum16(acc) * j->scale);
             }
         }
     }
@@ -548,21 +612,35 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
         cm_store(inv_z + qg, 1.0f / z);
     }
 
-    /* V: each row once for all pairs that reach it, sums in increasing j */
+    /* V: the same groups of rows; each pair's sums over the rows its token
+     * reaches, in increasing j (o in registers when NV is known) */
     for (int32_t c0 = jlo / bs * bs, blk = jlo / bs; c0 < jhi; c0 += bs, blk++) {
         const int32_t rows = jhi - c0 < bs ? jhi - c0 : bs;
         const int64_t vb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
         attn_prefetch_block(j->v_cache, table, blk + ATTN_PF_BLOCKS, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
-        for (int32_t r = c0 < jlo ? jlo - c0 : 0; r < rows; r++) {
-            const int32_t jj = c0 + r;
-            const int64_t vr = vb + r * kvw;
-            const float *er = e + (int64_t)(jj - jlo) * npp;
+        for (int32_t r = c0 < jlo ? jlo - c0 : 0; r < rows; r += CM_LANES) {
+            const int32_t jj0 = c0 + r, nr = rows - r < CM_LANES ? rows - r : CM_LANES;
             for (int32_t tt = 0; tt < nt; tt++) {
-                if (jj < lo[tt] || jj >= n[tt])
-                    continue;
-                for (int32_t hi = 0; hi < nhi; hi++) {
+                const int32_t ra = lo[tt] - jj0 > 0 ? lo[tt] - jj0 : 0, rb = n[tt] - jj0 < nr ? n[tt] - jj0 : nr;
+                for (int32_t hi = 0; hi < nhi && ra < rb; hi++) {
                     const int32_t q = tt * nhi + hi;
-                    attn_axpy(o + (int64_t)q * hdp, er[q], j->v_cache, vr + (int64_t)(hi / G) * hd, nv, rem, kvt);
+                    float *oq = o + (int64_t)q * hdp;
+                    const float *eq = e + (int64_t)(jj0 - jlo) * npp + q;
+                    const int64_t vr = vb + (int64_t)r * kvw + (int64_t)(hi / G) * hd;
+                    if (NV > 0) {
+                        const int32_t NW = NV * (CM_LANES / ATTN_VW); /* <= 16: NV <= 8 */
+                        attn_vf ov[16];
+                        memcpy(ov, oq, (size_t)NW * sizeof ov[0]);
+                        for (int32_t i = ra; i < rb; i++) {
+                            const float ej = eq[(int64_t)i * npp];
+                            for (int32_t w = 0; w < NW; w++)
+                                ov[w] = ov[w] + ej * attn_loadw(j->v_cache, vr + i * kvw + ATTN_VW * w, kvt);
+                        }
+                        memcpy(oq, ov, (size_t)NW * sizeof ov[0]);
+                    } else {
+                        for (int32_t i = ra; i < rb; i++)
+                            attn_axpy(oq, eq[(int64_t)i * npp], j->v_cache, vr + i * kvw, nv, rem, kvt);
+                    }
                 }
             }
         }
@@ -586,27 +664,40 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
 }
 
 /* attn_item (one token) or attn_tile, for each cache type (the loads are
- * inlined per type) */
+ * inlined per type) and head size 64 and 128 (q or o of a pair in
+ * registers: NV = hd / 16 vectors) */
 static void attn_tile_f32(const attn_job *j, float *buf, int32_t t0, int32_t nt, int32_t g0, int32_t g1)
 {
     if (nt == 1)
         attn_item(j, buf, t0, g0, g1, CPU_KV_F32);
+    else if (j->hd == 64)
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F32, 4);
+    else if (j->hd == 128)
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F32, 8);
     else
-        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F32);
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F32, 0);
 }
 static void attn_tile_bf16(const attn_job *j, float *buf, int32_t t0, int32_t nt, int32_t g0, int32_t g1)
 {
     if (nt == 1)
         attn_item(j, buf, t0, g0, g1, CPU_KV_BF16);
+    else if (j->hd == 64)
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_BF16, 4);
+    else if (j->hd == 128)
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_BF16, 8);
     else
-        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_BF16);
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_BF16, 0);
 }
 static void attn_tile_f16(const attn_job *j, float *buf, int32_t t0, int32_t nt, int32_t g0, int32_t g1)
 {
     if (nt == 1)
         attn_item(j, buf, t0, g0, g1, CPU_KV_F16);
+    else if (j->hd == 64)
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F16, 4);
+    else if (j->hd == 128)
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F16, 8);
     else
-        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F16);
+        attn_tile(j, buf, t0, nt, g0, g1, CPU_KV_F16, 0);
 }
 
 /* kv heads [*g0, *g1) of item part `part` of hsplit */
