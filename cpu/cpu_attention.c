@@ -472,6 +472,20 @@ static inline __attribute__((always_inline)) attn_vf attn_loadw(const void *c, i
     return (attn_vf)((attn_vu)v | ((u & 0x8000u) << 16));
 }
 
+/* elements [e, e + n) of c, zeros after; 0 < n < ATTN_VW (reads only n) */
+static inline __attribute__((always_inline)) attn_vf attn_loadw_part(const void *c, int64_t e, int32_t n,
+                                                                     const int kvt)
+{
+    if (kvt == CPU_KV_F32) {
+        float f[ATTN_VW] = {0.0f};
+        memcpy(f, (const float *)c + e, (size_t)n * sizeof(float));
+        return attn_loadw(f, 0, kvt);
+    }
+    uint16_t h[ATTN_VW] = {0};
+    memcpy(h, (const uint16_t *)c + e, (size_t)n * sizeof(uint16_t));
+    return attn_loadw(h, 0, kvt);
+}
+
 
 /* Most query rows in one tile (attn_tile): a K or V row read from the cache
  * serves the dots and sums of all of them while it is in L1. */
@@ -571,7 +585,24 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
                                 part[w % P] = part[w % P] + qv[w] * attn_loadw(j->k_cache, kr + i * kvw + ATTN_VW * w, kvt);
                             memcpy(&acc[i], part, sizeof acc[i]);
                         } else {
-                            acc[i] = attn_dot_lanes(qq, j->k_cache, kr + i * kvw, nv, rem, kvt);
+                            /* any hd: q from L1 (zero-padded to hdp), the tail
+                             * of k read as zeros */
+                            attn_vf part[P];
+                            for (int32_t p = 0; p < P; p++)
+                                part[p] = (attn_vf){0.0f};
+                            int32_t w = 0;
+                            for (; w < hd / ATTN_VW; w++) {
+                                attn_vf qw;
+                                memcpy(&qw, qq + ATTN_VW * w, sizeof qw);
+                                part[w % P] = part[w % P] + qw * attn_loadw(j->k_cache, kr + i * kvw + ATTN_VW * w, kvt);
+                            }
+                            if (hd % ATTN_VW) {
+                                attn_vf qw;
+                                memcpy(&qw, qq + ATTN_VW * w, sizeof qw);
+                                part[w % P] = part[w % P] + qw * attn_loadw_part(j->k_cache, kr + i * kvw + ATTN_VW * w,
+                                                                                 hd % ATTN_VW, kvt);
+                            }
+                            memcpy(&acc[i], part, sizeof acc[i]);
                         }
                     }
                     const cm_v16f sc = cm_hsum16(acc) * j->scale;
@@ -638,8 +669,24 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
                         }
                         memcpy(oq, ov, (size_t)NW * sizeof ov[0]);
                     } else {
-                        for (int32_t i = ra; i < rb; i++)
-                            attn_axpy(oq, eq[(int64_t)i * npp], j->v_cache, vr + i * kvw, nv, rem, kvt);
+                        /* any hd: o in L1 (padded to hdp), the tail of v read
+                         * as zeros */
+                        for (int32_t i = ra; i < rb; i++) {
+                            const float ej = eq[(int64_t)i * npp];
+                            int32_t w = 0;
+                            for (; w < hd / ATTN_VW; w++) {
+                                attn_vf ow;
+                                memcpy(&ow, oq + ATTN_VW * w, sizeof ow);
+                                ow = ow + ej * attn_loadw(j->v_cache, vr + i * kvw + ATTN_VW * w, kvt);
+                                memcpy(oq + ATTN_VW * w, &ow, sizeof ow);
+                            }
+                            if (hd % ATTN_VW) {
+                                attn_vf ow;
+                                memcpy(&ow, oq + ATTN_VW * w, sizeof ow);
+                                ow = ow + ej * attn_loadw_part(j->v_cache, vr + i * kvw + ATTN_VW * w, hd % ATTN_VW, kvt);
+                                memcpy(oq + ATTN_VW * w, &ow, sizeof ow);
+                            }
+                        }
                     }
                 }
             }
