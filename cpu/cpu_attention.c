@@ -492,7 +492,6 @@ static inline __attribute__((always_inline)) attn_vf attn_loadw_part(const void 
     return attn_loadw(h, 0, kvt);
 }
 
-
 /* Most query rows in one tile (attn_tile): a K or V row read from the cache
  * serves the dots and sums of all of them while it is in L1. */
 #define ATTN_TILE_MAX 8
@@ -509,12 +508,13 @@ static inline int32_t attn_round16(int32_t n)
  * sequence, kv heads [g0, g1), query heads h0 .. h0+nhi-1. The tile's pairs
  * (token tt, local head hi) are numbered q = tt * nhi + hi; pair q attends to
  * positions [lo[tt], n[tt]) of the tile's span [jlo, jhi) (the union). The
- * walk is the one of attn_item over the span, once for the whole tile:
- * for each K row j the dots of every pair that reaches j (16 pairs per
+ * walk is the one of attn_item over the span, once for the whole tile, in
+ * groups of up to 16 rows of a block (in L1 while every pair uses them):
+ * for each pair the dots of the group's rows it reaches (16 rows per
  * cm_hsum16), then the softmax with 16 pairs per vector, each lane over its
  * own range (a lane outside its range keeps its max and adds nothing to z),
- * then for each V row j the sums of every pair that reaches j. Every pair
- * sees the canonical order of the header: the same bits as attn_item.
+ * then for each pair its sums over the group's V rows in increasing j.
+ * Every pair sees the canonical order of the header: attn_item's bits.
  * buf: this chunk's scratch,
  *   e     [jhi - jlo][npp]     scores, then exp(s - max), lanes = pairs
  *         (npp = nt * nhi rounded up to 16; at most j->tile_e_floats)
@@ -624,18 +624,18 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
 
     /* softmax, 16 pairs per vector: lane l runs over its own [lo, n) */
     for (int32_t qg = 0; qg < np; qg += CM_LANES) {
-        cm_v16i lov, nv_;
+        cm_v16i lo_l, n_l;
         for (int32_t i = 0; i < CM_LANES; i++) {
             const int32_t q = qg + i, tt = q / nhi;
-            lov[i] = q < np ? lo[tt] : INT32_MAX; /* lanes past np: never in range */
-            nv_[i] = q < np ? n[tt] : INT32_MAX;
+            lo_l[i] = q < np ? lo[tt] : INT32_MAX; /* lanes past np: never in range */
+            n_l[i] = q < np ? n[tt] : INT32_MAX;
         }
         cm_v16f mx = cm_zero();
         for (int32_t c = jlo; c < jhi; c++) {
             const cm_v16i cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
             const cm_v16f ec = cm_load(e + (int64_t)(c - jlo) * npp + qg);
             /* mx = e[lo], then e[c] > mx ? e[c] : mx (attn_item's order) */
-            mx = cm_select(cv == lov, ec, cm_select((cv > lov) & (cv < nv_) & (ec > mx), ec, mx));
+            mx = cm_select(cv == lo_l, ec, cm_select((cv > lo_l) & (cv < n_l) & (ec > mx), ec, mx));
         }
         cm_v16f z = cm_zero();
         for (int32_t c = jlo; c < jhi; c++) {
@@ -644,7 +644,7 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
             const cm_v16f ec = cm_exp(cm_load(ep) - mx);
             cm_store(ep, ec);
             /* outside the range: + 0, which leaves z (>= +0) as it is */
-            z = z + cm_select((cv >= lov) & (cv < nv_), ec, cm_zero());
+            z = z + cm_select((cv >= lo_l) & (cv < n_l), ec, cm_zero());
         }
         cm_store(inv_z + qg, 1.0f / z);
     }
