@@ -551,6 +551,10 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
         }
     }
 
+    /* the lanes past the last pair: zeros (read by the softmax, never used) */
+    for (int32_t c = jlo; np < npp && c < jhi; c++)
+        memset(e + (int64_t)(c - jlo) * npp + np, 0, (size_t)(npp - np) * sizeof(float));
+
     const size_t eb = kvt == CPU_KV_F32 ? 4u : 2u, run_bytes = (size_t)(g1 - g0) * (size_t)hd * eb;
     for (int32_t d = 0; d < ATTN_PF_BLOCKS; d++)
         attn_prefetch_block(j->k_cache, table, jlo / bs + d, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
@@ -567,8 +571,12 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
             const int32_t jj0 = c0 + r, nr = rows - r < CM_LANES ? rows - r : CM_LANES;
             for (int32_t tt = 0; tt < nt; tt++) {
                 const int32_t ra = lo[tt] - jj0 > 0 ? lo[tt] - jj0 : 0, rb = n[tt] - jj0 < nr ? n[tt] - jj0 : nr;
-                if (ra >= rb)
-                    continue; /* the token reaches none of these rows */
+                if (ra >= rb) { /* the token reaches none of these rows: zeros
+                                 * (never used; the softmax reads no unset float) */
+                    for (int32_t i = 0; i < nr; i++)
+                        memset(e + (int64_t)(jj0 + i - jlo) * npp + tt * nhi, 0, (size_t)nhi * sizeof(float));
+                    continue;
+                }
                 for (int32_t hi = 0; hi < nhi; hi++) {
                     const int32_t q = tt * nhi + hi;
                     const float *qq = qp + (int64_t)q * hdp;
