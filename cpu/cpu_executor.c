@@ -83,6 +83,7 @@ static void cpu_destroy(executor *ex)
         for (int32_t w = 0; w < ce->n_threads; w++)
             free(ce->scratch[w].buf);
     free(ce->scratch);
+    free(ce->attn_tiles);
     free(ce->tok_seq);
     free(ce->act_q);
     free(ce);

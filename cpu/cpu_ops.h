@@ -30,6 +30,8 @@ typedef struct cpu_exec {
     cpu_scratch *scratch;   /* [n_threads] */
     int32_t *tok_seq;       /* [tok_seq_cap] sequence of each token (attention) */
     size_t tok_seq_cap;
+    int32_t *attn_tiles;    /* [attn_tiles_cap] first token row of each attention tile, then T */
+    size_t attn_tiles_cap;
     char err[1024];
 } cpu_exec;
 

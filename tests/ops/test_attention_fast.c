@@ -19,6 +19,11 @@
  *  - bit-identical across thread counts 1, 2, 3 and 7 (which changes how
  *    items are split into chunks and kv-head ranges) and for every
  *    sequence alone vs inside the ragged batch.
+ *  - the prefill tiles (several query rows of one sequence per work item):
+ *    prompts of up to 600 tokens, several in one step, chunked prefill,
+ *    windows, tiles shortened for a long context with many heads, all
+ *    against the canonical order as above; and a prompt prefilled at once
+ *    equals the same prompt one token per step and in random chunks.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -249,6 +254,20 @@ static const attn_case cases[] = {
     {12, 12, 64, 16, 1.0f, 8, {{130, 1}, {200, 1}, {17, 1}, {129, 64}, {256, 1}, {1, 1}, {16, 1}, {255, 1}}, 16},
     {6, 3, 24, 16, 4.0f, 4, {{15, 15}, {255, 2}, {1000, 1}, {17, 1}}, 255},
     {16, 4, 128, 16, 2.0f, 3, {{1, 1}, {255, 17}, {1000, 1}}, 2000},
+    /* prefill tiles (attn_tile): long prompts, several of different lengths
+     * in one step beside decodes, chunked prefill (query rows from mid-
+     * context), lengths that are not a multiple of the tile; GQA 1, 2, 4;
+     * hd 8, 64, 128; windows across tiles and blocks */
+    {4, 2, 64, 16, 1.0f, 4, {{600, 600}, {77, 77}, {90, 1}, {30, 30}}, 0},
+    {4, 1, 128, 16, 1.0f, 4, {{600, 120}, {129, 129}, {40, 1}, {19, 11}}, 0},
+    {3, 3, 8, 16, 3.0f, 3, {{600, 600}, {33, 20}, {2, 2}}, 0},
+    {12, 12, 64, 16, 1.0f, 3, {{130, 130}, {130, 3}, {9, 9}}, 0},
+    {8, 2, 64, 16, 1.0f, 3, {{600, 600}, {300, 100}, {50, 1}}, 100},
+    {4, 4, 128, 32, 2.0f, 3, {{600, 37}, {200, 200}, {13, 13}}, 7},
+    {2, 1, 8, 1, 1.0f, 2, {{97, 97}, {64, 30}}, 3},
+    /* many heads and a long context: tiles shortened to keep the score
+     * area in bounds (ATTN_TILE_E_MAX_FLOATS) */
+    {64, 16, 8, 16, 1.0f, 2, {{2100, 24}, {40, 40}}, 0},
 };
 
 static float *fbuf(size_t n)
@@ -268,31 +287,34 @@ static executor *make_cpu_kv(int32_t threads, cpu_kv kv)
     return ex;
 }
 
-static executor *make_cpu(int32_t threads)
-{
-    return make_cpu_kv(threads, CPU_KV_F32);
-}
-
-/* out (host) of the fast path on ex, through the executor table */
-static void run_fast(executor *ex, float *out, const float *qkv, const float *kc, const float *vc, size_t nc,
-                     const attn_case *ac, const step_batch *b, const char *what)
+/* out (host) of the fast path on ex, through the executor table, with the
+ * caches already in ex (dk, dv) */
+static void run_fast_dev(executor *ex, float *out, const float *qkv, const void *dk, const void *dv,
+                         const attn_case *ac, const step_batch *b, const char *what)
 {
     const int32_t T = b->num_tokens, width = (ac->nh + 2 * ac->nkv) * ac->hd;
     const size_t no = (size_t)T * ac->nh * ac->hd;
-    void *dq = ops_dev_alloc(ex, EXEC_ACT, (size_t)T * width), *dk = ops_dev_alloc(ex, EXEC_KV, nc);
-    void *dv = ops_dev_alloc(ex, EXEC_KV, nc), *dout = ops_dev_alloc(ex, EXEC_ACT, no);
+    void *dq = ops_dev_alloc(ex, EXEC_ACT, (size_t)T * width), *dout = ops_dev_alloc(ex, EXEC_ACT, no);
     ops_dev_put(ex, dq, EXEC_ACT, qkv, (size_t)T * width);
-    ops_dev_put(ex, dk, EXEC_KV, kc, nc);
-    ops_dev_put(ex, dv, EXEC_KV, vc, nc);
     ops_dev_poison(ex, dout, EXEC_ACT, no);
     if (ex->op->begin_step(ex, b) || ex->op->attention(ex, dout, dq, dk, dv, ac->nh, ac->nkv, ac->hd,
                                                        1.0f / sqrtf((float)ac->hd), b))
         fail_msg("%s: attention failed: %s", what, ex->op->last_error(ex));
     ops_dev_get(ex, out, dout, EXEC_ACT, no, what);
     ex->op->free(ex, dq);
+    ex->op->free(ex, dout);
+}
+
+/* the same, caches from the host */
+static void run_fast(executor *ex, float *out, const float *qkv, const float *kc, const float *vc, size_t nc,
+                     const attn_case *ac, const step_batch *b, const char *what)
+{
+    void *dk = ops_dev_alloc(ex, EXEC_KV, nc), *dv = ops_dev_alloc(ex, EXEC_KV, nc);
+    ops_dev_put(ex, dk, EXEC_KV, kc, nc);
+    ops_dev_put(ex, dv, EXEC_KV, vc, nc);
+    run_fast_dev(ex, out, qkv, dk, dv, ac, b, what);
     ex->op->free(ex, dk);
     ex->op->free(ex, dv);
-    ex->op->free(ex, dout);
 }
 
 static void run_ref(executor *ex, float *out, const float *qkv, const float *kc, const float *vc, size_t nc,
@@ -495,47 +517,83 @@ static void test_narrow_16bit(void **state)
     free(got);
 }
 
-/* A decode token's output does not change when its own sequence is
- * prefilled at once or token by token (executor.h "Determinism"). */
+/* out (host) of the fast path for query rows [p0, p1) of `all` (one
+ * sequence prefilled at positions 0..T-1): the step that runs only those
+ * rows, with the same blocks (a chunk of a chunked prefill; p1 = p0 + 1:
+ * a decode step) */
+static void run_rows(executor *ex, float *out, const float *qkv, const void *dk, const void *dv,
+                     const attn_case *ac, const ops_batch *all, int32_t p0, int32_t p1)
+{
+    const int32_t width = (ac->nh + 2 * ac->nkv) * ac->hd;
+    ops_batch part = *all;
+    int32_t qs[2] = {0, p1 - p0}, len = p1, lr = p1 - p0 - 1;
+    part.b.num_tokens = p1 - p0;
+    part.b.query_start = qs;
+    part.b.seq_lens = &len;
+    part.b.positions = all->positions + p0;
+    part.b.slots = all->slots + p0;
+    part.b.token_ids = all->token_ids + p0;
+    part.b.num_logits = 1;
+    part.b.logits_rows = &lr;
+    part.b.max_query_len = p1 - p0;
+    run_fast_dev(ex, out, qkv + (size_t)p0 * width, dk, dv, ac, &part.b, "rows");
+}
+
+/* A token's output does not change when its own sequence is prefilled at
+ * once, token by token (decode steps) or in chunks of other sizes
+ * (executor.h "Determinism"): prompts of up to 600 tokens, every KV type,
+ * GQA 1/2/4, hd 8/64/128, windows, 1 and 2 threads. Bit for bit. */
 static void test_prefill_equals_decode(void **state)
 {
     (void)state;
-    executor *ex = make_cpu(2);
+    static const attn_case pcases[] = {
+        {4, 1, 64, 16, 1.0f, 1, {{600, 600}}, 0},
+        {4, 4, 8, 16, 2.0f, 1, {{257, 257}}, 0},
+        {4, 2, 128, 32, 1.0f, 1, {{333, 333}}, 50},
+        {4, 1, 64, 1, 1.0f, 1, {{70, 70}}, 5},
+    };
     pg_test_rng rng = {77};
-    const attn_case ac = {8, 2, 64, 16, 1.0f, 1, {{70, 70}}, 0};
-    ops_batch all;
-    ops_batch_build(&all, ac.seqs, 1, ac.bs, 10, &rng);
-    const int32_t T = all.b.num_tokens, width = (ac.nh + 2 * ac.nkv) * ac.hd, ow = ac.nh * ac.hd;
-    const size_t nq = (size_t)T * width, nc = (size_t)all.num_blocks * ac.bs * ac.nkv * ac.hd;
-    float *qkv = fbuf(nq), *kc = fbuf(nc), *vc = fbuf(nc), *pre = fbuf((size_t)T * ow), *one = fbuf((size_t)ow);
-    pg_test_fill_uniform(&rng, qkv, nq, -1.0f, 1.0f);
-    pg_test_fill_uniform(&rng, kc, nc, -1.0f, 1.0f);
-    pg_test_fill_uniform(&rng, vc, nc, -1.0f, 1.0f);
-    run_fast(ex, pre, qkv, kc, vc, nc, &ac, &all.b, "prefill");
-    for (int32_t p = 0; p < T; p += 7) {
-        /* the batch of the one token at position p: same blocks */
-        ops_batch dec = all;
-        int32_t qs[2] = {0, 1}, len = p + 1, pos = p, lr = 0;
-        dec.b.num_tokens = 1;
-        dec.b.query_start = qs;
-        dec.b.seq_lens = &len;
-        dec.b.positions = &pos;
-        dec.b.slots = all.slots + p;
-        dec.b.token_ids = all.token_ids + p;
-        dec.b.num_logits = 1;
-        dec.b.logits_rows = &lr;
-        dec.b.max_query_len = 1;
-        run_fast(ex, one, qkv + (size_t)p * width, kc, vc, nc, &ac, &dec.b, "decode");
-        if (memcmp(one, pre + (size_t)p * ow, (size_t)ow * sizeof *one) != 0)
-            fail_msg("position %d: decode differs from the same token in a prefill of %d", (int)p, (int)T);
-    }
-    free(qkv);
-    free(kc);
-    free(vc);
-    free(pre);
-    free(one);
-    ops_batch_free(&all);
-    ex->op->destroy(ex);
+    for (int kv = 0; kv < CPU_KV_COUNT; kv++)
+        for (int32_t threads = 1; threads <= 2; threads++) {
+            executor *ex = make_cpu_kv(threads, (cpu_kv)kv);
+            for (size_t c = 0; c < sizeof pcases / sizeof pcases[0]; c++) {
+                const attn_case *ac = &pcases[c];
+                ops_batch all;
+                ops_batch_build(&all, ac->seqs, 1, ac->bs, 10, &rng);
+                all.b.sliding_window = ac->window;
+                const int32_t T = all.b.num_tokens, width = (ac->nh + 2 * ac->nkv) * ac->hd, ow = ac->nh * ac->hd;
+                const size_t nq = (size_t)T * width, nc = (size_t)all.num_blocks * ac->bs * ac->nkv * ac->hd;
+                float *qkv = fbuf(nq), *kc = fbuf(nc), *vc = fbuf(nc), *pre = fbuf((size_t)T * ow);
+                float *part = fbuf((size_t)T * ow);
+                pg_test_fill_uniform(&rng, qkv, nq, -ac->amp, ac->amp);
+                pg_test_fill_uniform(&rng, kc, nc, -ac->amp, ac->amp);
+                pg_test_fill_uniform(&rng, vc, nc, -1.0f, 1.0f);
+                void *dk = ops_dev_alloc(ex, EXEC_KV, nc), *dv = ops_dev_alloc(ex, EXEC_KV, nc);
+                ops_dev_put(ex, dk, EXEC_KV, kc, nc);
+                ops_dev_put(ex, dv, EXEC_KV, vc, nc);
+                run_fast_dev(ex, pre, qkv, dk, dv, ac, &all.b, "prefill");
+                /* chunk sizes: 1 (a decode step per token), then random ones */
+                for (int mode = 0; mode < 2; mode++)
+                    for (int32_t p0 = 0, p1; p0 < T; p0 = p1) {
+                        p1 = p0 + (mode == 0 ? 1 : pg_test_rng_int(&rng, 1, 70));
+                        p1 = p1 > T ? T : p1;
+                        run_rows(ex, part, qkv, dk, dv, ac, &all, p0, p1);
+                        if (memcmp(part, pre + (size_t)p0 * ow, (size_t)(p1 - p0) * ow * sizeof *part) != 0)
+                            fail_msg("kv %s, %d threads, case %zu: rows [%d, %d) of a prefill of %d run as %s differ "
+                                     "from the prefill at once", cpu_kv_name((cpu_kv)kv), (int)threads, c, (int)p0,
+                                     (int)p1, (int)T, mode == 0 ? "decode steps" : "a chunk");
+                    }
+                ex->op->free(ex, dk);
+                ex->op->free(ex, dv);
+                free(qkv);
+                free(kc);
+                free(vc);
+                free(pre);
+                free(part);
+                ops_batch_free(&all);
+            }
+            ex->op->destroy(ex);
+        }
 }
 
 int main(void)
