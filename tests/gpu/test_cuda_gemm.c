@@ -107,8 +107,14 @@ static void test_padding_and_capture(void **state)
     cudaGraphDestroy(graph);
 
     /* 3. a padding buffer too large for the device: PG_ENOMEM, and the
-     * runtime's last error is clear for the next launch check */
-    assert_int_equal(cuda_gemm_xwt(g, y, PGK_F32, x, w, PGK_F32, M_PART, (int32_t)1 << 28, K, &err),
+     * runtime's last error is clear for the next launch check. N from the
+     * device's total memory: a fixed N of 2^28 (128 GiB of padding) fit
+     * on a 141 GiB H200, and the product then read w far out of bounds. */
+    size_t free_b = 0, total_b = 0;
+    check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    const size_t n_big = total_b / ((size_t)CUDA_GEMM_FIXED_ROWS * 4u) + 1u;
+    assert_true(n_big <= (size_t)INT32_MAX); /* up to 1 TiB of device memory */
+    assert_int_equal(cuda_gemm_xwt(g, y, PGK_F32, x, w, PGK_F32, M_PART, (int32_t)n_big, K, &err),
                      PG_ENOMEM);
     assert_non_null(strstr(err.msg, "padding buffer"));
     assert_int_equal(cudaGetLastError(), cudaSuccess);
