@@ -146,6 +146,7 @@ void cpu_gemm_mode(cpu_matmul_precision p, cpu_gemm_variant v, cpu_wt wt, cpu_po
         return;
     }
     const mode_kernel mk = mode_kernel_for(p, v);
+    (void)mk; /* read only in x86-64 builds */
     mode_job job = {0};
     job.y = y;
     job.ldy = ldy;

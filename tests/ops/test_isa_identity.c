@@ -399,7 +399,7 @@ static void test_variant_table(void **state)
     print_message("best gemm variant here: %s\n", cpu_gemm_variant_name(best));
 }
 
-#if defined(PG_GEMM_X86)
+#if defined(PG_GEMM_DOT)
 #include <cpuid.h>
 /* The CPU's own word, read here without libgcc: AVX-512F/BW/VL (leaf 7
  * EBX bits 16, 30, 31) with the OS saving the opmask and zmm state (XCR0
