@@ -22,6 +22,10 @@
  * the exact GEMM on bf16 weights and of the bf16 mode (activation rounding
  * included, cpu_gemm_modes.h), the five timed in interleaved rounds, with
  * each mode's ratio to f32 and to the exact product on its own storage.
+ * It names the kernel each mode runs (cpu_gemm_mode_kernel_name); where
+ * that is an AVX-512 dot kernel (avx512vnni, avx512bf16), the same modes
+ * on their avx2 kernels (CPU_GEMM_AVX2) are timed in the same rounds and
+ * printed beside, with the dot kernels' speedup over them.
  * Fixed seed, warm-up, best of timed repetitions within ~0.3 s (modes
  * section: ~0.45 s for the five) per point.
  */
@@ -59,7 +63,17 @@ static float *rand_buf(size_t n, uint64_t *state)
     return p;
 }
 
-typedef enum { IMPL_MINE, IMPL_SGEMM, IMPL_SGEMV, IMPL_W8A16, IMPL_W8A8, IMPL_BF16, IMPL_BF16_MODE } impl;
+typedef enum {
+    IMPL_MINE,
+    IMPL_SGEMM,
+    IMPL_SGEMV,
+    IMPL_W8A16,
+    IMPL_W8A8,
+    IMPL_BF16,
+    IMPL_BF16_MODE,
+    IMPL_W8A8_AVX2,     /* the int8 mode with CPU_GEMM_AVX2: its avx2 kernel */
+    IMPL_BF16_MODE_AVX2 /* the bf16 mode's avx2 kernel */
+} impl;
 
 /* One timed product: y [M][N] = x [M][K] @ w^T; w_i8 / w_bf16 (the int8 /
  * bf16 impls): w as CPU_WT_I8 blocks / rounded to bf16; scratch: the
@@ -100,6 +114,13 @@ static void run_once(impl which, const bench_op *op, int M, int N, int K)
         break;
     case IMPL_BF16_MODE:
         cpu_gemm_mode(CPU_MATMUL_BF16, CPU_GEMM_AUTO, CPU_WT_BF16, op->pool, y, N, x, op->w_bf16, M, N, K,
+                      op->scratch);
+        break;
+    case IMPL_W8A8_AVX2:
+        cpu_gemm_mode(CPU_MATMUL_INT8, CPU_GEMM_AVX2, CPU_WT_I8, op->pool, y, N, x, op->w_i8, M, N, K, op->scratch);
+        break;
+    case IMPL_BF16_MODE_AVX2:
+        cpu_gemm_mode(CPU_MATMUL_BF16, CPU_GEMM_AVX2, CPU_WT_BF16, op->pool, y, N, x, op->w_bf16, M, N, K,
                       op->scratch);
         break;
     }
@@ -175,12 +196,20 @@ static void modes_section(cpu_pool *pool, double peak, uint64_t *seed, clockid_t
         {"o", 768, 768}, {"qkv", 2304, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
     };
     const int Ms[] = {1, 16, 64, 256};
+    const char *kernel_bf16 = cpu_gemm_mode_kernel_name(CPU_MATMUL_BF16, CPU_GEMM_AUTO);
+    const char *kernel_int8 = cpu_gemm_mode_kernel_name(CPU_MATMUL_INT8, CPU_GEMM_AUTO);
+    /* the AVX-512 dot kernels run here: time the avx2 ones beside them */
+    const int dot = strcmp(kernel_bf16, "avx512bf16") == 0 || strcmp(kernel_int8, "avx512vnni") == 0;
     printf("\nmatmul modes (issue 20): exact f32; int8 weights exact (W8A16) and int8 mode (W8A8, quantizing x "
            "included); bf16 weights exact and bf16 mode (rounding x included); GFLOP/s%s\n",
            c == CLOCK_THREAD_CPUTIME_ID ? ", thread CPU time" : "");
-    printf("%-8s %5s %5s %4s | %8s %8s %8s %8s %8s | %7s %7s %7s %7s %7s | %s\n", "shape", "N", "K", "M", "f32",
-           "W8A16", "W8A8", "bf16", "bf16mode", "A8/f32", "A8/A16", "bm/f32", "bm/bf16", "A8/peak",
-           "M=1 weight GB/s (f32, W8A16, W8A8, bf16, bf16 mode)");
+    printf("mode kernels: int8 %s, bf16 %s%s\n", kernel_int8, kernel_bf16,
+           dot ? " (A8 avx2, bm avx2: the same modes on their avx2 kernels, timed in the same rounds)" : "");
+    printf("%-8s %5s %5s %4s | %8s %8s %8s %8s %8s | %7s %7s %7s %7s %7s | ", "shape", "N", "K", "M", "f32",
+           "W8A16", "W8A8", "bf16", "bf16mode", "A8/f32", "A8/A16", "bm/f32", "bm/bf16", "A8/peak");
+    if (dot)
+        printf("%8s %8s %7s %7s | ", "A8 avx2", "bm avx2", "A8/avx2", "bm/avx2");
+    printf("%s\n", "M=1 weight GB/s (f32, W8A16, W8A8, bf16, bf16 mode)");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int N = shapes[s].N, K = shapes[s].K;
         float *w = rand_buf((size_t)N * K, seed), *x = rand_buf((size_t)256 * K, seed);
@@ -200,12 +229,15 @@ static void modes_section(cpu_pool *pool, double peak, uint64_t *seed, clockid_t
         const bench_op op = {pool, y, x, w, w_i8, scratch, w_bf16};
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
             const int M = Ms[mi];
-            const impl which[5] = {IMPL_MINE, IMPL_W8A16, IMPL_W8A8, IMPL_BF16, IMPL_BF16_MODE};
-            double g[5];
-            gflops_interleaved(which, g, 5, &op, M, N, K, c);
+            const impl which[7] = {IMPL_MINE,      IMPL_W8A16,     IMPL_W8A8,          IMPL_BF16,
+                                   IMPL_BF16_MODE, IMPL_W8A8_AVX2, IMPL_BF16_MODE_AVX2};
+            double g[7];
+            gflops_interleaved(which, g, dot ? 7 : 5, &op, M, N, K, c);
             printf("%-8s %5d %5d %4d | %8.1f %8.1f %8.1f %8.1f %8.1f | %6.2fx %6.2fx %6.2fx %6.2fx %6.0f%% |",
                    shapes[s].name, N, K, M, g[0], g[1], g[2], g[3], g[4], g[2] / g[0], g[2] / g[1], g[4] / g[0],
                    g[4] / g[3], 100.0 * g[2] / peak);
+            if (dot)
+                printf(" %8.1f %8.1f %6.2fx %6.2fx |", g[5], g[6], g[2] / g[5], g[4] / g[6]);
             if (M == 1) /* 2 flops per weight: f32 4 bytes, int8 36 per 32, bf16 2 */
                 printf(" %.1f, %.1f, %.1f, %.1f, %.1f", g[0] * 2.0, g[1] * 0.5625, g[2] * 0.5625, g[3], g[4]);
             printf("\n");

@@ -1,6 +1,6 @@
 /* cpu_gemm_bf16_kernel: the bf16 mode's column kernel, one variant per
- * compilation (cpu/meson.build: -DCPU_GEMM_VARIANT=generic|avx2), exported as
- * cpu_gemm_bf16_cols_<variant>. Every variant computes the canonical order of
+ * compilation (cpu/meson.build: -DCPU_GEMM_VARIANT=generic|avx2|avx512bf16),
+ * exported as cpu_gemm_bf16_cols_<variant>. Every variant computes the canonical order of
  * cpu_gemm_modes.h ("bf16": VDPBF16PS's pairs, DAZ in, FTZ out), so all
  * return the same bits; the generic one is the definition written out, the
  * simple twin the others are tested against (tests/ops/test_gemm_bf16.c).
@@ -41,18 +41,19 @@
 #include "cpu_gemm_kernel.h"
 
 #if !defined(CPU_GEMM_VARIANT)
-#error "cpu_gemm_bf16_kernel.c is compiled with -DCPU_GEMM_VARIANT=avx2|generic (cpu/meson.build)"
+#error "cpu_gemm_bf16_kernel.c is compiled with -DCPU_GEMM_VARIANT=avx512bf16|avx2|generic (cpu/meson.build)"
 #endif
 #define BF_CAT2(a, b) a##b
 #define BF_CAT(a, b) BF_CAT2(a, b)
 #define BF_COLS_FN BF_CAT(cpu_gemm_bf16_cols_, CPU_GEMM_VARIANT)
 
 /* which variant: compare the macro's spelling (as cpu_gemm_kernel.c) */
+#define BF_ID_avx512bf16 1
 #define BF_ID_avx2 2
 #define BF_ID_generic 3
 #define BF_ID BF_CAT(BF_ID_, CPU_GEMM_VARIANT)
-#if BF_ID != BF_ID_avx2 && BF_ID != BF_ID_generic
-#error "unknown CPU_GEMM_VARIANT for cpu_gemm_bf16_kernel.c (expected avx2 or generic)"
+#if BF_ID != BF_ID_avx2 && BF_ID != BF_ID_generic && BF_ID != BF_ID_avx512bf16
+#error "unknown CPU_GEMM_VARIANT for cpu_gemm_bf16_kernel.c (expected avx512bf16, avx2 or generic)"
 #endif
 
 #if BF_ID == BF_ID_generic
@@ -501,3 +502,224 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
     _mm_setcsr(caller_csr);
 }
 #endif /* avx2 */
+
+#if BF_ID == BF_ID_avx512bf16
+/* The avx512bf16 variant: the definition is VDPBF16PS's own per-lane order
+ * (cpu_gemm_modes.h; tests/ops/test_gemm_bf16.c test_vdpbf16ps_pinned
+ * pins the instruction against it), so one zmm accumulator per output
+ * holds its 16 lanes and each chunk of 32 k is one instruction:
+ *   acc = _mm512_dpbf16_ps(acc, x[32c .. 32c + 31], w[32c .. 32c + 31])
+ * (dword l of the 64-byte loads is the pair of lane l: element 2l low,
+ * 2l + 1 high; the instruction takes the odd product first, DAZ in, FTZ
+ * out, RNE, whatever MXCSR says; a product of two bf16 is commutative, so
+ * which operand is x does not matter). The tail of K is a masked load
+ * (zeros past K: a real dot of 0 * 0 pairs, as defined). The 16-lane tree
+ * of cpu_gemm.h then runs with MXCSR's DAZ and FTZ set (on entry of the
+ * column function, the caller's MXCSR restored on exit, as the avx2
+ * variant does), which makes each of its additions ftz'd as defined.
+ *   M = 1 (batch-1 decode): a 1 x BZ_GEMV_NR tile streams w once, each row
+ * prefetched BZ_PF_BYTES ahead (one 64-byte line = one chunk per row).
+ *   M > 1: BZ_MR x BZ_NR register tiles (4 x 6: 24 accumulators, 6 w and 1
+ * x in the 32 zmm, as cpu_gemm_kernel.c's exact AVX-512 tile), a block of
+ * rows of x in L2 while the tiles of BZ_NR rows of w (in L1) pass. The
+ * tiles of 8 or more accumulators reduce them 16 at a time through one
+ * shuffle network (bz_hsum16, cpu_gemm_kernel.c's v_hsum16: every output
+ * lane sees the same pairs in the same order as the tree). */
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512BF16__)
+#error "the avx512bf16 variant is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16"
+#endif
+#include <immintrin.h>
+
+#define BZ_CHUNK 32 /* k per VDPBF16PS: 16 lanes x 1 pair */
+#ifndef BZ_MR
+#define BZ_MR 4
+#endif
+#ifndef BZ_NR
+#define BZ_NR 6
+#endif
+#ifndef BZ_GEMV_NR
+#define BZ_GEMV_NR 6
+#endif
+#define BZ_TILE_NR 6 /* the widest tile in the tables below */
+_Static_assert(BZ_MR >= 1 && BZ_MR <= 4 && BZ_NR >= 1 && BZ_NR <= 6 && BZ_GEMV_NR >= 1 && BZ_GEMV_NR <= 6,
+               "the tile tables below cover up to 4 x 6 and 1 x 6");
+/* bytes of bf16 x rows per row block */
+#ifndef BZ_MC_BYTES
+#define BZ_MC_BYTES (256 * 1024)
+#endif
+/* prefetch distance of the batch-1 tile (as the avx2 variant's BF_PF_BYTES) */
+#ifndef BZ_PF_BYTES
+#define BZ_PF_BYTES 16384
+#endif
+/* MXCSR: all exceptions masked (0x1F80), round to nearest even, DAZ (bit
+ * 6), FTZ (bit 15): for the tree's additions */
+#define BZ_MXCSR (0x1F80u | 0x0040u | 0x8000u)
+
+/* 32 bf16 at p; the first n only (zeros after) when n < 32 */
+static inline __m512bh bz_load(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512((const void *)p); }
+static inline __m512bh bz_load_tail(const uint16_t *p, int32_t n)
+{
+    return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1ull << n) - 1u), (const void *)p);
+}
+
+/* the canonical tree over the 16 lanes of a (each addition ftz'd by MXCSR) */
+static inline float bz_hsum(__m512 a)
+{
+    const __m256 lo = _mm512_castps512_ps256(a);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    const __m256 s8 = _mm256_add_ps(lo, hi);                                                /* (l, l+8) */
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* (l, l+4) */
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                               /* (l, l+2) */
+    const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));                          /* (0, 1) */
+    return _mm_cvtss_f32(s1);
+}
+
+/* Sixteen bz_hsum at once (cpu_gemm_kernel.c v_hsum16, the same network):
+ * every output lane sees the pairings (l, l+8), (l, l+4), (l, l+2),
+ * (l, l+1) in that order; IEEE addition is commutative, so operand order
+ * does not matter. Lane 4c+j of the result is the sum of a[4j+c]. */
+static inline __m512 bz_hsum16(const __m512 *a)
+{
+    __m512 r[8], q[4], p[2];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        p[i] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(p[0], p[1], 0x88), _mm512_shuffle_ps(p[0], p[1], 0xDD));
+}
+
+/* The mr x nr register tile: rows x[0..mr) (stride K) times rows w[0..nr)
+ * (stride K) into y[i][j] (stride ldy); mr, nr are constants at every call
+ * site. pf: prefetch w ahead (the batch-1 tile). */
+static inline __attribute__((always_inline)) void bz_tile(float *y, int64_t ldy, const uint16_t *x,
+                                                          const uint16_t *w, int32_t K, const int mr, const int nr,
+                                                          const int pf)
+{
+    __m512 acc[4][BZ_TILE_NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 6
+        for (int j = 0; j < nr; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    const int32_t kfull = K / BZ_CHUNK * BZ_CHUNK;
+    for (int32_t k = 0; k < kfull; k += BZ_CHUNK) {
+        __m512bh wv[BZ_TILE_NR];
+#pragma GCC unroll 6
+        for (int j = 0; j < nr; j++) {
+            if (pf)
+                __builtin_prefetch((const char *)(w + (int64_t)j * K + k) + BZ_PF_BYTES, 0, 1); /* prefetcht2 */
+            wv[j] = bz_load(w + (int64_t)j * K + k);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            const __m512bh xv = bz_load(x + (int64_t)i * K + k);
+#pragma GCC unroll 6
+            for (int j = 0; j < nr; j++)
+                acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+        }
+    }
+    if (kfull < K) { /* the last partial chunk, zero-padded */
+        const int32_t rem = K - kfull; /* 1 .. 31 */
+        __m512bh wv[BZ_TILE_NR];
+#pragma GCC unroll 6
+        for (int j = 0; j < nr; j++)
+            wv[j] = bz_load_tail(w + (int64_t)j * K + kfull, rem);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            const __m512bh xv = bz_load_tail(x + (int64_t)i * K + kfull, rem);
+#pragma GCC unroll 6
+            for (int j = 0; j < nr; j++)
+                acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+        }
+    }
+    if (mr * nr >= 8) {
+        /* the trees of up to 16 accumulators share one shuffle network */
+#pragma GCC unroll 2
+        for (int g = 0; g < mr * nr; g += 16) {
+            __m512 in[16];
+            float out[16];
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++) {
+                const int a = g + l; /* accumulator a = row a / nr, column a % nr */
+                in[4 * (l % 4) + l / 4] = a < mr * nr ? acc[a / nr][a % nr] : _mm512_setzero_ps();
+            }
+            _mm512_storeu_ps(out, bz_hsum16(in));
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++) {
+                const int a = g + l;
+                if (a < mr * nr)
+                    y[(int64_t)(a / nr) * ldy + a % nr] = out[l];
+            }
+        }
+        return;
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 6
+        for (int j = 0; j < nr; j++)
+            y[(int64_t)i * ldy + j] = bz_hsum(acc[i][j]);
+}
+
+typedef void (*bz_tile_fn)(float *y, int64_t ldy, const uint16_t *x, const uint16_t *w, int32_t K);
+#define BZ_TILE_DEF(mr, nr, pf)                                                                               \
+    static void bz_tile_##mr##_##nr##_##pf(float *y, int64_t ldy, const uint16_t *x, const uint16_t *w,       \
+                                           int32_t K)                                                        \
+    {                                                                                                         \
+        bz_tile(y, ldy, x, w, K, mr, nr, pf);                                                                 \
+    }
+#define BZ_TILE_ROW(mr)                                                                                       \
+    BZ_TILE_DEF(mr, 1, 0) BZ_TILE_DEF(mr, 2, 0) BZ_TILE_DEF(mr, 3, 0) BZ_TILE_DEF(mr, 4, 0)                   \
+    BZ_TILE_DEF(mr, 5, 0) BZ_TILE_DEF(mr, 6, 0)
+BZ_TILE_ROW(1)
+BZ_TILE_ROW(2)
+BZ_TILE_ROW(3)
+BZ_TILE_ROW(4)
+BZ_TILE_DEF(1, 1, 1) BZ_TILE_DEF(1, 2, 1) BZ_TILE_DEF(1, 3, 1) BZ_TILE_DEF(1, 4, 1) BZ_TILE_DEF(1, 5, 1)
+BZ_TILE_DEF(1, 6, 1)
+#define BZ_TILE_ENTRY(mr)                                                                                     \
+    {NULL, bz_tile_##mr##_1_0, bz_tile_##mr##_2_0, bz_tile_##mr##_3_0, bz_tile_##mr##_4_0, bz_tile_##mr##_5_0, \
+     bz_tile_##mr##_6_0}
+/* bz_tiles[mr][nr] (complete tables; BZ_MR, BZ_NR pick the part used), bz_gemv_tiles[nr] */
+static const bz_tile_fn bz_tiles[5][7] = {{NULL}, BZ_TILE_ENTRY(1), BZ_TILE_ENTRY(2), BZ_TILE_ENTRY(3),
+                                          BZ_TILE_ENTRY(4)};
+static const bz_tile_fn bz_gemv_tiles[7] = {NULL,         bz_tile_1_1_1, bz_tile_1_2_1, bz_tile_1_3_1,
+                                            bz_tile_1_4_1, bz_tile_1_5_1, bz_tile_1_6_1};
+
+/* The tiles are called through the tables (never inlined here), so no
+ * floating-point operation can be scheduled across the MXCSR writes. */
+void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M, int32_t K, int32_t n0,
+                int32_t n1)
+{
+    const unsigned int caller_csr = _mm_getcsr();
+    _mm_setcsr(BZ_MXCSR);
+    if (M == 1) { /* batch-1 decode: stream w once, BZ_GEMV_NR rows at a time */
+        for (int32_t n = n0; n < n1; n += BZ_GEMV_NR) {
+            const int32_t nr = n1 - n < BZ_GEMV_NR ? n1 - n : BZ_GEMV_NR;
+            bz_gemv_tiles[nr](y + n, ldy, xb, w + (int64_t)n * K, K);
+        }
+    } else {
+        /* A block of mc rows of x stays in L2 while the row tiles of the
+         * block pass over each tile of BZ_NR rows of w (in L1). */
+        int32_t mc = (int32_t)((int64_t)BZ_MC_BYTES / (2 * (int64_t)(K > 0 ? K : 1)));
+        mc = mc / BZ_MR * BZ_MR;
+        if (mc < BZ_MR)
+            mc = BZ_MR;
+        for (int32_t mb = 0; mb < M; mb += mc) {
+            const int32_t me = mb + mc < M ? mb + mc : M;
+            for (int32_t n = n0; n < n1; n += BZ_NR) {
+                const int32_t nr = n1 - n < BZ_NR ? n1 - n : BZ_NR;
+                for (int32_t m = mb; m < me; m += BZ_MR) {
+                    const int32_t mr = me - m < BZ_MR ? me - m : BZ_MR;
+                    bz_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, xb + (int64_t)m * K, w + (int64_t)n * K, K);
+                }
+            }
+        }
+    }
+    _mm_setcsr(caller_csr);
+}
+#endif /* avx512bf16 */

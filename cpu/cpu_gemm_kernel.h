@@ -33,9 +33,16 @@ void cpu_gemm_cols_generic(float *y, int64_t ldy, const float *x, const void *w,
                         int32_t n0, int32_t n1);
 
 /* The reduced-precision modes' column kernels (cpu_gemm_modes.h), one per
- * file and variant (generic, and avx2 on x86-64; AVX-512 machines run the
- * avx2 one). q8: xq [M][K/32] q8 rows, w [N][K/32] int8 weight blocks,
- * K % 32 == 0. bf16: xb [M][K] bf16 rows, w [N][K] bf16, any K. */
+ * file and variant: generic; avx2 on x86-64; and, where the compiler has
+ * the flags (PG_GEMM_DOT), the AVX-512 dot-instruction ones:
+ *
+ *   cpu_gemm_bf16_cols_avx512bf16  AVX-512F/BW/VL + AVX512_BF16 (VDPBF16PS)
+ *   cpu_gemm_q8_cols_avx512vnni    AVX-512F/BW/VL + AVX512_VNNI (VPDPBUSD)
+ *
+ * which run only where cpu_gemm_bf16_dot_available() /
+ * cpu_gemm_q8_dot_available() say so (elsewhere an AVX-512 machine runs
+ * the avx2 ones). q8: xq [M][K/32] q8 rows, w [N][K/32] int8 weight
+ * blocks, K % 32 == 0. bf16: xb [M][K] bf16 rows, w [N][K] bf16, any K. */
 typedef void (*cpu_gemm_q8_cols_fn)(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w,
                                     int32_t M, int32_t K, int32_t n0, int32_t n1);
 typedef void (*cpu_gemm_bf16_cols_fn)(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M,
@@ -48,6 +55,16 @@ void cpu_gemm_bf16_cols_avx2(float *y, int64_t ldy, const uint16_t *xb, const ui
 /* cpu_q8_quantize_rows (cpu_gemm_modes.h), the same bytes, with AVX2 */
 void cpu_q8_quantize_rows_avx2(unsigned char *xq, const float *x, int32_t M, int32_t K);
 #endif
+#if defined(PG_GEMM_DOT)
+void cpu_gemm_bf16_cols_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M,
+                                   int32_t K, int32_t n0, int32_t n1);
+void cpu_gemm_q8_cols_avx512vnni(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M,
+                                 int32_t K, int32_t n0, int32_t n1);
+#endif
+/* 1 if this build has the avx512bf16 / avx512vnni kernel and this CPU (and
+ * OS: the zmm state) runs it (cpu_gemm_modes.c) */
+int cpu_gemm_bf16_dot_available(void);
+int cpu_gemm_q8_dot_available(void);
 void cpu_gemm_q8_cols_generic(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M,
                               int32_t K, int32_t n0, int32_t n1);
 void cpu_gemm_bf16_cols_generic(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, int32_t M,

@@ -55,17 +55,65 @@ void cpu_q8_quantize_rows(unsigned char *xq, const float *x, int32_t M, int32_t 
         (void)cpu_wt_store(CPU_WT_I8, xq + (size_t)m * row_bytes, 0, x + (int64_t)m * K, ST_F32, (size_t)K);
 }
 
-/* AUTO and AVX-512 run the avx2 kernels (the modes have no AVX-512 ones) */
-static int mode_uses_avx2(cpu_gemm_variant v)
+int cpu_gemm_bf16_dot_available(void)
+{
+#if defined(PG_GEMM_DOT)
+    /* libgcc reports the AVX-512 features only where the OS saves the zmm
+     * state (XCR0), as cpu_gemm_variant_available's avx512f */
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+int cpu_gemm_q8_dot_available(void)
+{
+#if defined(PG_GEMM_DOT)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+/* Which kernel runs mode p (bf16, or int8 on whole blocks) under variant
+ * v: AUTO resolves to the best variant; AVX-512 runs the dot-instruction
+ * kernel where the CPU has its instructions, else the avx2 one (same
+ * bits), as AVX2 does; generic the generic one. */
+typedef enum { MODE_KERNEL_GENERIC, MODE_KERNEL_AVX2, MODE_KERNEL_DOT } mode_kernel;
+
+static mode_kernel mode_kernel_for(cpu_matmul_precision p, cpu_gemm_variant v)
 {
 #if defined(PG_GEMM_X86)
     if (v == CPU_GEMM_AUTO)
         v = cpu_gemm_variant_best();
-    return v == CPU_GEMM_AVX2 || v == CPU_GEMM_AVX512;
+    if (v == CPU_GEMM_AVX512 && ((p == CPU_MATMUL_BF16 && cpu_gemm_bf16_dot_available()) ||
+                                 (p == CPU_MATMUL_INT8 && cpu_gemm_q8_dot_available())))
+        return MODE_KERNEL_DOT;
+    if (v == CPU_GEMM_AVX2 || v == CPU_GEMM_AVX512)
+        return MODE_KERNEL_AVX2;
 #else
+    (void)p;
     (void)v;
-    return 0;
 #endif
+    return MODE_KERNEL_GENERIC;
+}
+
+const char *cpu_gemm_mode_kernel_name(cpu_matmul_precision p, cpu_gemm_variant v)
+{
+    if ((unsigned)p >= CPU_MATMUL_COUNT || (unsigned)v >= CPU_GEMM_VARIANT_COUNT || !cpu_gemm_variant_available(v))
+        return NULL;
+    if (p == CPU_MATMUL_EXACT)
+        return cpu_gemm_variant_name(v == CPU_GEMM_AUTO ? cpu_gemm_variant_best() : v);
+    switch (mode_kernel_for(p, v)) {
+    case MODE_KERNEL_DOT: return p == CPU_MATMUL_BF16 ? "avx512bf16" : "avx512vnni";
+    case MODE_KERNEL_AVX2: return "avx2";
+    case MODE_KERNEL_GENERIC: break;
+    }
+    return "generic";
 }
 
 typedef struct mode_job {
@@ -97,7 +145,8 @@ void cpu_gemm_mode(cpu_matmul_precision p, cpu_gemm_variant v, cpu_wt wt, cpu_po
         cpu_gemm_wt(v, wt, pool, y, ldy, x, w, M, N, K);
         return;
     }
-    const int avx2 = mode_uses_avx2(v);
+    const mode_kernel mk = mode_kernel_for(p, v);
+    (void)mk; /* read only in x86-64 builds */
     mode_job job = {0};
     job.y = y;
     job.ldy = ldy;
@@ -107,23 +156,31 @@ void cpu_gemm_mode(cpu_matmul_precision p, cpu_gemm_variant v, cpu_wt wt, cpu_po
     job.K = K;
     if (p == CPU_MATMUL_BF16) {
         cpu_bf16_round_rows(scratch, x, (int64_t)M * K);
-#if defined(PG_GEMM_X86)
-        job.bf16 = avx2 ? cpu_gemm_bf16_cols_avx2 : cpu_gemm_bf16_cols_generic;
-#else
         job.bf16 = cpu_gemm_bf16_cols_generic;
+#if defined(PG_GEMM_X86)
+        if (mk == MODE_KERNEL_AVX2)
+            job.bf16 = cpu_gemm_bf16_cols_avx2;
+#endif
+#if defined(PG_GEMM_DOT)
+        if (mk == MODE_KERNEL_DOT)
+            job.bf16 = cpu_gemm_bf16_cols_avx512bf16;
 #endif
     } else {
+        job.q8 = cpu_gemm_q8_cols_generic;
 #if defined(PG_GEMM_X86)
-        if (avx2)
-            cpu_q8_quantize_rows_avx2(scratch, x, M, K); /* the same bytes: 0.34 against 1.9 ns per element */
+        if (mk != MODE_KERNEL_GENERIC) /* the same bytes: 0.34 against 1.9 ns per element */
+            cpu_q8_quantize_rows_avx2(scratch, x, M, K);
         else
             cpu_q8_quantize_rows(scratch, x, M, K);
-        job.q8 = avx2 ? cpu_gemm_q8_cols_avx2 : cpu_gemm_q8_cols_generic;
+        if (mk == MODE_KERNEL_AVX2)
+            job.q8 = cpu_gemm_q8_cols_avx2;
 #else
         cpu_q8_quantize_rows(scratch, x, M, K);
-        job.q8 = cpu_gemm_q8_cols_generic;
+#endif
+#if defined(PG_GEMM_DOT)
+        if (mk == MODE_KERNEL_DOT)
+            job.q8 = cpu_gemm_q8_cols_avx512vnni;
 #endif
     }
-    (void)avx2;
     cpu_gemm_run_cols(pool, M, N, K, mode_task, &job);
 }

@@ -23,10 +23,9 @@
  * tininess after rounding: a result whose exact value is below FLT_MIN -
  * 2^-151 is flushed even where it would round to FLT_MIN). Products of two
  * bf16 are exact in f32, so each step is one rounding, as in the
- * instruction. Where the CPU has AVX512_BF16 the instruction
- * computes the same sequence (tests/ops/test_gemm_bf16.c pins that where
- * it can run; the x86 kernel here is AVX2 + FMA, which every x86 machine
- * with AVX512_BF16 also has).
+ * instruction. Where the CPU has AVX512_BF16 the instruction computes the
+ * same sequence (tests/ops/test_gemm_bf16.c pins that where it can run),
+ * and the avx512bf16 kernel is that instruction, one zmm per output.
  *
  * int8 (CPU_MATMUL_INT8, W8A8). Weights are stored int8 in blocks of 32
  * with an f32 scale (cpu_wt.h CPU_WT_I8, as `--quantization int8`). For a
@@ -41,11 +40,24 @@
  *                     (sx_b * sw_b one f32 product; (float)p exact)
  *   s4[i] = acc[i] + acc[i + 4], s2[i] = s4[i] + s4[i + 2], y = s2[0] + s2[1].
  * Integer sums are exact, so any instruction that forms p_b[j] (x86's
- * pmaddubsw + pmaddwd, VNNI's vpdpbusd) gives the same ints; the float
- * steps are fixed above. A product with K % 32 != 0 (stories260K's
+ * pmaddubsw + pmaddwd in the avx2 kernel, VNNI's vpdpbusd in the
+ * avx512vnni one) gives the same ints; the float steps are fixed above. A product with K % 32 != 0 (stories260K's
  * down_proj: K = 172) computes as `--quantization int8` does, x in f32
  * (W8A16, cpu_gemm.h's order on the dequantized weights): the shape alone
  * decides, so invariance holds.
+ *
+ * Kernels (cpu_gemm_kernel.h; every one computes the orders above, so all
+ * give the same bits), and the one cpu_gemm_mode runs per variant v:
+ *
+ *   v        bf16                          int8 (K % 32 == 0)
+ *   generic  generic (the definition)      generic (the definition)
+ *   avx2     avx2 (AVX2 + FMA)             avx2 (AVX2 + FMA)
+ *   avx512   avx512bf16 where the CPU has  avx512vnni where the CPU has
+ *            AVX-512F/BW/VL + AVX512_BF16  AVX-512F/BW/VL + AVX512_VNNI
+ *            (VDPBF16PS), else avx2        (VPDPBUSD), else avx2
+ *   auto     as the best variant (cpu_gemm_variant_best)
+ *
+ * cpu_gemm_mode_kernel_name says which one runs.
  *
  * Layouts: q8 rows [M][K/32] blocks of CPU_I8_BLOCK_BYTES (= the weight
  * blocks of cpu_wt.h: f32 scale, 32 int8); bf16 rows [M][K] uint16.
@@ -83,12 +95,18 @@ void cpu_bf16_round_rows(uint16_t *xb, const float *x, int64_t n);
 void cpu_q8_quantize_rows(unsigned char *xq, const float *x, int32_t M, int32_t K);
 
 /* y [M][ldy] = x @ w^T in mode p on weights w [N][K] stored as wt (which p
- * must accept), with variant v (CPU_GEMM_AUTO = the best; the modes'
- * kernels are generic and AVX2, and an AVX-512 choice runs AVX2: the bits
- * are the same). scratch: cpu_gemm_mode_scratch_bytes(p, M, K) bytes,
- * 64-byte aligned, or NULL when that is 0. Exact = cpu_gemm_wt. */
+ * must accept), with variant v (CPU_GEMM_AUTO = the best; which kernel
+ * each variant runs: the table above; the bits are the same).
+ * scratch: cpu_gemm_mode_scratch_bytes(p, M, K) bytes, 64-byte aligned,
+ * or NULL when that is 0. Exact = cpu_gemm_wt. */
 void cpu_gemm_mode(cpu_matmul_precision p, cpu_gemm_variant v, cpu_wt wt, cpu_pool *pool, float *y,
                    int64_t ldy, const float *x, const void *w, int32_t M, int32_t N, int32_t K,
                    void *scratch);
+
+/* The kernel cpu_gemm_mode runs for mode p under variant v (the table
+ * above; for int8, on products with K % 32 == 0): "avx512bf16",
+ * "avx512vnni", "avx2", "generic"; for exact, the GEMM variant's name.
+ * NULL if p or v is out of range or v is not available here. */
+const char *cpu_gemm_mode_kernel_name(cpu_matmul_precision p, cpu_gemm_variant v);
 
 #endif /* PG_CPU_GEMM_MODES_H */

@@ -1,6 +1,6 @@
 /* cpu_gemm_q8_kernel: the int8 mode's (W8A8) column kernel, one variant per
- * compilation (cpu/meson.build: -DCPU_GEMM_VARIANT=generic|avx2), exported as
- * cpu_gemm_q8_cols_<variant>. Every variant computes the canonical order of
+ * compilation (cpu/meson.build: -DCPU_GEMM_VARIANT=generic|avx2|avx512vnni),
+ * exported as cpu_gemm_q8_cols_<variant>. Every variant computes the canonical order of
  * cpu_gemm_modes.h ("int8"), so all return the same bits; the generic one is
  * the definition written out, the simple twin the others are tested
  * against (tests/ops/test_gemm_q8.c).
@@ -13,15 +13,19 @@
 #include "cpu_wt.h"
 
 #if !defined(CPU_GEMM_VARIANT)
-#error "cpu_gemm_q8_kernel.c is compiled with -DCPU_GEMM_VARIANT=avx2|generic (cpu/meson.build)"
+#error "cpu_gemm_q8_kernel.c is compiled with -DCPU_GEMM_VARIANT=avx512vnni|avx2|generic (cpu/meson.build)"
 #endif
 #define Q8_CAT2(a, b) a##b
 #define Q8_CAT(a, b) Q8_CAT2(a, b)
 #define Q8_COLS_FN Q8_CAT(cpu_gemm_q8_cols_, CPU_GEMM_VARIANT)
 /* which variant: compare the macro's spelling */
+#define Q8_ID_avx512vnni 1
 #define Q8_ID_avx2 2
 #define Q8_ID_generic 3
 #define Q8_ID Q8_CAT(Q8_ID_, CPU_GEMM_VARIANT)
+#if Q8_ID != Q8_ID_avx2 && Q8_ID != Q8_ID_generic && Q8_ID != Q8_ID_avx512vnni
+#error "unknown CPU_GEMM_VARIANT for cpu_gemm_q8_kernel.c (expected avx512vnni, avx2 or generic)"
+#endif
 #if Q8_ID == Q8_ID_avx2 && (!defined(__AVX2__) || !defined(__FMA__))
 #error "the avx2 variant is compiled with -mavx2 -mfma"
 #endif
@@ -391,6 +395,182 @@ void cpu_q8_quantize_rows_avx2(unsigned char *xq, const float *x, int32_t M, int
         }
         for (int g = 0; g < 4; g++)
             _mm_storel_epi64((__m128i *)(out + 4 + 8 * g), _mm256_castsi256_si128(q[g]));
+    }
+}
+
+#elif Q8_ID == Q8_ID_avx512vnni
+/* The avx512vnni kernel: the same order as q8_dot_ref, each zmm holding
+ * the eight lanes of two outputs (lanes 0-7: column 2t of a tile, 8-15:
+ * column 2t + 1; the same row of x), so that one instruction of each kind
+ * serves two outputs and each output's float ops stay its own, in order.
+ * For one row of x and a pair of rows of w, block b:
+ *   xu = qx ^ 0x80 = qx + 128 as u8, broadcast to both halves
+ *   nc = -(128 * sum_{i<4} qw[4j + i]) per dword j (per pair and block,
+ *        shared by the tile's rows: vpdpbusd of 128s and qw, negated)
+ *   p  = vpdpbusd(nc, xu, qw) = nc + sum_i (qx + 128) * qw = p_b[j]
+ *        exactly (|p| <= 4 * 128 * 127: no wrap; vpdpbusd does not saturate)
+ *   acc = fma((float)p, sx_b * sw_b, acc)   (vcvtdq2ps exact below 2^24;
+ *        sx_b * sw_b one vmulps of sx broadcast and the pair's two sw
+ *        broadcast to their halves: the definition's one f32 product)
+ * then per half the 8-lane tree of q8_dot_ref. The +128 offset needs no
+ * sign trick (AVX-512 has no vpsignb), and -128 would be exact too. MXCSR
+ * is the caller's, as for the other variants.
+ *
+ * Tiles: Q8Z_MR rows of x x Q8Z_NR rows of w (4 x 6: 12 accumulators, 3
+ * pairs of w with their nc and sw); an odd last column reads its row into
+ * both halves and stores one. At M = 1 a 1 x Q8Z_GEMV_NR tile reads each
+ * block of w once and prefetches each row Q8_PF_BYTES ahead into L2. */
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__) || !defined(__AVX2__) ||       \
+    !defined(__FMA__)
+#error "the avx512vnni variant is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma"
+#endif
+#include <immintrin.h>
+
+#ifndef Q8Z_MR /* 1..4 */
+#define Q8Z_MR 4
+#endif
+#ifndef Q8Z_NR /* 1..6 */
+#define Q8Z_NR 6
+#endif
+#ifndef Q8Z_GEMV_NR /* 1..8 */
+#define Q8Z_GEMV_NR 6
+#endif
+#define Q8Z_TILE_NP 4 /* pairs of w rows in the widest tile below (1 x 8) */
+_Static_assert(Q8Z_MR >= 1 && Q8Z_MR <= 4 && Q8Z_NR >= 1 && Q8Z_NR <= 6 && Q8Z_GEMV_NR >= 1 && Q8Z_GEMV_NR <= 8,
+               "the tile tables below cover up to 4 x 6 and 1 x 8");
+#ifndef Q8_MC_BYTES /* bytes of x rows per row block */
+#define Q8_MC_BYTES (256 * 1024)
+#endif
+#ifndef Q8_PF_BYTES /* prefetch distance of the batch-1 tile */
+#define Q8_PF_BYTES 16384
+#endif
+
+/* s4[i] = acc[i] + acc[i + 4], s2[i] = s4[i] + s4[i + 2], y = s2[0] + s2[1] */
+static inline float q8z_tree(__m256 acc)
+{
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+static inline float q8z_scale(const unsigned char *blk)
+{
+    float s;
+    memcpy(&s, blk, sizeof s);
+    return s;
+}
+
+/* y[i][j] for rows i < mr of xq and rows j < nr of w (both q8 rows of
+ * row_bytes); mr, nr are constants at every call site. pf: prefetch w ahead
+ * (batch 1). */
+static inline __attribute__((always_inline)) void q8z_tile(float *y, int64_t ldy, const unsigned char *xq,
+                                                           const unsigned char *w, size_t row_bytes, int32_t nb,
+                                                           const int mr, const int nr, const int pf)
+{
+    const int np = (nr + 1) / 2; /* pairs of w rows: rows 2t (low half) and 2t + 1 (high half) */
+    __m512 acc[4][Q8Z_TILE_NP];
+    const __m512i b80 = _mm512_set1_epi8((char)0x80); /* 128 as u8; also the offset's xor */
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++)
+            acc[i][t] = _mm512_setzero_ps();
+    for (int32_t b = 0; b < nb; b++) {
+        const size_t off = (size_t)b * CPU_I8_BLOCK_BYTES;
+        __m512i qw[Q8Z_TILE_NP], nc[Q8Z_TILE_NP];
+        __m512 sw[Q8Z_TILE_NP];
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++) {
+            /* an odd last column: its row in both halves (the high one is not stored) */
+            const unsigned char *w0 = w + (size_t)(2 * t) * row_bytes + off;
+            const unsigned char *w1 = w + (size_t)(2 * t + 1 < nr ? 2 * t + 1 : 2 * t) * row_bytes + off;
+            if (pf) {
+                __builtin_prefetch(w0 + Q8_PF_BYTES, 0, 1); /* prefetcht2: into L2 */
+                if (2 * t + 1 < nr)
+                    __builtin_prefetch(w1 + Q8_PF_BYTES, 0, 1);
+            }
+            qw[t] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 4))),
+                                       _mm256_loadu_si256((const __m256i *)(w1 + 4)), 1);
+            nc[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), b80, qw[t]));
+            sw[t] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(q8z_scale(w0))),
+                                                        _mm256_castps_pd(_mm256_set1_ps(q8z_scale(w1))), 1));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            const unsigned char *xb = xq + (size_t)i * row_bytes + off;
+            const __m512i xu =
+                _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb + 4))), b80);
+            const __m512 sx = _mm512_set1_ps(q8z_scale(xb));
+#pragma GCC unroll 4
+            for (int t = 0; t < np; t++) {
+                const __m512i p = _mm512_dpbusd_epi32(nc[t], xu, qw[t]);
+                acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sx, sw[t]), acc[i][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++) {
+            y[(int64_t)i * ldy + 2 * t] = q8z_tree(_mm512_castps512_ps256(acc[i][t]));
+            if (2 * t + 1 < nr)
+                y[(int64_t)i * ldy + 2 * t + 1] =
+                    q8z_tree(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][t]), 1)));
+        }
+}
+
+typedef void (*q8z_tile_fn)(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w,
+                            size_t row_bytes, int32_t nb);
+#define Q8Z_TILE_DEF(mr, nr, pf)                                                                               \
+    static void q8z_tile_##mr##_##nr##_##pf(float *y, int64_t ldy, const unsigned char *xq,                    \
+                                            const unsigned char *w, size_t row_bytes, int32_t nb)             \
+    {                                                                                                          \
+        q8z_tile(y, ldy, xq, w, row_bytes, nb, mr, nr, pf);                                                    \
+    }
+#define Q8Z_TILE_ROW(mr)                                                                                       \
+    Q8Z_TILE_DEF(mr, 1, 0) Q8Z_TILE_DEF(mr, 2, 0) Q8Z_TILE_DEF(mr, 3, 0) Q8Z_TILE_DEF(mr, 4, 0)                \
+    Q8Z_TILE_DEF(mr, 5, 0) Q8Z_TILE_DEF(mr, 6, 0)
+Q8Z_TILE_ROW(1) Q8Z_TILE_ROW(2) Q8Z_TILE_ROW(3) Q8Z_TILE_ROW(4)
+Q8Z_TILE_DEF(1, 1, 1) Q8Z_TILE_DEF(1, 2, 1) Q8Z_TILE_DEF(1, 3, 1) Q8Z_TILE_DEF(1, 4, 1)
+Q8Z_TILE_DEF(1, 5, 1) Q8Z_TILE_DEF(1, 6, 1) Q8Z_TILE_DEF(1, 7, 1) Q8Z_TILE_DEF(1, 8, 1)
+#define Q8Z_TILE_ENTRY(mr)                                                                                     \
+    {NULL,                 q8z_tile_##mr##_1_0, q8z_tile_##mr##_2_0, q8z_tile_##mr##_3_0,                      \
+     q8z_tile_##mr##_4_0, q8z_tile_##mr##_5_0, q8z_tile_##mr##_6_0}
+/* q8z_tiles[mr][nr] (complete tables; Q8Z_MR, Q8Z_NR pick the part used), q8z_gemv_tiles[nr] */
+static const q8z_tile_fn q8z_tiles[5][7] = {{NULL}, Q8Z_TILE_ENTRY(1), Q8Z_TILE_ENTRY(2), Q8Z_TILE_ENTRY(3),
+                                            Q8Z_TILE_ENTRY(4)};
+static const q8z_tile_fn q8z_gemv_tiles[9] = {NULL,           q8z_tile_1_1_1, q8z_tile_1_2_1, q8z_tile_1_3_1,
+                                              q8z_tile_1_4_1, q8z_tile_1_5_1, q8z_tile_1_6_1, q8z_tile_1_7_1,
+                                              q8z_tile_1_8_1};
+
+void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned char *w, int32_t M, int32_t K,
+                int32_t n0, int32_t n1)
+{
+    const int32_t nb = K / CPU_I8_GROUP;
+    const size_t row_bytes = (size_t)nb * CPU_I8_BLOCK_BYTES;
+    if (M == 1) { /* batch-1 decode: stream w once */
+        for (int32_t n = n0; n < n1; n += Q8Z_GEMV_NR) {
+            const int32_t nr = n1 - n < Q8Z_GEMV_NR ? n1 - n : Q8Z_GEMV_NR;
+            q8z_gemv_tiles[nr](y + n, ldy, xq, w + (size_t)n * row_bytes, row_bytes, nb);
+        }
+        return;
+    }
+    /* A block of mc rows of x (about Q8_MC_BYTES) stays in L2 while the row
+     * tiles of the block pass over each tile of Q8Z_NR rows of w (in L1). */
+    int32_t mc = (int32_t)((size_t)Q8_MC_BYTES / (row_bytes > 0 ? row_bytes : 1));
+    mc = mc / Q8Z_MR * Q8Z_MR;
+    if (mc < Q8Z_MR)
+        mc = Q8Z_MR;
+    for (int32_t mb = 0; mb < M; mb += mc) {
+        const int32_t me = mb + mc < M ? mb + mc : M;
+        for (int32_t n = n0; n < n1; n += Q8Z_NR) {
+            const int32_t nr = n1 - n < Q8Z_NR ? n1 - n : Q8Z_NR;
+            for (int32_t m = mb; m < me; m += Q8Z_MR) {
+                const int32_t mr = me - m < Q8Z_MR ? me - m : Q8Z_MR;
+                q8z_tiles[mr][nr](y + (int64_t)m * ldy + n, ldy, xq + (size_t)m * row_bytes,
+                                  w + (size_t)n * row_bytes, row_bytes, nb);
+            }
+        }
     }
 }
 

@@ -12,7 +12,8 @@
  * stores the weights bf16, int8 int8), exact by default.
  * Prints "digest <16 hex digits>" (FNV-1a over the logits bytes after every
  * logits-golden and greedy-golden prompt, run as one prefill and as one
- * token per step) and "gemm <variant>". Exit 77 (skip) when the variant
+ * token per step) and "gemm <variant> <mode> kernel <the mode's kernel,
+ * cpu_gemm_mode_kernel_name>". Exit 77 (skip) when the variant
  * cannot run here or the test data is absent. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -78,9 +79,10 @@ static void test_digest(void **state)
         pg_golden_run_prompt(m, ids, n, 1, bs, logits);
         h = fnv1a(h, logits, (size_t)V * sizeof *logits);
     }
-    printf("gemm %s %s\ndigest %016llx\n",
+    printf("gemm %s %s kernel %s\ndigest %016llx\n",
            cpu_gemm_variant_name(a->variant == CPU_GEMM_AUTO ? cpu_gemm_variant_best() : a->variant),
-           cpu_matmul_precision_name(a->precision), (unsigned long long)h);
+           cpu_matmul_precision_name(a->precision), cpu_gemm_mode_kernel_name(a->precision, a->variant),
+           (unsigned long long)h);
     fflush(stdout);
     free(logits);
     model_destroy(m);

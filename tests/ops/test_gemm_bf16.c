@@ -10,7 +10,11 @@
  *     window where it differs from tininess before rounding, both kernels;
  *   - cpu_gemm_mode with pools of 1 and 2 threads and row subsets: every
  *     row bit-identical to the same row in any batch, any variant;
- *   - VDPBF16PS itself vs the definition, where the CPU has AVX512_BF16.
+ *   - VDPBF16PS itself vs the definition, where the CPU has AVX512_BF16;
+ *   - there too, the avx512bf16 kernel (VDPBF16PS, one zmm per output) vs
+ *     the generic one bit for bit: its tile edges (M 1..5, 7, 16, 33; N
+ *     off 6; K off 32: the masked tail), random shapes, edge values, the
+ *     hand cases and the tininess window (SKIP, said so, elsewhere).
  * Outputs compare with memcmp, except that a NaN only has to be a NaN at
  * the same place (payloads and signs of NaN are not part of the order). */
 #include <float.h>
@@ -122,13 +126,19 @@ static void make_cancellations(uint16_t *x, uint16_t *w, int32_t M, int32_t N, i
             x[(size_t)m * K + k + 1] = x[(size_t)m * K + k] ^ 0x8000u;
 }
 
-/* y_generic and y_avx2 [M][ldy] over columns [n0, n1), compared; the
+/* The kernel under test: the avx2 one by default, the avx512bf16 one in
+ * test_avx512bf16_matches_definition. */
+typedef struct kernel_under_test {
+    cpu_gemm_bf16_cols_fn fn;
+    const char *name;
+} kernel_under_test;
+
+/* y_generic and y_<kernel> [M][ldy] over columns [n0, n1), compared; the
  * other columns (guards past N included) must stay untouched */
 /* returns how many of the outputs compared are finite (the tests' own power check) */
-static long compare_kernels(const uint16_t *x, const uint16_t *w, int32_t M, int32_t N, int32_t K, int32_t n0,
-                            int32_t n1, const char *what)
+static long compare_kernel(const kernel_under_test *kt, const uint16_t *x, const uint16_t *w, int32_t M, int32_t N,
+                           int32_t K, int32_t n0, int32_t n1, int64_t ldy, const char *what)
 {
-    const int64_t ldy = N + 3;
     long finite = 0;
     float *yg = malloc((size_t)M * ldy * sizeof *yg), *ya = malloc((size_t)M * ldy * sizeof *ya);
     assert_non_null(yg);
@@ -136,19 +146,19 @@ static long compare_kernels(const uint16_t *x, const uint16_t *w, int32_t M, int
     for (size_t i = 0; i < (size_t)M * ldy; i++)
         yg[i] = ya[i] = -1234.5f;
     cpu_gemm_bf16_cols_generic(yg, ldy, x, w, M, K, n0, n1);
-#if defined(PG_GEMM_X86)
-    cpu_gemm_bf16_cols_avx2(ya, ldy, x, w, M, K, n0, n1);
-#endif
+    if (kt->fn)
+        kt->fn(ya, ldy, x, w, M, K, n0, n1);
     for (int32_t m = 0; m < M; m++)
         for (int64_t n = 0; n < ldy; n++) {
             const float g = yg[(size_t)m * ldy + n], a = ya[(size_t)m * ldy + n];
             if (n < n0 || n >= n1) {
                 if (g != -1234.5f || a != -1234.5f)
-                    fail_msg("%s M=%d N=%d K=%d cols [%d,%d): y[%d][%lld] outside the columns written", what,
-                             (int)M, (int)N, (int)K, (int)n0, (int)n1, (int)m, (long long)n);
+                    fail_msg("%s M=%d N=%d K=%d cols [%d,%d): y[%d][%lld] outside the columns written (%s)", what,
+                             (int)M, (int)N, (int)K, (int)n0, (int)n1, (int)m, (long long)n, kt->name);
             } else if (!same_bits(g, a)) {
-                fail_msg("%s M=%d N=%d K=%d cols [%d,%d): y[%d][%lld]: expected %a (generic), got %a (avx2)", what,
-                         (int)M, (int)N, (int)K, (int)n0, (int)n1, (int)m, (long long)n, (double)g, (double)a);
+                fail_msg("%s M=%d N=%d K=%d cols [%d,%d): y[%d][%lld]: expected %a (generic), got %a (%s)", what,
+                         (int)M, (int)N, (int)K, (int)n0, (int)n1, (int)m, (long long)n, (double)g, (double)a,
+                         kt->name);
             } else {
                 finite += isfinite(g);
             }
@@ -156,6 +166,19 @@ static long compare_kernels(const uint16_t *x, const uint16_t *w, int32_t M, int
     free(yg);
     free(ya);
     return finite;
+}
+
+#if defined(PG_GEMM_X86)
+static const kernel_under_test avx2_kernel = {cpu_gemm_bf16_cols_avx2, "avx2"};
+#else
+static const kernel_under_test avx2_kernel = {NULL, "none"};
+#endif
+
+/* compare_kernel with the avx2 kernel, ldy = N + 3 */
+static long compare_kernels(const uint16_t *x, const uint16_t *w, int32_t M, int32_t N, int32_t K, int32_t n0,
+                            int32_t n1, const char *what)
+{
+    return compare_kernel(&avx2_kernel, x, w, M, N, K, n0, n1, N + 3, what);
 }
 
 /* Single outputs through the generic kernel (the definition) */
@@ -192,6 +215,13 @@ static void check_hand_case(const hand_case *c)
         cpu_gemm_bf16_cols_avx2(&y, 1, x, w, 1, c->K, 0, 1);
         if (memcmp(&y, &c->y, sizeof y) != 0)
             fail_msg("%s: expected %a, got %a (avx2)", c->what, (double)c->y, (double)y);
+    }
+#endif
+#if defined(PG_GEMM_DOT)
+    if (cpu_gemm_bf16_dot_available()) {
+        cpu_gemm_bf16_cols_avx512bf16(&y, 1, x, w, 1, c->K, 0, 1);
+        if (memcmp(&y, &c->y, sizeof y) != 0)
+            fail_msg("%s: expected %a, got %a (avx512bf16)", c->what, (double)c->y, (double)y);
     }
 #endif
 }
@@ -231,6 +261,13 @@ static void test_definition_by_hand(void **state)
         assert_true(y == 0.0f && !signbit(y));
     }
 #endif
+#if defined(PG_GEMM_DOT)
+    if (cpu_gemm_bf16_dot_available()) {
+        y = -1.0f;
+        cpu_gemm_bf16_cols_avx512bf16(&y, 1, &xs, &ws, 1, 1, 0, 1);
+        assert_true(y == 0.0f && !signbit(y));
+    }
+#endif
 }
 
 /* Tininess after rounding (cpu_gemm_modes.h): odd product 2^-63 * 2^-63 =
@@ -252,17 +289,27 @@ static void test_tininess_after_rounding(void **state)
     w[1] = bf16_of(-ldexpf(1.0f, -63)), w[0] = bf16_of(ldexpf(1.0f, -24));
     d = def_dot(x, w, 2); /* lane 0 flushes to -0; the tree's -0 + +0 of lane 8 is +0 */
     assert_true(d == 0.0f && !signbit(d));
+    /* VDPBF16PS in the window (its tininess is not in the SDM's words):
+     * the avx512bf16 kernel where the CPU has it */
+#if defined(PG_GEMM_DOT)
+    const kernel_under_test dot = {cpu_gemm_bf16_cols_avx512bf16, "avx512bf16"};
+#else
+    const kernel_under_test dot = {NULL, "none"};
+#endif
+    const int run_dot = cpu_gemm_bf16_dot_available();
+    if (!run_dot)
+        print_message("SKIP part: this CPU has no AVX512_BF16: VDPBF16PS not checked in the window\n");
     if (!have_avx2()) {
         print_message("SKIP: this CPU lacks AVX2 + FMA: no avx2 kernel to compare\n");
         skip();
     }
-#if defined(PG_GEMM_X86)
     for (int k = 0; k < 4; k++) {
         w[1] = bf16_of((k & 1 ? -1.0f : 1.0f) * ldexpf(1.0f, -63));
         w[0] = bf16_of((k & 1 ? 1.0f : -1.0f) * ldexpf(1.0f, k & 2 ? -25 : -24));
         compare_kernels(x, w, 1, 1, 2, 0, 1, "tininess window");
+        if (run_dot)
+            compare_kernel(&dot, x, w, 1, 1, 2, 0, 1, 1, "tininess window");
     }
-#endif
 }
 
 static void test_avx2_matches_definition(void **state)
@@ -334,6 +381,109 @@ static void test_avx2_matches_definition(void **state)
     assert_true(finite_outputs > outputs * 3 / 4);
 }
 
+/* The avx512bf16 kernel (one VDPBF16PS per chunk of 32, cpu_gemm_bf16_kernel.c)
+ * against the generic one (the definition) bit for bit, where the CPU has
+ * AVX512_BF16 + AVX-512F/BW/VL; SKIP (said so) elsewhere. Every M of its
+ * tiles' edges (1 = the batch-1 tile, 2..5, 7, 16, 33) x N off its 6
+ * columns x K whole chunks or not (the masked tail), padded ldy, column
+ * ranges; then random shapes and edge values as the avx2 test has. */
+static void test_avx512bf16_matches_definition(void **state)
+{
+    (void)state;
+    if (!cpu_gemm_bf16_dot_available()) {
+        print_message("SKIP: this CPU (or build) lacks AVX512_BF16 + AVX-512F/BW/VL: the avx512bf16 kernel "
+                      "cannot run here\n");
+        skip();
+    }
+#if defined(PG_GEMM_DOT)
+    const kernel_under_test kt = {cpu_gemm_bf16_cols_avx512bf16, "avx512bf16"};
+    pg_test_rng rng = {16};
+    long outputs = 0, finite_outputs = 0;
+    static const int32_t Ms[] = {1, 2, 3, 4, 5, 7, 16, 33};
+    static const int32_t Ns[] = {1, 5, 6, 7, 13, 25};
+    static const int32_t Ks[] = {1, 31, 32, 33, 64, 96, 100, 768, 777};
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                const int32_t M = Ms[mi], N = Ns[ni], K = Ks[ki];
+                const int cls = (ki + ni + mi) % 3 == 0 ? V_UNIT : V_MIXED;
+                uint16_t *x = bf16_buf(&rng, (size_t)M * K, cls), *w = bf16_buf(&rng, (size_t)N * K, cls);
+                if ((ki + mi) % 5 == 2)
+                    make_cancellations(x, w, M, N, K);
+                const int64_t ldy = N + pg_test_rng_int(&rng, 0, 5);
+                finite_outputs += compare_kernel(&kt, x, w, M, N, K, 0, N, ldy, "tile edges");
+                const int32_t n0 = pg_test_rng_int(&rng, 0, N - 1), n1 = pg_test_rng_int(&rng, n0 + 1, N);
+                finite_outputs += compare_kernel(&kt, x, w, M, N, K, n0, n1, ldy, "tile edges, column range");
+                outputs += (long)M * (N + (n1 - n0));
+                free(x);
+                free(w);
+            }
+    for (int it = 0; it < 160; it++) {
+        const int32_t M = it < 20 ? 1 : pg_test_rng_int(&rng, 1, 70);
+        const int32_t N = pg_test_rng_int(&rng, 1, it < 80 ? 20 : 60);
+        int32_t K = it < 60 ? pg_test_rng_int(&rng, 1, 100) : pg_test_rng_int(&rng, 1, it < 150 ? 1200 : 4096);
+        if (it % 5 == 0)
+            K |= 1;
+        const int cls = it % 3 == 0 ? V_UNIT : V_MIXED;
+        uint16_t *x = bf16_buf(&rng, (size_t)M * K, cls), *w = bf16_buf(&rng, (size_t)N * K, cls);
+        if (it % 7 == 3)
+            make_cancellations(x, w, M, N, K);
+        if (it % 4 == 1) {
+            sprinkle_inf(&rng, x, (size_t)M * K, 2);
+            sprinkle_inf(&rng, w, (size_t)N * K, 2);
+        }
+        finite_outputs += compare_kernel(&kt, x, w, M, N, K, 0, N, N + 3, it % 3 == 0 ? "random" : "edge values");
+        const int32_t n0 = pg_test_rng_int(&rng, 0, N - 1), n1 = pg_test_rng_int(&rng, n0 + 1, N);
+        finite_outputs += compare_kernel(&kt, x, w, M, N, K, n0, n1, N, "column range");
+        outputs += (long)M * (N + (n1 - n0));
+        free(x);
+        free(w);
+    }
+    /* long K (row blocks of x shorter than a tile), K = 0, all-tiny rows */
+    static const int32_t Klong[] = {4096, 4097, 8192, 9000};
+    for (size_t i = 0; i < sizeof Klong / sizeof Klong[0]; i++) {
+        const int32_t M = 9, N = 7, K = Klong[i];
+        uint16_t *x = bf16_buf(&rng, (size_t)M * K, V_MIXED), *w = bf16_buf(&rng, (size_t)N * K, V_MIXED);
+        finite_outputs += compare_kernel(&kt, x, w, M, N, K, 0, N, N, "long K");
+        finite_outputs += compare_kernel(&kt, x, w, 1, N, K, 0, N, N, "long K gemv");
+        outputs += (long)(M + 1) * N;
+        free(x);
+        free(w);
+    }
+    {
+        uint16_t none[1] = {0};
+        compare_kernel(&kt, none, none, 3, 5, 0, 0, 5, 5, "K = 0");
+        compare_kernel(&kt, none, none, 1, 5, 0, 0, 5, 5, "K = 0 gemv");
+        float y[2] = {-1.0f, -1.0f};
+        cpu_gemm_bf16_cols_avx512bf16(y, 1, none, none, 2, 0, 0, 1);
+        assert_true(y[0] == 0.0f && !signbit(y[0]) && y[1] == 0.0f && !signbit(y[1]));
+    }
+    {
+        const int32_t M = 6, N = 13, K = 300;
+        uint16_t *x = bf16_buf(&rng, (size_t)M * K, V_TINY), *w = bf16_buf(&rng, (size_t)N * K, V_TINY);
+        finite_outputs += compare_kernel(&kt, x, w, M, N, K, 0, N, N, "tiny");
+        finite_outputs += compare_kernel(&kt, x, w, 1, N, K, 0, N, N, "tiny gemv");
+        outputs += (long)(M + 1) * N;
+        free(x);
+        free(w);
+    }
+    /* the caller's MXCSR comes back unchanged */
+    const unsigned int csr = _mm_getcsr();
+    {
+        uint16_t x[64], w[64];
+        for (int i = 0; i < 64; i++)
+            x[i] = w[i] = bf16_of(1.0f);
+        float y = 0.0f;
+        cpu_gemm_bf16_cols_avx512bf16(&y, 1, x, w, 1, 64, 0, 1);
+        assert_true(y == 64.0f);
+    }
+    assert_int_equal(_mm_getcsr(), csr);
+    print_message("checked %ld outputs of the avx512bf16 kernel bit for bit, %ld of them finite\n", outputs,
+                  finite_outputs);
+    assert_true(finite_outputs > outputs * 3 / 4);
+#endif
+}
+
 /* f32 activations: mostly uniform, some values that round to subnormal
  * bf16, zeros, and exact halfway cases of the rounding */
 static float *act_buf(pg_test_rng *rng, size_t n)
@@ -373,7 +523,7 @@ static void test_mode_batch_invariant(void **state)
     for (int p = 0; p < 2; p++)
         assert_int_equal(cpu_pool_create(&pools[p], p + 1, NULL), 0);
     const int32_t shapes[][2] = {{2304, 768}, {301, 1000}, {100, 2048}, {37, 33}, {29, 1}};
-    const cpu_gemm_variant variants[] = {CPU_GEMM_AUTO, CPU_GEMM_GENERIC, CPU_GEMM_AVX2};
+    const cpu_gemm_variant variants[] = {CPU_GEMM_AUTO, CPU_GEMM_GENERIC, CPU_GEMM_AVX2, CPU_GEMM_AVX512};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int32_t N = shapes[s][0], K = shapes[s][1], M = s == 0 ? 19 : 70;
         float *x = act_buf(&rng, (size_t)M * K);
@@ -384,9 +534,13 @@ static void test_mode_batch_invariant(void **state)
         gemm_mode(CPU_GEMM_GENERIC, NULL, ref, N, x, w, M, N, K);
         for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
             if (!cpu_gemm_variant_available(variants[vi])) {
-                print_message("SKIP variant %s: not available here\n", cpu_gemm_variant_name(variants[vi]));
+                if (s == 0)
+                    print_message("SKIP variant %s: not available here\n", cpu_gemm_variant_name(variants[vi]));
                 continue;
             }
+            if (s == 0)
+                print_message("variant %s runs the %s kernel\n", cpu_gemm_variant_name(variants[vi]),
+                              cpu_gemm_mode_kernel_name(CPU_MATMUL_BF16, variants[vi]));
             for (int p = 0; p < 2; p++)
                 for (int sub = 0; sub < 4; sub++) {
                     /* the whole batch, one row, a run of rows, a single last row */
@@ -494,6 +648,7 @@ int main(void)
         cmocka_unit_test(test_definition_by_hand),
         cmocka_unit_test(test_tininess_after_rounding),
         cmocka_unit_test(test_avx2_matches_definition),
+        cmocka_unit_test(test_avx512bf16_matches_definition),
         cmocka_unit_test(test_mode_batch_invariant),
         cmocka_unit_test(test_vdpbf16ps_pinned),
     };

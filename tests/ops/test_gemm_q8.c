@@ -11,6 +11,8 @@
  *    whose padding must stay untouched) and on edge blocks (all zero,
  *    +-127 everywhere, one huge outlier per block, scales near FLT_MIN whose
  *    products are subnormal, scales whose products overflow).
+ *  - The avx512vnni kernel against the generic one the same way (tile
+ *    edges, random shapes, edge blocks, -128), where the CPU has AVX512_VNNI.
  *  - cpu_gemm_mode(CPU_MATMUL_INT8) end to end: every variant this CPU runs,
  *    pools of 1 and 2 threads and none, row m alone == row m in a batch.
  * The AVX2 parts are skipped, with a message, where the CPU lacks AVX2. */
@@ -80,6 +82,14 @@ static void test_definition_pinned(void **state)
             fail_msg("q8 avx2, pinned K = 32 case: expected %a, got %a", (double)want, (double)y);
     }
 #endif
+#if defined(PG_GEMM_DOT)
+    if (cpu_gemm_q8_dot_available()) {
+        y = NAN;
+        cpu_gemm_q8_cols_avx512vnni(&y, 1, xb, wb, 1, 32, 0, 1);
+        if (memcmp(&y, &want, sizeof y) != 0)
+            fail_msg("q8 avx512vnni, pinned K = 32 case: expected %a, got %a", (double)want, (double)y);
+    }
+#endif
 }
 
 /* Random q8 rows [rows][K/32]: each block's values are uniform in +-1
@@ -102,6 +112,11 @@ static unsigned char *rand_q8(pg_test_rng *rng, int32_t rows, int32_t K)
 }
 
 #if defined(PG_GEMM_X86)
+/* The kernel compare_kernels tests against the generic one: the avx2 one,
+ * or (test_avx512vnni_*) the avx512vnni one. */
+static cpu_gemm_q8_cols_fn kernel_fn = cpu_gemm_q8_cols_avx2;
+static const char *kernel_name = "avx2";
+
 /* columns [n0, n1) of y [M][ldy] by both kernels, NaN elsewhere: the same
  * bits, and nothing outside the columns written */
 static void compare_kernels(const char *what, const unsigned char *xq, const unsigned char *w, int32_t M, int32_t N,
@@ -112,16 +127,17 @@ static void compare_kernels(const char *what, const unsigned char *xq, const uns
     for (size_t i = 0; i < n; i++)
         yg[i] = ya[i] = NAN;
     cpu_gemm_q8_cols_generic(yg, ldy, xq, w, M, K, n0, n1);
-    cpu_gemm_q8_cols_avx2(ya, ldy, xq, w, M, K, n0, n1);
+    kernel_fn(ya, ldy, xq, w, M, K, n0, n1);
     for (int32_t m = 0; m < M; m++)
         for (int64_t c = 0; c < ldy; c++) {
             const size_t i = (size_t)m * (size_t)ldy + (size_t)c;
             if (memcmp(&yg[i], &ya[i], sizeof *yg) != 0)
-                fail_msg("q8 %s M=%d N=%d K=%d cols [%d, %d): y[%d][%lld]: generic %a, avx2 %a", what, (int)M,
-                         (int)N, (int)K, (int)n0, (int)n1, (int)m, (long long)c, (double)yg[i], (double)ya[i]);
+                fail_msg("q8 %s M=%d N=%d K=%d cols [%d, %d): y[%d][%lld]: generic %a, %s %a", what, (int)M,
+                         (int)N, (int)K, (int)n0, (int)n1, (int)m, (long long)c, (double)yg[i], kernel_name,
+                         (double)ya[i]);
             if ((c < n0 || c >= n1) && !isnan(ya[i]))
-                fail_msg("q8 %s M=%d N=%d K=%d cols [%d, %d): y[%d][%lld] outside the columns was written", what,
-                         (int)M, (int)N, (int)K, (int)n0, (int)n1, (int)m, (long long)c);
+                fail_msg("q8 %s M=%d N=%d K=%d cols [%d, %d): y[%d][%lld] outside the columns was written (%s)",
+                         what, (int)M, (int)N, (int)K, (int)n0, (int)n1, (int)m, (long long)c, kernel_name);
         }
     free(yg);
     free(ya);
@@ -210,14 +226,10 @@ static void fill_edge(pg_test_rng *rng, unsigned char *q, int32_t rows, int32_t 
         }
 }
 
-static void test_avx2_matches_generic_edges(void **state)
-{
-    (void)state;
-    if (!have_avx2()) {
-        print_message("SKIP: this CPU has no AVX2 + FMA (the generic kernel is the only one)\n");
-        skip();
-    }
 #if defined(PG_GEMM_X86)
+/* every pair of edge kinds on a few shapes: kernel_fn vs the generic one */
+static void compare_edges(void)
+{
     pg_test_rng rng = {127};
     const int32_t shapes[][3] = {{1, 13, 32}, {5, 7, 96}, {9, 11, 256}, {1, 29, 768}, {6, 5, 4096}};
     for (int kx = 0; kx < EDGE_COUNT; kx++)
@@ -234,6 +246,106 @@ static void test_avx2_matches_generic_edges(void **state)
                 free(xq);
                 free(w);
             }
+}
+#endif
+
+static void test_avx2_matches_generic_edges(void **state)
+{
+    (void)state;
+    if (!have_avx2()) {
+        print_message("SKIP: this CPU has no AVX2 + FMA (the generic kernel is the only one)\n");
+        skip();
+    }
+#if defined(PG_GEMM_X86)
+    compare_edges();
+#endif
+}
+
+static void test_avx512vnni_matches_generic_edges(void **state)
+{
+    (void)state;
+    if (!cpu_gemm_q8_dot_available()) {
+        print_message("SKIP: this CPU (or build) lacks AVX512_VNNI + AVX-512F/BW/VL: the avx512vnni kernel "
+                      "cannot run here\n");
+        skip();
+    }
+#if defined(PG_GEMM_DOT)
+    kernel_fn = cpu_gemm_q8_cols_avx512vnni;
+    kernel_name = "avx512vnni";
+    compare_edges();
+    kernel_fn = cpu_gemm_q8_cols_avx2;
+    kernel_name = "avx2";
+#endif
+}
+
+/* The avx512vnni kernel (cpu_gemm_q8_kernel.c: vpdpbusd, two outputs per
+ * zmm) against the generic one, bit for bit, where the CPU has AVX512_VNNI
+ * + AVX-512F/BW/VL (SKIP, said so, elsewhere): every M of its tile edges x
+ * N off its 6 columns (odd ones: a pair's half unused) and its 1 x 6
+ * batch-1 tile x K in whole blocks, padded ldy and column ranges; then
+ * the random shapes and the edge blocks of the avx2 tests, and -128 (which
+ * this kernel's +128 offset handles, though no quantizer writes it). */
+static void test_avx512vnni_matches_generic(void **state)
+{
+    (void)state;
+    if (!cpu_gemm_q8_dot_available()) {
+        print_message("SKIP: this CPU (or build) lacks AVX512_VNNI + AVX-512F/BW/VL: the avx512vnni kernel "
+                      "cannot run here\n");
+        skip();
+    }
+#if defined(PG_GEMM_DOT)
+    kernel_fn = cpu_gemm_q8_cols_avx512vnni;
+    kernel_name = "avx512vnni";
+    pg_test_rng rng = {4096};
+    long outputs = 0;
+    static const int32_t Ms[] = {1, 2, 3, 4, 5, 7, 16, 33};
+    static const int32_t Ns[] = {1, 2, 5, 6, 7, 13, 25};
+    static const int32_t Ks[] = {32, 64, 96, 768, 2048};
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                const int32_t M = Ms[mi], N = Ns[ni], K = Ks[ki];
+                unsigned char *xq = rand_q8(&rng, M, K), *w = rand_q8(&rng, N, K);
+                const int64_t ldy = N + pg_test_rng_int(&rng, 0, 5);
+                compare_kernels("tile edges", xq, w, M, N, K, 0, N, ldy);
+                const int32_t n0 = pg_test_rng_int(&rng, 0, N - 1), n1 = pg_test_rng_int(&rng, n0 + 1, N);
+                compare_kernels("tile edges, column range", xq, w, M, N, K, n0, n1, ldy);
+                outputs += (long)M * (N + (n1 - n0));
+                free(xq);
+                free(w);
+            }
+    for (int it = 0; it < 120; it++) {
+        const int32_t M = it % 5 == 0 ? 1 : pg_test_rng_int(&rng, 1, it < 60 ? 9 : 70);
+        const int32_t K = 32 * pg_test_rng_int(&rng, 1, it < 60 ? 8 : 128);
+        int32_t N = pg_test_rng_int(&rng, 1, it < 60 ? 30 : 200);
+        while ((int64_t)M * N * K > 12 * 1000 * 1000 && N > 1)
+            N /= 2;
+        const int32_t n0 = it % 3 == 0 ? pg_test_rng_int(&rng, 0, N) : 0;
+        const int32_t n1 = it % 3 == 0 ? pg_test_rng_int(&rng, n0, N) : N;
+        unsigned char *xq = rand_q8(&rng, M, K), *w = rand_q8(&rng, N, K);
+        compare_kernels("random", xq, w, M, N, K, n0, n1, N + pg_test_rng_int(&rng, 0, 3));
+        outputs += (long)M * (n1 - n0);
+        free(xq);
+        free(w);
+    }
+    {   /* K = 32768 and one block past it; -128 in x and w */
+        const int32_t M = 5, N = 7, K = 32 * 1025;
+        unsigned char *xq = rand_q8(&rng, M, K), *w = rand_q8(&rng, N, K);
+        compare_kernels("long K", xq, w, M, N, K, 0, N, N);
+        compare_kernels("long K gemv", xq, w, 1, N, K, 0, N, N);
+        for (int32_t r = 0; r < M; r++)
+            xq[(size_t)r * (K / 32) * CPU_I8_BLOCK_BYTES + 4 + (size_t)r] = 0x80;
+        for (int32_t r = 0; r < N; r++)
+            w[(size_t)r * (K / 32) * CPU_I8_BLOCK_BYTES + 4 + (size_t)r % 3] = 0x80;
+        compare_kernels("-128", xq, w, M, N, K, 0, N, N);
+        compare_kernels("-128 gemv", xq, w, 1, N, K, 0, N, N);
+        outputs += 2L * (M + 1) * N;
+        free(xq);
+        free(w);
+    }
+    kernel_fn = cpu_gemm_q8_cols_avx2;
+    kernel_name = "avx2";
+    print_message("avx512vnni == generic on %ld outputs\n", outputs);
 #endif
 }
 
@@ -323,6 +435,9 @@ static void test_mode_invariance(void **state)
             if (!cpu_gemm_variant_available(variants[v]))
                 continue;
             avx2_ran |= variants[v] == CPU_GEMM_AVX2;
+            if (c == 0)
+                print_message("variant %s runs the %s kernel\n", cpu_gemm_variant_name(variants[v]),
+                              cpu_gemm_mode_kernel_name(CPU_MATMUL_INT8, variants[v]));
             const int32_t Ms[] = {1, 2, 4, 5, 8, 19};
             for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
                 for (int p = -1; p < 2; p++) {
@@ -364,6 +479,8 @@ int main(void)
         cmocka_unit_test(test_definition_pinned),
         cmocka_unit_test(test_avx2_matches_generic_random),
         cmocka_unit_test(test_avx2_matches_generic_edges),
+        cmocka_unit_test(test_avx512vnni_matches_generic),
+        cmocka_unit_test(test_avx512vnni_matches_generic_edges),
         cmocka_unit_test(test_quantize_matches_definition),
         cmocka_unit_test(test_mode_invariance),
     };

@@ -35,6 +35,7 @@
 
 #include "cpu_gemm.h"
 #include "cpu_gemm_kernel.h"
+#include "cpu_gemm_modes.h"
 #include "cpu_pool.h"
 #include "test_support.h"
 
@@ -398,6 +399,78 @@ static void test_variant_table(void **state)
     print_message("best gemm variant here: %s\n", cpu_gemm_variant_name(best));
 }
 
+#if defined(PG_GEMM_DOT)
+#include <cpuid.h>
+/* The CPU's own word, read here without libgcc: AVX-512F/BW/VL (leaf 7
+ * EBX bits 16, 30, 31) with the OS saving the opmask and zmm state (XCR0
+ * bits 1, 2, 5, 6, 7), plus AVX512_VNNI (leaf 7 ECX bit 11) or
+ * AVX512_BF16 (leaf 7 subleaf 1 EAX bit 5), and AVX2 + FMA. */
+static int cpuid_has_dot(int bf16)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27)) || !(c & (1u << 12))) /* OSXSAVE, FMA */
+        return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xE6u) != 0xE6u)
+        return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return 0;
+    const unsigned need_b = (1u << 5) | (1u << 16) | (1u << 30) | (1u << 31); /* AVX2, F, BW, VL */
+    if ((b & need_b) != need_b)
+        return 0;
+    if (!bf16)
+        return (c >> 11) & 1u;
+    const unsigned max_sub = a;
+    if (max_sub < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d))
+        return 0;
+    return (a >> 5) & 1u;
+}
+#endif
+
+/* Which kernel each matmul mode runs under each variant
+ * (cpu_gemm_modes.h's table): the dot-instruction kernels exactly where
+ * the CPU has their instructions (CPUID read here) and only for AUTO /
+ * AVX512; AVX2 and GENERIC never run them. */
+static void test_mode_kernels_dispatch(void **state)
+{
+    (void)state;
+    int dot[2] = {0, 0}; /* bf16, int8: the CPU runs the dot kernel */
+#if defined(PG_GEMM_DOT)
+    dot[0] = cpuid_has_dot(1);
+    dot[1] = cpuid_has_dot(0);
+#endif
+    assert_int_equal(cpu_gemm_bf16_dot_available(), dot[0]);
+    assert_int_equal(cpu_gemm_q8_dot_available(), dot[1]);
+    const cpu_gemm_variant all[] = {CPU_GEMM_AUTO, CPU_GEMM_GENERIC, CPU_GEMM_AVX2, CPU_GEMM_AVX512};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        const cpu_gemm_variant v = all[i];
+        if (!cpu_gemm_variant_available(v)) {
+            assert_null(cpu_gemm_mode_kernel_name(CPU_MATMUL_BF16, v));
+            continue;
+        }
+        const cpu_gemm_variant r = v == CPU_GEMM_AUTO ? cpu_gemm_variant_best() : v;
+        for (int p = 0; p < 2; p++) {
+            const cpu_matmul_precision mode = p == 0 ? CPU_MATMUL_BF16 : CPU_MATMUL_INT8;
+            const char *want = r == CPU_GEMM_GENERIC                  ? "generic"
+                             : r == CPU_GEMM_AVX512 && dot[p]        ? (p == 0 ? "avx512bf16" : "avx512vnni")
+                                                                     : "avx2";
+            const char *got = cpu_gemm_mode_kernel_name(mode, v);
+            assert_non_null(got);
+            if (strcmp(got, want) != 0)
+                fail_msg("mode %s variant %s: expected the %s kernel, got %s", cpu_matmul_precision_name(mode),
+                         cpu_gemm_variant_name(v), want, got);
+            print_message("mode %s, variant %s: %s kernel\n", cpu_matmul_precision_name(mode),
+                          cpu_gemm_variant_name(v), got);
+        }
+        assert_string_equal(cpu_gemm_mode_kernel_name(CPU_MATMUL_EXACT, v), cpu_gemm_variant_name(r));
+    }
+    assert_null(cpu_gemm_mode_kernel_name(CPU_MATMUL_COUNT, CPU_GEMM_AUTO));
+    if (!dot[0] || !dot[1])
+        print_message("note: this CPU lacks AVX512_BF16 and/or AVX512_VNNI (or the build the dot kernels): "
+                      "they are not selected here\n");
+}
+
 /* ---- whole-executor digests across builds --------------------------------- */
 
 typedef struct digest_progs {
@@ -417,9 +490,12 @@ static int run_digest(const char *path, const char *variant, const char *mode, c
         fail_msg("cannot run %s", cmd);
     char line[512];
     out[0] = 0;
-    while (fgets(line, sizeof line, f))
+    while (fgets(line, sizeof line, f)) {
         if (strncmp(line, "digest ", 7) == 0)
             snprintf(out, cap, "%s", line);
+        else if (strncmp(line, "gemm ", 5) == 0) /* which kernel ran */
+            print_message("  %s", line);
+    }
     int st = pclose(f);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
         return 77;
@@ -450,9 +526,12 @@ static void test_builds_agree(void **state)
                 print_message("SKIP %s: this CPU is not x86-64-v3\n", base);
                 continue;
             }
-            const char *runs[][2] = {{"auto", ""}, {"avx2", ""}, {"generic", ""}, {"generic", no_fma}};
+            /* avx512: the exact AVX-512 kernel, and for the modes the dot
+             * kernels where the CPU has them (else avx2's): see "gemm" in the
+             * digest programs' output */
+            const char *runs[][2] = {{"auto", ""}, {"avx512", ""}, {"avx2", ""}, {"generic", ""}, {"generic", no_fma}};
             for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-                if (r == 3 && !baseline)
+                if (r == 4 && !baseline)
                     continue; /* the libm check once, on the baseline build */
                 if (run_digest(d->paths[i], runs[r][0], modes[mo], runs[r][1], got, sizeof got) == 77) {
                     print_message("SKIP %s %s: variant not available here\n", base, runs[r][0]);
@@ -480,6 +559,7 @@ int main(int argc, char **argv)
     digest_progs progs = {argc - 1, argv + 1};
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_variant_table),
+        cmocka_unit_test(test_mode_kernels_dispatch),
         cmocka_unit_test(test_signed_zero_tail),
         cmocka_unit_test(test_fma_is_fused),
         cmocka_unit_test(test_variants_match_canonical),
