@@ -27,7 +27,8 @@
  * correctly rounded in practice); what matters is that both sides run the
  * same operations.
  *
- * Header only: static inline functions, __host__ __device__ under nvcc. */
+ * The per-element functions are static inline here, __host__ __device__
+ * under nvcc; the host's whole-row loops are in pg_logsoftmax.c. */
 #ifndef PG_LOGSOFTMAX_H
 #define PG_LOGSOFTMAX_H
 
@@ -101,11 +102,13 @@ PG_LSM_FN double pg_lsm_from_bits(uint64_t u)
  * result stays normal: k >= -1010). */
 PG_LSM_FN double pg_lsm_exp(double x)
 {
-    if (!(x >= -700.0))
-        return x != x ? x : 0.0;
-    const double magic = 6755399441055744.0; /* 1.5 * 2^52: rounds to an integer */
-    double k = PG_LSM_FMA(x, 1.4426950408889634, magic) - magic;
-    double r = PG_LSM_FMA(-k, 6.93147180369123816490e-01, x);
+    /* selects, no branch (the host's lane loop vectorizes): an x outside
+     * [-700, 0] is computed as -700 and replaced at the end */
+    const double xc = x >= -700.0 ? x : -700.0;
+    const double magic = 6755399441055744.0; /* 1.5 * 2^52: t's low bits hold round(x / ln2) */
+    const double t = PG_LSM_FMA(xc, 1.4426950408889634, magic);
+    const double k = t - magic;
+    double r = PG_LSM_FMA(-k, 6.93147180369123816490e-01, xc);
     r = PG_LSM_FMA(-k, 1.90821492927058770002e-10, r);
     double p = 1.6059043836821613e-10; /* 1/13! .. 1/0! */
     p = PG_LSM_FMA(p, r, 2.08767569878681e-09);
@@ -121,10 +124,12 @@ PG_LSM_FN double pg_lsm_exp(double x)
     p = PG_LSM_FMA(p, r, 0.5);
     p = PG_LSM_FMA(p, r, 1.0);
     p = PG_LSM_FMA(p, r, 1.0);
-    /* p in [0.7, 1.42]; k in [-1010, 0]: p * 2^k through the exponent bits
-     * (unsigned wrap-around adds the negative k) */
-    uint64_t kb = (uint64_t)(int64_t)k << 52;
-    return pg_lsm_from_bits(pg_lsm_bits(p) + kb);
+    /* p in [0.7, 1.42]; k = bits(t) - bits(magic) in [-1010, 0]: p * 2^k
+     * by adding k to the exponent field (unsigned wrap-around adds a
+     * negative k; the result stays normal) */
+    const uint64_t kb = (pg_lsm_bits(t) - pg_lsm_bits(magic)) << 52;
+    const double e = pg_lsm_from_bits(pg_lsm_bits(p) + kb);
+    return x >= -700.0 ? e : (x != x ? x : 0.0);
 }
 
 /* log(x) for x in [1, 2^1000] (a sum of exp terms, the largest 1); NaN
@@ -178,75 +183,26 @@ PG_LSM_FN float pg_lsm_logprob(float raw, double lse)
     return (float)((double)raw - lse);
 }
 
-/* ---- the host's whole-row functions (the device splits the same work
- *      over a block: gpu/logprobs.cu) ---------------------------------- */
+/* ---- the host's whole-row functions (pg_logsoftmax.c; the device splits
+ *      the same work over a block: gpu/logprobs.cu) ------------------- */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* lse of raw[V] by the definition above (V >= 1). */
-static inline double pg_lsm_lse(const float *raw, int32_t V)
-{
-    double m = pg_lsm_from_bits(0xfff0000000000000ull); /* -inf */
-    for (int32_t v = 0; v < V; v++)
-        if ((double)raw[v] > m)
-            m = (double)raw[v];
-    m = m + 0.0;
-    double lane[PG_LSM_LANES];
-    for (int32_t j = 0; j < PG_LSM_LANES; j++)
-        lane[j] = 0.0;
-    int32_t v0 = 0;
-    for (; v0 + PG_LSM_LANES <= V; v0 += PG_LSM_LANES)
-        for (int32_t j = 0; j < PG_LSM_LANES; j++)
-            lane[j] = lane[j] + pg_lsm_exp((double)raw[v0 + j] - m);
-    for (int32_t j = 0; v0 + j < V; j++)
-        lane[j] = lane[j] + pg_lsm_exp((double)raw[v0 + j] - m);
-    for (int32_t s = PG_LSM_LANES / 2; s > 0; s >>= 1)
-        for (int32_t j = 0; j < s; j++)
-            lane[j] = lane[j] + lane[j + s];
-    return m + pg_lsm_log(lane[0]);
-}
+double pg_lsm_lse(const float *raw, int32_t V);
 
 /* The top k (<= V) of raw[V] in pg_lsm_better's order: ids[k], values
- * raw[ids[j]] in vals[k] (the caller turns them into logprobs).
- * Insertion into a sorted list of at most k. */
-static inline void pg_lsm_topk(const float *raw, int32_t V, int32_t k, int32_t *ids, float *vals)
-{
-    int32_t have = 0;
-    for (int32_t v = 0; v < V && k > 0; v++) {
-        float x = raw[v];
-        if (have == k && !pg_lsm_better(x, v, vals[k - 1], ids[k - 1]))
-            continue;
-        int32_t pos = have < k ? have : k - 1;
-        while (pos > 0 && pg_lsm_better(x, v, vals[pos - 1], ids[pos - 1])) {
-            vals[pos] = vals[pos - 1];
-            ids[pos] = ids[pos - 1];
-            pos--;
-        }
-        vals[pos] = x;
-        ids[pos] = v;
-        if (have < k)
-            have++;
-    }
-}
+ * raw[ids[j]] in vals[k] (the caller turns them into logprobs). */
+void pg_lsm_topk(const float *raw, int32_t V, int32_t k, int32_t *ids, float *vals);
 
-/* r's outputs from raw[V] on the host (the device's twin: gpu/logprobs.cu). */
-static inline void pg_lsm_row_eval(pg_lsm_row *r, const float *raw, int32_t V)
-{
-    int32_t k = r->k < V ? r->k : V;
-    float vals[PG_LSM_MAX_TOP];
-    int32_t ids[PG_LSM_MAX_TOP];
-    pg_lsm_topk(raw, V, k > 0 ? k : 1, ids, vals);
-    r->lse = pg_lsm_lse(raw, V);
-    if (r->token < 0) /* the argmax: the first in the order, when > -inf */
-        r->token = vals[0] > -__builtin_inff() ? ids[0] : -1;
-    r->logprob = r->token >= 0 ? pg_lsm_logprob(raw[r->token], r->lse) : 0.0f;
-    int32_t rank = 1;
-    for (int32_t v = 0; r->token >= 0 && v < V; v++)
-        rank += raw[v] > raw[r->token];
-    r->rank = rank;
-    r->n_top = k;
-    for (int32_t j = 0; j < PG_LSM_MAX_TOP; j++) {
-        r->top_ids[j] = j < k ? ids[j] : -1;
-        r->top_lp[j] = j < k ? pg_lsm_logprob(vals[j], r->lse) : 0.0f;
-    }
+/* r's outputs from raw[V] (r->token, r->k as asked; r->want untouched):
+ * the reference the device's gpu/logprobs.cu is compared with. */
+void pg_lsm_row_eval(pg_lsm_row *r, const float *raw, int32_t V);
+
+#ifdef __cplusplus
 }
+#endif
 
 #endif /* PG_LOGSOFTMAX_H */
