@@ -206,10 +206,11 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->greedy_ids = malloc(S * sizeof(int32_t));
     e->samp_lrow = malloc(S * sizeof(int32_t));
     if (backend->logprob_rows) e->lp_rows = calloc(T, sizeof *e->lp_rows);
-    if (!e->samp_lrow || (backend->logprob_rows && !e->lp_rows) || !e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
+    if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
         (!e->plp_per_step && !e->slice) || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
-        !e->scratch || !e->greedy || !e->greedy_ids) {
+        !e->scratch || !e->greedy || !e->greedy_ids || !e->samp_lrow ||
+        (backend->logprob_rows && !e->lp_rows)) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
                           "%zu sequences, vocab %zu)", T, S, V);
         goto fail;
@@ -579,29 +580,6 @@ static int32_t prompt_rows(const engine *e, const sched_entry *en, int32_t start
     return hi;
 }
 
-/* Prompt logprobs of request r from the raw logits row of position p:
- * token p + 1's logprob, its rank (1 + the ids with a larger logit) and
- * the top n_ptop ids (ties: lowest id first, NaN last), by
- * common/pg_logsoftmax.h's definition (the device's, bit for bit). vLLM
- * computes them the same way, from the raw logits (v1 prompt logprobs). */
-static void prompt_logprob_set(request *r, int32_t p, float lp, int32_t rank, const int32_t *ids,
-                               const float *lps, int32_t k);
-
-static void prompt_logprob(request *r, int32_t p, const float *row, int32_t vocab)
-{
-    double lse = pg_lsm_lse(row, vocab);
-    int32_t tok = r->prompt[p + 1];
-    int32_t rank = 1;
-    for (int32_t v = 0; v < vocab; v++) rank += row[v] > row[tok];
-    int32_t ids[PG_LSM_MAX_TOP];
-    float lps[PG_LSM_MAX_TOP];
-    int32_t k = r->n_ptop < vocab ? r->n_ptop : vocab;
-    pg_lsm_topk(row, vocab, k, ids, lps);
-    for (int32_t j = 0; j < k; j++)
-        lps[j] = pg_lsm_logprob(lps[j], lse);
-    prompt_logprob_set(r, p, pg_lsm_logprob(row[tok], lse), rank, ids, lps, k);
-}
-
 /* Position p's prompt logprob results (scoring prompt token p + 1): its
  * logprob and rank, the top k of n_ptop (the rest, past the vocabulary:
  * id -1, logprob 0). */
@@ -615,6 +593,27 @@ static void prompt_logprob_set(request *r, int32_t p, float lp, int32_t rank, co
         r->p_top_ids[at] = j < k ? ids[j] : -1;
         r->p_top_lp[at] = j < k ? lps[j] : 0.0f;
     }
+}
+
+/* Prompt logprobs of request r from the raw logits row of position p:
+ * token p + 1's logprob, its rank (1 + the ids with a larger logit) and
+ * the top n_ptop ids (ties: lowest id first, NaN last), by
+ * common/pg_logsoftmax.h's definition (the device's, bit for bit:
+ * engine_backend logprob_rows). vLLM computes them the same way, from the
+ * raw logits (v1 prompt logprobs). */
+static void prompt_logprob(request *r, int32_t p, const float *row, int32_t vocab)
+{
+    double lse = pg_lsm_lse(row, vocab);
+    int32_t tok = r->prompt[p + 1];
+    int32_t rank = 1;
+    for (int32_t v = 0; v < vocab; v++) rank += row[v] > row[tok];
+    int32_t ids[PG_LSM_MAX_TOP];
+    float lps[PG_LSM_MAX_TOP];
+    int32_t k = r->n_ptop < vocab ? r->n_ptop : vocab;
+    pg_lsm_topk(row, vocab, k, ids, lps);
+    for (int32_t j = 0; j < k; j++)
+        lps[j] = pg_lsm_logprob(lps[j], lse);
+    prompt_logprob_set(r, p, pg_lsm_logprob(row[tok], lse), rank, ids, lps, k);
 }
 
 /* The entry samples a token: it completes its tokens and is no embedding
