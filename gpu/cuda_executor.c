@@ -77,7 +77,7 @@ typedef struct cuda_exec {
     int32_t *ids_d;               /* argmax ids of the eager logits [L], device */
     size_t ids_cap;               /* bytes */
     pinned_buf ids_h;             /* their host copy */
-    /* logprob rows of the next logits (cuda_logprob_rows): results taken
+    /* logprob rows of the next logits (cuda_executor_logprob_rows): results taken
      * on the device (pgk_logprobs), the rows not copied. lp_L = 0: none
      * pending. Borrowed from the caller. */
     pg_lsm_row *lp_rows;          /* [lp_L] */
@@ -810,7 +810,7 @@ static int cuda_gather_rows(executor *ex, void *dst, const void *src, int32_t di
     return pgk_gather_rows(dst, src, c->act_dt, dim, d, c->stream, c->sync_each, &c->err);
 }
 
-/* The pending logprob rows (cuda_logprob_rows) of logits_d [L][V]: their
+/* The pending logprob rows (cuda_executor_logprob_rows) of logits_d [L][V]: their
  * requests uploaded, pgk_logprobs, the results queued for a copy into
  * pinned memory (logits_out waits and hands them over). Not capturable
  * (runs after a replay, or in an eager step). Sets c->lp_n. */
