@@ -12,6 +12,7 @@
 
 #include "grammar.h"
 #include "kv_pool.h"
+#include "pg_logsoftmax.h"
 #include "pooling.h"
 #include "sampler.h"
 #include "scheduler.h"
@@ -74,6 +75,12 @@ struct engine {
     /* the step's sampling rows taken on the device (backend greedy_rows) */
     uint8_t *greedy;                            /* [max_seqs] 1: plain greedy row */
     int32_t *greedy_ids;                        /* [max_seqs] their ids */
+    /* the step's logits rows whose logprobs the backend takes itself
+     * (backend logprob_rows): prompt-logprob rows and greedy rows with
+     * logprobs; NULL when the backend has none */
+    pg_lsm_row *lp_rows;                        /* [max_num_batched_tokens] */
+    bool lp_active;                             /* lp_rows marks rows of this step */
+    int32_t *samp_lrow;                         /* [max_seqs] sampling row s -> its logits row */
     float *hidden;                              /* [max_num_batched_tokens][H] pooled
                                                    rows, allocated at the first embedding */
     /* structured outputs: the vocabulary trie (built at the first constrained
@@ -197,10 +204,13 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->scratch = malloc(V * sizeof(float));
     e->greedy = malloc(S);
     e->greedy_ids = malloc(S * sizeof(int32_t));
+    e->samp_lrow = malloc(S * sizeof(int32_t));
+    if (backend->logprob_rows) e->lp_rows = calloc(T, sizeof *e->lp_rows);
     if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
         (!e->plp_per_step && !e->slice) || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
-        !e->scratch || !e->greedy || !e->greedy_ids) {
+        !e->scratch || !e->greedy || !e->greedy_ids || !e->samp_lrow ||
+        (backend->logprob_rows && !e->lp_rows)) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
                           "%zu sequences, vocab %zu)", T, S, V);
         goto fail;
@@ -329,6 +339,8 @@ void engine_destroy(engine *e)
     free(e->scratch);
     free(e->greedy);
     free(e->greedy_ids);
+    free(e->samp_lrow);
+    free(e->lp_rows);
     free(e->hidden);
     grammar_vocab_destroy(e->gvocab);
     free(e->gmask);
@@ -568,35 +580,40 @@ static int32_t prompt_rows(const engine *e, const sched_entry *en, int32_t start
     return hi;
 }
 
+/* Position p's prompt logprob results (scoring prompt token p + 1): its
+ * logprob and rank, the top k of n_ptop (the rest, past the vocabulary:
+ * id -1, logprob 0). */
+static void prompt_logprob_set(request *r, int32_t p, float lp, int32_t rank, const int32_t *ids,
+                               const float *lps, int32_t k)
+{
+    r->plp[p + 1] = lp;
+    r->p_rank[p + 1] = rank;
+    for (int32_t j = 0; j < r->n_ptop; j++) {
+        size_t at = (size_t)(p + 1) * (size_t)r->n_ptop + (size_t)j;
+        r->p_top_ids[at] = j < k ? ids[j] : -1;
+        r->p_top_lp[at] = j < k ? lps[j] : 0.0f;
+    }
+}
+
 /* Prompt logprobs of request r from the raw logits row of position p:
- * token p + 1's logprob (log-softmax in double), its rank and the top
- * n_ptop ids (ties: lowest id first). vLLM computes them the same way,
- * from the raw logits (v1 prompt logprobs). */
+ * token p + 1's logprob, its rank (1 + the ids with a larger logit) and
+ * the top n_ptop ids (ties: lowest id first, NaN last), by
+ * common/pg_logsoftmax.h's definition (the device's, bit for bit:
+ * engine_backend logprob_rows). vLLM computes them the same way, from the
+ * raw logits (v1 prompt logprobs). */
 static void prompt_logprob(request *r, int32_t p, const float *row, int32_t vocab)
 {
-    double mx = -INFINITY;
-    for (int32_t v = 0; v < vocab; v++)
-        if ((double)row[v] > mx) mx = (double)row[v];
-    double sum = 0.0;
-    for (int32_t v = 0; v < vocab; v++) sum += exp((double)row[v] - mx);
-    double lse = mx + log(sum);
+    double lse = pg_lsm_lse(row, vocab);
     int32_t tok = r->prompt[p + 1];
     int32_t rank = 1;
     for (int32_t v = 0; v < vocab; v++) rank += row[v] > row[tok];
-    r->plp[p + 1] = (float)((double)row[tok] - lse);
-    r->p_rank[p + 1] = rank;
-    for (int32_t k = 0; k < r->n_ptop; k++) {
-        int32_t best = -1;
-        for (int32_t v = 0; v < vocab; v++) {
-            bool taken = false;
-            for (int32_t j = 0; j < k && !taken; j++)
-                taken = r->p_top_ids[(size_t)(p + 1) * (size_t)r->n_ptop + (size_t)j] == v;
-            if (!taken && (best < 0 || row[v] > row[best])) best = v;
-        }
-        size_t at = (size_t)(p + 1) * (size_t)r->n_ptop + (size_t)k;
-        r->p_top_ids[at] = best;
-        r->p_top_lp[at] = best >= 0 ? (float)((double)row[best] - lse) : 0.0f;
-    }
+    int32_t ids[PG_LSM_MAX_TOP];
+    float lps[PG_LSM_MAX_TOP];
+    int32_t k = r->n_ptop < vocab ? r->n_ptop : vocab;
+    pg_lsm_topk(row, vocab, k, ids, lps);
+    for (int32_t j = 0; j < k; j++)
+        lps[j] = pg_lsm_logprob(lps[j], lse);
+    prompt_logprob_set(r, p, pg_lsm_logprob(row[tok], lse), rank, ids, lps, k);
 }
 
 /* The entry samples a token: it completes its tokens and is no embedding
@@ -647,9 +664,13 @@ static int take_rows(void *ctx, int32_t first, int32_t n, const float *logits, p
     for (int32_t j = 0; j < n; j++) {
         const float *row = logits + (size_t)j * V;
         int32_t k = first + j;
-        if (e->row_req[k]) {
+        const pg_lsm_row *lp = e->lp_active && e->lp_rows[k].want ? &e->lp_rows[k] : NULL;
+        if (e->row_req[k] && lp) { /* taken by the backend: the row was not written */
+            prompt_logprob_set(e->row_req[k], e->row_pos[k], lp->logprob, lp->rank, lp->top_ids,
+                               lp->top_lp, lp->n_top);
+        } else if (e->row_req[k]) {
             prompt_logprob(e->row_req[k], e->row_pos[k], row, (int32_t)V);
-        } else {
+        } else if (!lp) {
             float *dst = e->logits + (size_t)(-e->row_pos[k] - 1) * V;
             if (dst != row) memmove(dst, row, V * sizeof *row);
         }
@@ -696,6 +717,7 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
         }
         n_prompt_rows += hi - lo;
         if (entry_samples(en)) {
+            e->samp_lrow[n_samples] = n_logits;
             e->logits_rows[n_logits] = t - 1;
             e->row_req[n_logits] = NULL;
             e->row_pos[n_logits++] = -(++n_samples);
@@ -792,6 +814,72 @@ static bool seq_plain_greedy(const sequence *q)
     return !r->gram && r->n == 1 && sampler_plain_argmax(&r->sp, &view);
 }
 
+/* True when sample_seq would take the plain argmax of q's row and its
+ * logprobs from the raw row, and nothing else: as seq_plain_greedy, but
+ * with logprobs (the backend may then take the token and the logprobs
+ * itself: engine_backend logprob_rows, token -1). */
+static bool seq_greedy_logprobs(const sequence *q)
+{
+    const request *r = q->req;
+    if (r->sp.logprobs < 0 || r->gram || r->n != 1) return false;
+    int32_t n_out = q->n_tokens - r->n_prompt;
+    sampler_seq_view view = {.n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0};
+    sampling_params sp = r->sp;
+    sp.logprobs = -1; /* the logprobs come from the raw row: they do not change the token */
+    return sampler_plain_argmax(&sp, &view);
+}
+
+/* Marks the step's rows the backend takes the logprobs of (logprob_rows):
+ * every prompt-logprob row (scoring the next prompt token) and the
+ * sampling rows of seq_greedy_logprobs sequences (their argmax). Sets
+ * e->lp_active when it marked any and handed them over. */
+static int mark_logprob_rows(engine *e, const sched_step *st, const step_batch *b, pg_error *err)
+{
+    e->lp_active = false;
+    if (!e->be.logprob_rows || b->num_logits == 0) return PG_OK;
+    int32_t n = 0;
+    for (int32_t j = 0; j < b->num_logits; j++) {
+        pg_lsm_row *q = &e->lp_rows[j];
+        memset(q, 0, sizeof *q);
+        const request *r = e->row_req[j];
+        if (!r) continue;
+        q->want = 1;
+        q->token = r->prompt[e->row_pos[j] + 1];
+        q->k = r->n_ptop > 0 ? r->n_ptop : 0;
+        n++;
+    }
+    for (int32_t i = 0, s = 0; i < st->n_entries; i++) {
+        if (!entry_samples(&st->entries[i])) continue;
+        int32_t j = e->samp_lrow[s++];
+        if (!seq_greedy_logprobs(st->entries[i].seq)) continue;
+        pg_lsm_row *q = &e->lp_rows[j];
+        q->want = 1;
+        q->token = -1;
+        q->k = st->entries[i].seq->req->sp.logprobs;
+        n++;
+    }
+    if (n == 0) return PG_OK;
+    int rc = e->be.logprob_rows(e->be.ctx, e->lp_rows, b->num_logits, err);
+    if (rc) return rc;
+    e->lp_active = true;
+    return PG_OK;
+}
+
+/* A sampling row the backend took (mark_logprob_rows): its token and
+ * logprobs as the sampler's result. */
+static int sample_from_lp(engine *e, sequence *q, const pg_lsm_row *lp, pg_error *err)
+{
+    if (lp->token < 0)
+        return pg_error_set(err, PG_EINVAL, "engine: request %llu sequence %d: sampler: no token can be "
+                            "sampled: all %d logits are -inf, nan or banned",
+                            (unsigned long long)q->req->id, (int)q->index, (int)e->be.vocab_size);
+    sampler_result res = {.token_id = lp->token, .logprob = lp->logprob, .n_top = lp->n_top,
+                          .top_ids = e->top_ids, .top_logprobs = e->top_lp};
+    memcpy(e->top_ids, lp->top_ids, (size_t)lp->n_top * sizeof *e->top_ids);
+    memcpy(e->top_lp, lp->top_lp, (size_t)lp->n_top * sizeof *e->top_lp);
+    return accept_sampled(e, q, &res, err);
+}
+
 /* The sampled token res->token_id of q: first-token time, stats, the
  * grammar, the stop rules (sequence_accept); releases q's blocks when it
  * finishes. Every token goes through here, host-sampled or device greedy. */
@@ -872,6 +960,7 @@ int engine_step(engine *e, pg_error *err)
             dev_greedy = true;
         }
     }
+    if ((rc = mark_logprob_rows(e, &st, &b, err))) return rc;
     if (e->n_prompt_rows == 0 || e->plp_per_step) {
         if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) {
             if (dev_greedy) { /* a forward that failed early leaves no mask pending */
@@ -922,6 +1011,11 @@ int engine_step(engine *e, pg_error *err)
         }
         if (!entry_samples(&st.entries[i])) continue;
         const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
+        if (e->lp_active && e->lp_rows[e->samp_lrow[row]].want) {
+            row++; /* never a fresh fork: seq_greedy_logprobs leaves n > 1 to the host */
+            if ((rc = sample_from_lp(e, q, &e->lp_rows[e->samp_lrow[row - 1]], err))) return rc;
+            continue;
+        }
         if (dev_greedy && e->greedy[row]) {
             /* never a fresh fork: seq_plain_greedy leaves n > 1 to the host */
             sampler_result res = {.token_id = e->greedy_ids[row]};

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "pg_error.h"
+#include "pg_logsoftmax.h"
 #include "sampling_params.h"
 #include "step_batch.h"
 
@@ -70,6 +71,18 @@ typedef struct engine_backend {
      * temperature, no logprobs, no penalties, no banned ids (min_tokens),
      * no grammar. Setting it to NULL turns the path off. */
     int (*greedy_rows)(void *ctx, const uint8_t *greedy, int32_t L, int32_t *ids, pg_error *err);
+    /* Optional (NULL: the rows come back and the engine computes their
+     * logprobs, the CPU): called right before a forward or forward_rows
+     * with its b->num_logits = L rows; for that forward only, rows r with
+     * rows[r].want are not written to logits (nor to a forward_rows slice)
+     * and rows[r] gets their log-softmax results (pg_lsm_row: the bits the
+     * host's common/pg_logsoftmax.h gives; model_logprob_rows), filled by
+     * the time the slice holding row r reaches the sink. The engine marks
+     * its prompt-logprob rows (token: the next prompt token) and the
+     * sampling rows of greedy requests with logprobs that are otherwise
+     * plain (token -1: the argmax). No row is marked greedy as well. rows
+     * is borrowed until the forward returns. NULL turns the path off. */
+    int (*logprob_rows)(void *ctx, pg_lsm_row *rows, int32_t L, pg_error *err);
 } engine_backend;
 
 typedef enum kv_layout {

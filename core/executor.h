@@ -49,6 +49,7 @@
 
 #include "dtype.h"
 #include "pg_error.h"
+#include "pg_logsoftmax.h"
 #include "step_batch.h"
 
 typedef struct executor executor;
@@ -185,6 +186,19 @@ typedef struct executor_ops {
      * pending mask. Only for steps that give all their rows in one call
      * (model_forward, not the slices of model_forward_rows). */
     int (*greedy_rows)(executor *ex, const uint8_t *greedy, int32_t L, int32_t *ids_host);
+    /* Logprob rows of the next logits (optional: NULL on the CPU, where the
+     * engine computes them from the row): for the next run_step, or inside
+     * a forward the next logits op (consumed by it, even one that fails),
+     * every row r < L of its logits_host with rows[r].want is NOT written;
+     * rows[r] gets its log-softmax results instead (pg_lsm_row: lse, the
+     * logprob and rank of rows[r].token — the argmax for -1, core/sampler.c's
+     * greedy rule —, the top rows[r].k), by common/pg_logsoftmax.h's
+     * definition: the bits core/sampler.c and core/engine.c compute on the
+     * host. A row is not also marked greedy. The logits fails with
+     * PG_EINVAL when its number of rows is not L or a request is out of
+     * range (token >= V, k > PG_LSM_MAX_TOP). rows [L] is host memory
+     * borrowed until that logits returns; L = 0 clears it. */
+    int (*logprob_rows)(executor *ex, pg_lsm_row *rows, int32_t L);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

@@ -84,6 +84,9 @@ struct model {
 
     op_profile *prof;             /* borrowed, NULL: no timing (model_set_op_profile) */
     int prof_kind;                /* OPP_PREFILL or OPP_DECODE: the step being run */
+    /* logprob rows of the next forward (model_logprob_rows; borrowed) */
+    pg_lsm_row *lp_rows;          /* [lp_L] */
+    int32_t lp_L;                 /* 0: none pending */
 };
 
 /* ---- sizes ---------------------------------------------------------------- */
@@ -679,6 +682,8 @@ static int forward_head_slices(model *m, const step_batch *b, rows_out *ro, cons
                b->logits_rows[r0 + n] == b->logits_rows[r0] + n)
             n++;
         const char *x = (const char *)m->normed + (size_t)b->logits_rows[r0] * row_bytes;
+        if (m->lp_L && (rc = op->logprob_rows(ex, m->lp_rows + r0, n)))
+            return rc;
         if ((rc = op->logits(ex, ro->buf, x, m->lm_head, n, m->V, m->H)))
             return rc;
         if ((rc = ro->sink(ro->sink_ctx, r0, n, ro->buf, ro->err))) {
@@ -769,13 +774,39 @@ static int forward_with(model *m, const step_batch *b_in, float *logits, rows_ou
     return rc;
 }
 
+/* The pending logprob rows (model_logprob_rows) to the executor for a
+ * forward whose logits come in one piece (not forward_head_slices, which
+ * hands them over per slice). */
+static int lp_whole(model *m, const step_batch *b, pg_error *err)
+{
+    if (!m->lp_L)
+        return PG_OK;
+    if (m->lp_L != b->num_logits)
+        return pg_error_set(err, PG_EINVAL, "model forward: %d logprob rows for %d logits rows",
+                            (int)m->lp_L, (int)b->num_logits);
+    int rc = m->ex->op->logprob_rows(m->ex, m->lp_rows, m->lp_L);
+    return rc ? op_failed(m, rc, "logprob_rows", -1, err) : PG_OK;
+}
+
+/* After a forward: nothing pending, here or in the executor. */
+static int lp_done(model *m, int rc)
+{
+    if (m->lp_L) {
+        m->lp_L = 0;
+        (void)m->ex->op->logprob_rows(m->ex, NULL, 0);
+    }
+    return rc;
+}
+
 int model_forward(model *m, const step_batch *b_in, float *logits, pg_error *err)
 {
     int rc = check_batch(m, b_in, b_in->num_seqs, err);
+    if (!rc)
+        rc = lp_whole(m, b_in, err);
     if (rc)
-        return rc;
+        return lp_done(m, rc);
     rows_out ro = {.logits = logits};
-    return forward_with(m, b_in, logits, &ro, err);
+    return lp_done(m, forward_with(m, b_in, logits, &ro, err));
 }
 
 int model_forward_rows(model *m, const step_batch *b, float *buf, int32_t slice_rows,
@@ -785,25 +816,29 @@ int model_forward_rows(model *m, const step_batch *b, float *buf, int32_t slice_
         return pg_error_set(err, PG_EINVAL, "model forward_rows: expected a buffer, a sink and "
                             "slice_rows >= 1, got slice_rows %d", (int)slice_rows);
     int rc = check_batch(m, b, b->num_tokens, err);
+    if (!rc && m->lp_L && m->lp_L != b->num_logits)
+        rc = pg_error_set(err, PG_EINVAL, "model forward_rows: %d logprob rows for %d logits rows",
+                          (int)m->lp_L, (int)b->num_logits);
     if (rc)
-        return rc;
+        return lp_done(m, rc);
     for (int32_t r = 0; r < b->num_logits; r++)
         if (b->logits_rows[r] < 0 || b->logits_rows[r] >= b->num_tokens ||
             (r > 0 && b->logits_rows[r] <= b->logits_rows[r - 1]))
-            return pg_error_set(err, PG_EINVAL, "model forward_rows: logits_rows[%d] = %d: expected "
-                                "increasing rows in [0, %d)", (int)r, (int)b->logits_rows[r],
-                                (int)b->num_tokens);
+            return lp_done(m, pg_error_set(err, PG_EINVAL, "model forward_rows: logits_rows[%d] = %d: "
+                                           "expected increasing rows in [0, %d)", (int)r,
+                                           (int)b->logits_rows[r], (int)b->num_tokens));
     rows_out ro = {.sink = sink, .sink_ctx = sink_ctx, .buf = buf, .slice_rows = slice_rows,
                    .err = err};
     if (b->num_logits <= m->p.max_num_seqs && b->num_logits <= slice_rows) {
         /* as model_forward (the gathered rows: what a decode step or a
          * captured graph computes), then one slice */
         ro.sink = NULL;
-        if ((rc = forward_with(m, b, buf, &ro, err)))
-            return rc;
+        if ((rc = lp_whole(m, b, err)) || (rc = forward_with(m, b, buf, &ro, err)))
+            return lp_done(m, rc);
+        lp_done(m, 0);
         return b->num_logits > 0 ? sink(sink_ctx, 0, b->num_logits, buf, err) : PG_OK;
     }
-    return forward_with(m, b, buf, &ro, err);
+    return lp_done(m, forward_with(m, b, buf, &ro, err));
 }
 
 int model_greedy_rows(model *m, const uint8_t *greedy, int32_t L, int32_t *ids, pg_error *err)
@@ -818,6 +853,19 @@ int model_greedy_rows(model *m, const uint8_t *greedy, int32_t L, int32_t *ids, 
     int rc = ex->op->greedy_rows(ex, greedy, L, ids);
     if (rc)
         return op_failed(m, rc, "greedy_rows", -1, err);
+    return PG_OK;
+}
+
+int model_logprob_rows(model *m, pg_lsm_row *rows, int32_t L, pg_error *err)
+{
+    if (!m->ex->op->logprob_rows)
+        return pg_error_set(err, PG_EUNSUPPORTED, "model logprob_rows: the %s executor has no "
+                            "device-side logprob rows", m->ex->name);
+    if (L < 0 || (L > 0 && !rows))
+        return pg_error_set(err, PG_EINVAL, "model logprob_rows: expected L >= 0 and rows, got L %d",
+                            (int)L);
+    m->lp_rows = rows;
+    m->lp_L = L;
     return PG_OK;
 }
 
@@ -888,6 +936,11 @@ static int backend_greedy_rows(void *ctx, const uint8_t *greedy, int32_t L, int3
     return model_greedy_rows(ctx, greedy, L, ids, err);
 }
 
+static int backend_logprob_rows(void *ctx, pg_lsm_row *rows, int32_t L, pg_error *err)
+{
+    return model_logprob_rows(ctx, rows, L, err);
+}
+
 static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs,
                                pg_error *err)
 {
@@ -911,6 +964,8 @@ engine_backend model_backend(model *m)
         .hidden_size = m->H,
         /* only where the executor takes greedy rows on the device (CUDA) */
         .greedy_rows = m->ex->op->greedy_rows ? backend_greedy_rows : NULL,
+        /* likewise logprob rows */
+        .logprob_rows = m->ex->op->logprob_rows ? backend_logprob_rows : NULL,
     };
     return be;
 }

@@ -82,6 +82,13 @@ int model_forward_rows(model *m, const step_batch *b, float *buf, int32_t slice_
  * executor has no greedy_rows (the CPU): the caller then samples every
  * row itself. greedy and ids are borrowed until that forward returns. */
 int model_greedy_rows(model *m, const uint8_t *greedy, int32_t L, int32_t *ids, pg_error *err);
+/* For the next model_forward or model_forward_rows only: its logits rows
+ * r < L (L = its num_logits) with rows[r].want are not returned; rows[r]
+ * gets their log-softmax results instead (the executor's logprob_rows,
+ * executor.h; handed to it for the whole step, or per lm_head slice).
+ * PG_EUNSUPPORTED when the executor has no logprob_rows (the CPU). rows
+ * is borrowed until that forward returns; L = 0 clears it. */
+int model_logprob_rows(model *m, pg_lsm_row *rows, int32_t L, pg_error *err);
 /* Copies KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in every layer
  * (copy-on-write). PG_EINVAL, nothing copied, for an id outside the pool. */
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err);

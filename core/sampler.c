@@ -26,8 +26,10 @@
  *
  * Non-finite logits: NaN never wins the argmax and is -inf when sampling;
  * +inf is clamped to FLT_MAX when sampling. Logprobs are log_softmax of the
- * raw logits as given (before penalties, banning and temperature): expf
- * summed in double, log-sum-exp good to ~1e-7. */
+ * raw logits as given (before penalties, banning and temperature), by
+ * common/pg_logsoftmax.h: exp terms in double summed in a fixed order, the
+ * same bits as the device's (gpu/logprobs.cu); top k ties to the lower id,
+ * NaN last. */
 #include "sampler.h"
 
 #include <float.h>
@@ -36,6 +38,7 @@
 #include <string.h>
 
 #include "pg_error.h"
+#include "pg_logsoftmax.h"
 
 #define SAMPLER_SAMPLING_EPS 1e-5f /* vLLM's _SAMPLING_EPS */
 /* top-k up to this uses a k-heap (one comparison per token, a sift for
@@ -267,40 +270,16 @@ static int sampler_cand_cmp(const void *pa, const void *pb)
 }
 
 /* log_softmax of raw[vocab]: the sampled token's logprob and the top n_top,
- * descending, ties by ascending id. */
+ * descending, ties by ascending id — common/pg_logsoftmax.h's definition,
+ * which the device computes bit for bit alike (gpu/logprobs.cu). */
 static void sampler_logprobs(const float *raw, int32_t vocab, sampler_result *res, int32_t n_top)
 {
-    double m = -INFINITY;
-    for (int32_t i = 0; i < vocab; i++)
-        if ((double)raw[i] > m)
-            m = (double)raw[i];
-    double sum = 0.0; /* expf (rel. error ~1 ulp) summed in double: lse good to ~1e-7 */
-    for (int32_t i = 0; i < vocab; i++)
-        sum += (double)expf((float)((double)raw[i] - m));
-    double lse = m + log(sum);
-    res->logprob = (float)((double)raw[res->token_id] - lse);
-
-    /* insertion into a sorted list of at most n_top (<= 20); scanning ids in
-     * ascending order and inserting after equal values keeps ties by id */
-    int32_t have = 0;
-    for (int32_t i = 0; i < vocab && n_top > 0; i++) {
-        float v = raw[i];
-        if (have == n_top && !(v > res->top_logprobs[have - 1]))
-            continue;
-        int32_t pos = have < n_top ? have : n_top - 1;
-        while (pos > 0 && v > res->top_logprobs[pos - 1]) {
-            res->top_logprobs[pos] = res->top_logprobs[pos - 1];
-            res->top_ids[pos] = res->top_ids[pos - 1];
-            pos--;
-        }
-        res->top_logprobs[pos] = v;
-        res->top_ids[pos] = i;
-        if (have < n_top)
-            have++;
-    }
-    for (int32_t j = 0; j < have; j++)
-        res->top_logprobs[j] = (float)((double)res->top_logprobs[j] - lse);
-    res->n_top = have;
+    double lse = pg_lsm_lse(raw, vocab);
+    res->logprob = pg_lsm_logprob(raw[res->token_id], lse);
+    pg_lsm_topk(raw, vocab, n_top, res->top_ids, res->top_logprobs);
+    for (int32_t j = 0; j < n_top; j++)
+        res->top_logprobs[j] = pg_lsm_logprob(res->top_logprobs[j], lse);
+    res->n_top = n_top;
 }
 
 /* ---- sampling -------------------------------------------------------- */

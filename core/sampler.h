@@ -11,7 +11,11 @@
  * top-k/top-p), top-k (boundary ties kept), top-p over the survivors,
  * softmax, one uniform draw, inverse CDF over the survivors in ascending id
  * order. Logprobs are computed from the raw logits (before penalties and
- * temperature), as vLLM's default "raw_logprobs" mode does. Details and
+ * temperature), as vLLM's default "raw_logprobs" mode does, by the
+ * log-softmax definition in common/pg_logsoftmax.h, which the CUDA
+ * executor computes bit for bit alike (gpu/logprobs.cu): a greedy request
+ * with logprobs may take its token and logprobs from the device instead of
+ * its row (engine_backend logprob_rows) with the same result. Details and
  * provenance: sampler.c.
  */
 #ifndef PG_SAMPLER_H

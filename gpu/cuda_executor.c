@@ -77,6 +77,17 @@ typedef struct cuda_exec {
     int32_t *ids_d;               /* argmax ids of the eager logits [L], device */
     size_t ids_cap;               /* bytes */
     pinned_buf ids_h;             /* their host copy */
+    /* logprob rows of the next logits (cuda_executor_logprob_rows): results taken
+     * on the device (pgk_logprobs), the rows not copied. lp_L = 0: none
+     * pending. Borrowed from the caller. */
+    pg_lsm_row *lp_rows;          /* [lp_L] */
+    int32_t lp_L;
+    int32_t lp_n;                 /* requests launched for the logits being copied out */
+    pgk_lp_req *lp_req_d;         /* [lp_n] device */
+    size_t lp_req_cap;            /* bytes */
+    pg_lsm_row *lp_out_d;         /* [lp_n] device */
+    size_t lp_out_cap;            /* bytes */
+    pinned_buf lp_req_h, lp_out_h;
     size_t logits_copy_bytes;     /* logits the last step copied to the host */
     size_t logits_copy_total;     /* ... every step so far */
 } cuda_exec;
@@ -304,6 +315,8 @@ static void cuda_destroy(executor *ex)
     pinned_free(&c->pairs_h);
     pinned_free(&c->logits_h);
     pinned_free(&c->ids_h);
+    pinned_free(&c->lp_req_h);
+    pinned_free(&c->lp_out_h);
     pinned_free(&c->stage[0]);
     pinned_free(&c->stage[1]);
     if (c->meta_d)
@@ -316,6 +329,10 @@ static void cuda_destroy(executor *ex)
         cudaFree(c->pairs_d);
     if (c->ids_d)
         cudaFree(c->ids_d);
+    if (c->lp_req_d)
+        cudaFree(c->lp_req_d);
+    if (c->lp_out_d)
+        cudaFree(c->lp_out_d);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
@@ -793,6 +810,66 @@ static int cuda_gather_rows(executor *ex, void *dst, const void *src, int32_t di
     return pgk_gather_rows(dst, src, c->act_dt, dim, d, c->stream, c->sync_each, &c->err);
 }
 
+/* The pending logprob rows (cuda_executor_logprob_rows) of logits_d [L][V]: their
+ * requests uploaded, pgk_logprobs, the results queued for a copy into
+ * pinned memory (logits_out waits and hands them over). Not capturable
+ * (runs after a replay, or in an eager step). Sets c->lp_n. */
+static int lp_launch(cuda_exec *c, const float *logits_d, int32_t L, int32_t V)
+{
+    c->lp_n = 0;
+    if (!c->lp_L)
+        return 0;
+    if (c->lp_L != L)
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda logits: the logprob rows have %d rows, the step %d", (int)c->lp_L, (int)L);
+    int32_t n = 0;
+    for (int32_t r = 0; r < L; r++) {
+        const pg_lsm_row *q = &c->lp_rows[r];
+        if (!q->want)
+            continue;
+        if (q->token < -1 || q->token >= V || q->k < 0 || q->k > PG_LSM_MAX_TOP)
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda logprob rows: row %d: expected token in [-1, %d) and k in [0, %d], "
+                                "got %d and %d", (int)r, (int)V, PG_LSM_MAX_TOP, (int)q->token, (int)q->k);
+        if (c->greedy_L && c->greedy[r])
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda logprob rows: row %d: expected a row marked once, got it greedy too",
+                                (int)r);
+        n++;
+    }
+    if (n == 0)
+        return 0;
+    void *hq = NULL, *ho = NULL;
+    size_t cap = c->lp_req_cap;
+    int rc = device_grow(c->stream, (void **)&c->lp_req_d, &cap, (size_t)n * sizeof(pgk_lp_req),
+                         "cudaMalloc (logprob requests)", &c->err);
+    c->lp_req_cap = cap;
+    if (rc)
+        return rc;
+    cap = c->lp_out_cap;
+    rc = device_grow(c->stream, (void **)&c->lp_out_d, &cap, (size_t)n * sizeof(pg_lsm_row),
+                     "cudaMalloc (logprob results)", &c->err);
+    c->lp_out_cap = cap;
+    if (rc || (rc = pinned_get(c->stream, &c->lp_req_h, (size_t)n * sizeof(pgk_lp_req), &hq, &c->err)) ||
+        (rc = pinned_get(c->stream, &c->lp_out_h, (size_t)n * sizeof(pg_lsm_row), &ho, &c->err)))
+        return rc;
+    pgk_lp_req *req = hq;
+    for (int32_t r = 0, q = 0; r < L; r++)
+        if (c->lp_rows[r].want)
+            req[q++] = (pgk_lp_req){.row = r, .token = c->lp_rows[r].token, .k = c->lp_rows[r].k};
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (logprob requests)",
+             cudaMemcpyAsync(c->lp_req_d, hq, (size_t)n * sizeof(pgk_lp_req), cudaMemcpyHostToDevice,
+                             c->stream));
+    if ((rc = pinned_mark(&c->lp_req_h, c->stream, &c->err)) ||
+        (rc = pgk_logprobs(c->lp_out_d, logits_d, V, c->lp_req_d, n, c->stream, c->sync_each, &c->err)))
+        return rc;
+    CUDA_TRY(&c->err, "cudaMemcpyAsync (logprob results)",
+             cudaMemcpyAsync(ho, c->lp_out_d, (size_t)n * sizeof(pg_lsm_row), cudaMemcpyDeviceToHost,
+                             c->stream));
+    c->lp_n = n;
+    return 0;
+}
+
 /* The logits rows of a step to the host: rows the pending greedy mask
  * (cuda_executor_greedy_next_step) marks get only their id (ids_pinned,
  * an argmax copy queued on the stream), the others their V floats, through
@@ -805,7 +882,11 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
     const uint8_t *gm = c->greedy_L ? c->greedy : NULL;
     int32_t *ids_host = c->greedy_ids;
     const int32_t gL = c->greedy_L;
+    pg_lsm_row *lp = c->lp_n ? c->lp_rows : NULL; /* lp_launch checked lp_L == L */
+    const int32_t lp_n = c->lp_n;
     c->greedy_L = 0;
+    c->lp_L = 0;
+    c->lp_n = 0;
     c->logits_copy_bytes = 0;
     if (gm && (gL != L || !ids_pinned))
         return pg_error_set(&c->err, PG_EINVAL,
@@ -817,10 +898,10 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
         return pg_error_wrap(&c->err, rc, "cuda logits");
     float *h = hv;
     for (int32_t r = 0, r1; r < L; r = r1) {
-        for (r1 = r; r1 < L && !(gm && gm[r1]); r1++)
+        for (r1 = r; r1 < L && !(gm && gm[r1]) && !(lp && lp[r1].want); r1++)
             ;
         if (r1 == r) {
-            r1 = r + 1; /* a greedy row: not copied */
+            r1 = r + 1; /* a greedy or logprob row: not copied */
             continue;
         }
         CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
@@ -830,7 +911,12 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
         c->logits_copy_total += (size_t)(r1 - r) * row_bytes;
     }
     CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
-    for (int32_t r = 0; r < L; r++) {
+    const pg_lsm_row *lp_out = lp_n ? c->lp_out_h.h : NULL;
+    for (int32_t r = 0, q = 0; r < L; r++) {
+        if (lp && lp[r].want) { /* results in the order of the requests (lp_launch) */
+            lp[r] = lp_out[q++];
+            continue;
+        }
         if (!(gm && gm[r])) {
             memcpy(logits_host + (size_t)r * V, h + (size_t)r * V, row_bytes);
             continue;
@@ -877,6 +963,10 @@ static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const vo
                  cudaMemcpyAsync(hi, c->ids_d, (size_t)L * 4u, cudaMemcpyDeviceToHost, c->stream));
         ids = hi;
     }
+    if ((rc = lp_launch(c, c->logits_d, L, V))) {
+        c->lp_L = 0;
+        return rc;
+    }
     return logits_out(c, logits_host, c->logits_d, &c->logits_h, ids, L, V);
 }
 
@@ -885,8 +975,10 @@ static int cuda_logits(executor *ex, float *logits_host, const void *x, const vo
 {
     cuda_exec *c = cx(ex);
     int rc = logits_impl(c, logits_host, x, w, L, V, H);
-    if (!graph_bound(c)) /* a mask is for one step, whatever happened (a graph's is the replay's) */
+    if (!graph_bound(c)) { /* a mask is for one step, whatever happened (a graph's is the replay's) */
         c->greedy_L = 0;
+        c->lp_L = 0;
+    }
     return rc;
 }
 
@@ -1314,13 +1406,17 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     }
     if (bk->logits_rows != P || bk->logits_V < 1) {
         c->greedy_L = 0;
+        c->lp_L = 0;
         return pg_error_set(&c->err, PG_EINVAL,
                             "cuda graph: the captured step computed %d logits rows, expected %d",
                             (int)bk->logits_rows, (int)P);
     }
     CUDA_TRY(&c->err, "cudaGraphLaunch (decode step)", cudaGraphLaunch(bk->exec, c->stream));
     g->replays++;
-    /* the S real rows (of the P computed), after the replay (stream order) */
+    /* the logprob rows, then the S real rows (of the P computed), after the
+     * replay (stream order) */
+    if ((rc = lp_launch(c, g->logits_d, S, bk->logits_V)))
+        return rc;
     return logits_out(c, logits_host, g->logits_d, &g->logits_h, g->ids_h.h, S, bk->logits_V);
 }
 
@@ -1330,6 +1426,7 @@ static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
     cuda_exec *c = cx(ex);
     int rc = run_step_impl(c, b, logits_host, forward, ctx);
     c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
+    c->lp_L = 0;
     return rc;
 }
 
@@ -1397,6 +1494,10 @@ void cuda_executor_graph_info(executor *ex, cuda_graph_info *out)
     cuda_exec *c = as_cuda(ex);
     const cuda_graphs *g = c ? c->graphs : NULL;
     memset(out, 0, sizeof *out);
+    if (c) {
+        out->logits_copy_bytes = c->logits_copy_bytes;
+        out->logits_copy_total_bytes = c->logits_copy_total;
+    }
     if (!g)
         return;
     out->captures = g->captures;
@@ -1422,6 +1523,46 @@ int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t 
     c->greedy_ids = ids_host;
     c->greedy_L = L;
     return 0;
+}
+
+int cuda_executor_logprob_rows(executor *ex, pg_lsm_row *rows, int32_t L)
+{
+    cuda_exec *c = as_cuda(ex);
+    if (!c)
+        return PG_EINVAL;
+    if (L < 0 || (L > 0 && !rows))
+        return pg_error_set(&c->err, PG_EINVAL,
+                            "cuda logprob rows: expected L >= 0 and rows for L > 0, got L %d", (int)L);
+    c->lp_rows = rows;
+    c->lp_L = L;
+    return 0;
+}
+
+int cuda_executor_logprobs(executor *ex, pg_lsm_row *rows_host, const float *logits, int32_t n,
+                           int32_t V)
+{
+    cuda_exec *c = cx(ex);
+    if (n < 1 || V < 1)
+        return pg_error_set(&c->err, PG_EINVAL, "cuda logprobs: expected n, V >= 1, got %d, %d",
+                            (int)n, (int)V);
+    for (int32_t r = 0; r < n; r++)
+        rows_host[r].want = 1;
+    pg_lsm_row *saved = c->lp_rows;
+    int32_t saved_L = c->lp_L;
+    c->lp_rows = rows_host;
+    c->lp_L = n;
+    int rc = lp_launch(c, logits, n, V);
+    c->lp_rows = saved;
+    c->lp_L = saved_L;
+    if (!rc && c->lp_n == n) {
+        cudaError_t e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess)
+            rc = cuda_fail(&c->err, PG_EDEVICE, "logprobs result copy", e);
+        else
+            memcpy(rows_host, c->lp_out_h.h, (size_t)n * sizeof *rows_host);
+    }
+    c->lp_n = 0;
+    return rc;
 }
 
 int cuda_executor_graph_test_fault(executor *ex, int fault)
@@ -1496,6 +1637,7 @@ static const executor_ops cuda_ops = {
     .copy_blocks = cuda_copy_blocks,
     .run_step = cuda_run_step,
     .greedy_rows = cuda_executor_greedy_next_step,
+    .logprob_rows = cuda_executor_logprob_rows,
 };
 
 int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error *err)

@@ -100,14 +100,15 @@ int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error
 int cuda_executor_set_graphs(executor *ex, int32_t max_batch, int32_t max_seq_len, pg_error *err);
 /* Graphs captured and replays run so far (0 and 0 with graphs off). */
 void cuda_executor_graph_stats(executor *ex, long *captures, long *replays);
-/* The same and more (all 0 with graphs off). */
+/* The same and more (all 0 with graphs off, but the logits copies). */
 typedef struct cuda_graph_info {
     long captures, replays;
     long eager_fallbacks;      /* buckets whose capture failed: their steps run eagerly */
     size_t workspace_bytes;    /* the graphs' decode split workspace (device) */
     size_t meta_upload_bytes;  /* step metadata the last graphed step copied to the device */
     size_t logits_copy_bytes;  /* logits the last step (graphed or eager) copied to the host */
-    size_t logits_copy_total_bytes; /* ... every step so far (greedy rows copy none) */
+    size_t logits_copy_total_bytes; /* ... every step so far (greedy and logprob rows copy
+                                       none); these two also with graphs off */
 } cuda_graph_info;
 void cuda_executor_graph_info(executor *ex, cuda_graph_info *out);
 
@@ -146,6 +147,28 @@ int cuda_executor_graph_test_fault(executor *ex, int fault);
  * core/engine.c marks its plain greedy rows through model_backend. */
 int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t L,
                                    int32_t *ids_host);
+
+/* Device-side logprob rows for the next logits (run_step's, or the next
+ * logits op of a forward: the model marks each lm_head slice of a scoring
+ * step this way): for every row r < L with rows[r].want, rows[r] gets the
+ * row's log-softmax results (pg_lsm_row: lse, the token's logprob and rank
+ * — the argmax for token -1 —, the top k), computed by gpu/logprobs.cu with
+ * common/pg_logsoftmax.h's definition, bit for bit the host sampler's; its
+ * row of logits_host is left unwritten: sizeof(pg_lsm_row) = 184 bytes
+ * cross PCIe instead of V x 4. The other rows are written as always. A row
+ * may not be marked greedy (cuda_executor_greedy_next_step) as well. rows
+ * is borrowed until that logits returns; the logits consumes it, and fails
+ * with PG_EINVAL when its L differs or a row asks for a token outside
+ * [-1, V) or k outside [0, PG_LSM_MAX_TOP]. L = 0 clears it. PG_EINVAL
+ * when ex is not a cuda executor. The executor table's logprob_rows. */
+int cuda_executor_logprob_rows(executor *ex, pg_lsm_row *rows, int32_t L);
+
+/* pgk_logprobs over the f32 rows of a device buffer logits [n][V] (from
+ * alloc(EXEC_F32)): rows_host[r] (token, k in; want set to 1) gets row r's
+ * results. Synchronizes. For the tests (the device against
+ * pg_lsm_row_eval). */
+int cuda_executor_logprobs(executor *ex, pg_lsm_row *rows_host, const float *logits, int32_t n,
+                           int32_t V);
 
 /* Number of CUDA devices; 0 when there is no driver or no device (never
  * fails loudly: a machine without a GPU simply has 0). */

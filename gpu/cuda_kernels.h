@@ -30,6 +30,7 @@ extern "C" {
 #endif
 
 #include "pg_error.h" /* plain C: given C linkage inside the .cu files */
+#include "pg_logsoftmax.h"
 
 typedef enum pgk_dtype {
     PGK_BF16 = 0,
@@ -132,6 +133,23 @@ int pgk_copy_blocks(void *kv, int kv_dt, int32_t n_planes, size_t plane_elems,
  * > -inf (all -inf or NaN) gives -1 (core/sampler.c's greedy rule). */
 int pgk_argmax(int32_t *ids, const float *logits, int32_t rows, int32_t V, cudaStream_t st,
                int sync_each, pg_error *err);
+
+/* One logits row whose log-softmax results are taken on the device
+ * (pgk_logprobs): which row, which token to score (-1: its argmax), how
+ * many top entries (pg_lsm_row's in-fields). */
+typedef struct pgk_lp_req {
+    int32_t row;    /* logits row */
+    int32_t token;  /* in [0, V), or -1: the row's argmax */
+    int32_t k;      /* 0 .. PG_LSM_MAX_TOP */
+    int32_t pad;
+} pgk_lp_req;
+
+/* out[q] (device) = the results of d_req[q] (device, q < n) over logits
+ * [.][V] (f32, device): pg_lsm_row's out-fields (want, token's in-value and
+ * k as requested), by common/pg_logsoftmax.h's definition, bit for bit the
+ * host's pg_lsm_row_eval. One block per request. */
+int pgk_logprobs(pg_lsm_row *out, const float *logits, int32_t V, const pgk_lp_req *d_req,
+                 int32_t n, cudaStream_t st, int sync_each, pg_error *err);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,13 @@
  *    ids and logprobs with the path on and off (be.greedy_rows = NULL,
  *    the logits path), and copies fewer logits bytes to the host.
  *
+ *  - device logprob rows (engine_backend logprob_rows, gpu/logprobs.cu):
+ *    a batch mixing plain greedy, sampled, greedy-with-logprobs and
+ *    prompt-logprobs requests (max_num_seqs 8: prompt rows in lm_head
+ *    slices of 8, and one row per step) gives the same output bytes (ids,
+ *    logprobs, tops, prompt logprobs, ranks, prompt tops) with the path on
+ *    and off, and copies fewer logits bytes (cuda_graph_info).
+ *
  *  - embeddings (model_hidden_rows through the engine): last and mean
  *    pooled vectors of three golden prompts, batched with greedy requests
  *    whose decode steps run as CUDA graphs, against the CPU's: f32 within
@@ -567,6 +574,139 @@ static void test_device_greedy(void **state)
     assert_true(on.copied + (size_t)f->cfg.vocab_size * 4u <= off.copied);
 }
 
+/* ---- device logprob rows ------------------------------------------------ */
+
+/* Request i's sampling for the logprob-rows test: i % 5 = 0 plain greedy
+ * with prompt logprobs (k 2), 1 sampled with logprobs (the host's), 2
+ * greedy with logprobs 5 (the device's, token -1), 3 greedy with logprobs
+ * 0 and prompt logprobs 0, 4 greedy with logprobs 20 and prompt logprobs 20
+ * and a repetition penalty (its sampling rows: the host's). */
+static sampling_params lp_params(int i, int32_t max_tokens)
+{
+    sampling_params sp = sampling_params_default();
+    sp.temperature = 0.0f;
+    sp.max_tokens = max_tokens;
+    switch (i % 5) {
+    case 0: sp.prompt_logprobs = 2; break;
+    case 1: sp.temperature = 0.8f; sp.top_k = 20; sp.seed = 11u + (uint64_t)i; sp.logprobs = 3; break;
+    case 2: sp.logprobs = 5; break;
+    case 3: sp.logprobs = 0; sp.prompt_logprobs = 0; break;
+    default: sp.logprobs = 20; sp.prompt_logprobs = 20; sp.repetition_penalty = 1.2f; break;
+    }
+    return sp;
+}
+
+/* Everything a request returns, as bytes (ids, logprobs, tops, prompt
+ * logprobs, ranks, prompt tops), appended to a growing buffer. */
+typedef struct lp_bytes {
+    unsigned char *p[PG_GOLDEN_MAX];
+    size_t n[PG_GOLDEN_MAX];
+} lp_bytes;
+
+static void lp_put(lp_bytes *b, int i, const void *src, size_t n)
+{
+    if (!src || n == 0)
+        return;
+    b->p[i] = realloc(b->p[i], b->n[i] + n);
+    assert_non_null(b->p[i]);
+    memcpy(b->p[i] + b->n[i], src, n);
+    b->n[i] += n;
+}
+
+/* The batch of lp_params requests through the CUDA executor with graphs
+ * (up to 8 sequences; max_num_seqs 8, so a prompt-logprob step hands its
+ * lm_head rows over in slices of 8: model forward_head_slices), with the
+ * device logprob rows on or off; plp_per_step: prompt logprobs one row per
+ * step (the whole-forward path). Returns the logits bytes copied. */
+static size_t lp_run(fixture *f, bool device_lp, bool plp_per_step, lp_bytes *out, long *replays)
+{
+    const pg_golden_pool pool = {16, 256, 8, 2048, true};
+    model_params mp = pg_golden_model_params(&pool);
+    executor *ex = make_cuda(0);
+    pg_error err;
+    if (cuda_executor_set_graphs(ex, 8, f->cfg.max_position_embeddings, &err))
+        fail_msg("cuda_executor_set_graphs: %s", err.msg);
+    model *m = open_model(f, ex, &mp);
+    engine_params ep = pg_golden_engine_params(f, &pool);
+    ep.prompt_logprobs_per_step = plp_per_step;
+    engine_backend be = model_backend(m);
+    assert_non_null(be.logprob_rows); /* the CUDA executor has the path */
+    if (!device_lp)
+        be.logprob_rows = NULL;
+    engine *e = NULL;
+    if (engine_create(&e, &ep, &be, NULL, &err))
+        fail_msg("engine_create: %s", err.msg);
+    for (int i = 0; i < f->n_g; i++) {
+        int32_t max_tokens;
+        (void)golden_len(&f->g[i], &max_tokens);
+        sampling_params sp = lp_params(i, max_tokens < 12 ? max_tokens : 12);
+        if (engine_add_request(e, f->g[i].prompt_ids, f->g[i].n_prompt, &sp, (void *)(intptr_t)i, NULL,
+                               &err))
+            fail_msg("request %d: %s", i, err.msg);
+    }
+    int finished = 0;
+    while (engine_has_unfinished(e)) {
+        if (engine_step(e, &err))
+            fail_msg("device logprobs %d: step: %s", (int)device_lp, err.msg);
+        request_output *o;
+        while (engine_pop_finished(e, &o)) {
+            int i = (int)(intptr_t)o->user;
+            assert_true(i >= 0 && i < f->n_g && o->n_outputs == 1);
+            const seq_output *so = &o->outputs[0];
+            size_t nt = (size_t)so->n_tokens, np = (size_t)o->n_prompt_tokens;
+            lp_put(out, i, so->token_ids, nt * sizeof(int32_t));
+            lp_put(out, i, so->token_logprobs, nt * sizeof(float));
+            lp_put(out, i, so->top_ids, nt * (size_t)so->n_top * sizeof(int32_t));
+            lp_put(out, i, so->top_logprobs, nt * (size_t)so->n_top * sizeof(float));
+            lp_put(out, i, o->prompt_logprobs, np * sizeof(float));
+            lp_put(out, i, o->prompt_ranks, np * sizeof(int32_t));
+            lp_put(out, i, o->prompt_top_ids, np * (size_t)o->n_prompt_top * sizeof(int32_t));
+            lp_put(out, i, o->prompt_top_logprobs, np * (size_t)o->n_prompt_top * sizeof(float));
+            request_output_free(o);
+            finished++;
+        }
+    }
+    assert_int_equal(finished, f->n_g);
+    cuda_graph_info gi;
+    cuda_executor_graph_info(ex, &gi);
+    *replays = gi.replays;
+    engine_destroy(e);
+    model_destroy(m);
+    ex->op->destroy(ex);
+    return gi.logits_copy_total_bytes;
+}
+
+/* The same bytes with the device logprob rows on and off (the host
+ * computes the same definition: common/pg_logsoftmax.h), for prompt
+ * logprobs in slices and one row per step; with them on, the marked rows
+ * stay on the device. Fails without gpu/logprobs.cu's hook (no
+ * logprob_rows, or bytes copied unchanged) and with any bit of the
+ * device's arithmetic off the host's. */
+static void test_device_logprobs(void **state)
+{
+    fixture *f = *state;
+    assert_true(f->n_g >= 5);
+    for (int per_step = 0; per_step < 2; per_step++) {
+        lp_bytes on = {0}, off = {0};
+        long r_on = 0, r_off = 0;
+        size_t c_on = lp_run(f, true, per_step, &on, &r_on);
+        size_t c_off = lp_run(f, false, per_step, &off, &r_off);
+        printf("    [device logprobs, prompt logprobs %s] logits copied to the host: %zu bytes with, "
+               "%zu without; %ld / %ld graph replays\n", per_step ? "per step" : "in slices", c_on, c_off,
+               r_on, r_off);
+        assert_true(r_on > 0 && r_off > 0);
+        for (int i = 0; i < f->n_g; i++) {
+            assert_int_equal(on.n[i], off.n[i]);
+            assert_memory_equal(on.p[i], off.p[i], on.n[i]);
+            free(on.p[i]);
+            free(off.p[i]);
+        }
+        /* every prompt-logprob row and greedy-with-logprobs row stayed:
+         * at least the prompt rows of request 0 (n_prompt - 1 rows of V) */
+        assert_true(c_on + (size_t)(f->g[0].n_prompt - 1) * (size_t)f->cfg.vocab_size * 4u <= c_off);
+    }
+}
+
 /* ---- embeddings --------------------------------------------------------- */
 
 enum { EMB_N = 3 };
@@ -665,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_greedy_f32),
         cmocka_unit_test(test_greedy_bf16),
         cmocka_unit_test(test_device_greedy),
+        cmocka_unit_test(test_device_logprobs),
         cmocka_unit_test(test_embeddings),
     };
     int rc = cmocka_run_group_tests(attn, NULL, NULL);

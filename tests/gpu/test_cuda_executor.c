@@ -8,6 +8,10 @@
  *  - cuda_executor_argmax: ties -> lowest id, NaN never wins, a row of
  *    -inf/NaN only -> -1 and PG_EINVAL (core/sampler.c's greedy rule),
  *    and the same ids as sampler_sample at temperature 0 on tie-heavy rows;
+ *  - cuda_executor_logprobs (gpu/logprobs.cu) against the host's
+ *    pg_lsm_row_eval (common/pg_logsoftmax.h) bit for bit: lse, logprob,
+ *    rank, top k on tie-heavy and extreme rows (huge, tiny, -inf, NaN,
+ *    +-0), V below, at and not a multiple of the block, every k;
  *  - copy_blocks rejects a chained or doubled destination;
  *  - decode attention over more partitions than the grid's 32 splits
  *    (blocks merging several) against a double-precision reference, and
@@ -36,6 +40,7 @@ int main(void)
 #include <cmocka.h>
 
 #include "cuda_executor.h"
+#include "pg_logsoftmax.h"
 #include "sampler.h"
 #include "sampling_params.h"
 #include "test_support.h"
@@ -203,6 +208,108 @@ static void test_argmax_matches_sampler(void **state)
     ex->op->destroy(ex);
 }
 
+/* float/double equal bit for bit, or both NaN (a NaN's payload is the
+ * hardware's: x86 and the GPU make different default NaNs) */
+static int same_f(float a, float b)
+{
+    return (a != a && b != b) || memcmp(&a, &b, sizeof a) == 0;
+}
+static int same_d(double a, double b)
+{
+    return (a != a && b != b) || memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* Fills row [V] of kind 0..10 (rng state *r). */
+static void lp_fill(float *row, int32_t V, int kind, uint32_t *r)
+{
+    static const float ties[] = {-1.0f, 0.0f, -0.0f, 0.5f, 0.50000006f, -INFINITY, 0.25f, 3.0f};
+    for (int32_t v = 0; v < V; v++) {
+        *r = *r * 1664525u + 1013904223u;
+        float u = (float)(*r >> 8) * 0x1p-24f; /* [0, 1) */
+        switch (kind) {
+        case 0: row[v] = 20.0f * u - 10.0f; break;
+        case 1: row[v] = ties[(*r >> 16) % 8u]; break;
+        case 2: row[v] = ties[(*r >> 16) % 3u]; break;                 /* -1, +0, -0 only */
+        case 3: row[v] = (u - 0.5f) * 3e38f * 2.0f; break;                  /* huge */
+        case 4: row[v] = (u - 0.5f) * 1e-38f; break;                    /* tiny, subnormal */
+        case 5: row[v] = u < 0.95f ? -INFINITY : u; break;              /* mostly -inf */
+        case 6: row[v] = (*r >> 16) % 5u == 0 ? NAN : u; break;         /* NaN entries */
+        case 7: row[v] = v == V - 1 ? 1.0f : -INFINITY; break;          /* one finite, at the end */
+        case 8: row[v] = (*r >> 16) % 2u ? -INFINITY : NAN; break;      /* nothing > -inf */
+        case 9: row[v] = 100.0f * u; break;                             /* wide */
+        default: row[v] = v == 0 ? 0.0f : -8.0f * u; break;             /* max 0: lse = log(sum), every bit seen */
+        }
+    }
+}
+
+/* gpu/logprobs.cu against pg_lsm_row_eval, the host's definition. */
+static void test_logprobs_match_host(void **state)
+{
+    (void)state;
+    executor *ex = make_cuda(1);
+#ifdef PG_CUDA_EMU
+    static const int32_t Vs[] = {1, 7, 255, 256, 257, 1000, 5003};
+#else
+    static const int32_t Vs[] = {1, 7, 255, 256, 257, 1000, 5003, 32000, 151936};
+#endif
+    enum { KINDS = 11, PER = 3 }; /* rows per kind: different tokens and k */
+    const int32_t R = KINDS * PER;
+    uint32_t rs = 7u;
+    for (size_t iv = 0; iv < sizeof Vs / sizeof *Vs; iv++) {
+        const int32_t V = Vs[iv];
+        float *lg = malloc((size_t)R * V * sizeof *lg);
+        pg_lsm_row *dev = calloc((size_t)R, sizeof *dev), *host = calloc((size_t)R, sizeof *host);
+        assert_true(lg && dev && host);
+        for (int32_t i = 0; i < R; i++) {
+            lp_fill(lg + (size_t)i * V, V, i / PER, &rs);
+            dev[i].token = i % PER == 0 ? -1 : (int32_t)((rs >> 4) % (uint32_t)V);
+            dev[i].k = (int32_t)((uint32_t)(i * 7 + (int32_t)iv) % (PG_LSM_MAX_TOP + 1));
+            host[i] = dev[i];
+            host[i].want = 1;
+            pg_lsm_row_eval(&host[i], lg + (size_t)i * V, V);
+        }
+        float *d = ex->op->alloc(ex, EXEC_F32, (size_t)R * V);
+        assert_non_null(d);
+        assert_int_equal(ex->op->upload(ex, d, EXEC_F32, 0, lg, ST_F32, (size_t)R * V), 0);
+        assert_int_equal(cuda_executor_logprobs(ex, dev, d, R, V), 0);
+        for (int32_t i = 0; i < R; i++) {
+            const pg_lsm_row *a = &dev[i], *b = &host[i];
+            int ok = a->want == 1 && a->token == b->token && a->k == b->k && a->n_top == b->n_top &&
+                     a->rank == b->rank && same_d(a->lse, b->lse) && same_f(a->logprob, b->logprob);
+            for (int32_t j = 0; j < PG_LSM_MAX_TOP && ok; j++)
+                ok = a->top_ids[j] == b->top_ids[j] && same_f(a->top_lp[j], b->top_lp[j]);
+            if (!ok)
+                fail_msg("V %d row %d (kind %d, token %d, k %d): device token %d lse %.17g lp %.9g rank %d "
+                         "n_top %d top0 %d %.9g; host token %d lse %.17g lp %.9g rank %d n_top %d top0 %d %.9g",
+                         (int)V, (int)i, (int)(i / PER), (int)host[i].token, (int)b->k, (int)a->token,
+                         a->lse, (double)a->logprob, (int)a->rank, (int)a->n_top, (int)a->top_ids[0],
+                         (double)a->top_lp[0], (int)b->token, b->lse, (double)b->logprob, (int)b->rank,
+                         (int)b->n_top, (int)b->top_ids[0], (double)b->top_lp[0]);
+        }
+        /* a greedy row (token -1) gets the sampler's greedy id */
+        sampler_workspace *ws = sampler_workspace_create(V);
+        assert_non_null(ws);
+        sampling_params sp = sampling_params_default();
+        sp.temperature = 0.0f;
+        sampler_rng rng = sampler_rng_init(1, 0);
+        float *row = malloc((size_t)V * sizeof *row);
+        assert_non_null(row);
+        for (int32_t i = 0; i < R; i += PER) {
+            memcpy(row, lg + (size_t)i * V, (size_t)V * sizeof *row);
+            sampler_result res = {0};
+            int rc = sampler_sample(ws, &sp, row, V, NULL, &rng, &res);
+            assert_int_equal(rc == 0 ? res.token_id : -1, dev[i].token);
+        }
+        free(row);
+        sampler_workspace_destroy(ws);
+        ex->op->free(ex, d);
+        free(lg);
+        free(dev);
+        free(host);
+    }
+    ex->op->destroy(ex);
+}
+
 static void test_copy_blocks_pairs(void **state)
 {
     (void)state;
@@ -352,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_begin_step_checks),
         cmocka_unit_test(test_argmax_rule),
         cmocka_unit_test(test_argmax_matches_sampler),
+        cmocka_unit_test(test_logprobs_match_host),
         cmocka_unit_test(test_copy_blocks_pairs),
         cmocka_unit_test(test_decode_beyond_max_splits),
 #ifdef PG_CUDA_EMU
