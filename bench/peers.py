@@ -323,16 +323,20 @@ def main():
            ("pagedgen vs llama.cpp", "b1 decode/s", f"b{bmax} decode/s", f"b{bmax} gen t/s", f"b{bmax} prefill/s",
             "b1 dec", f"b{bmax} dec", f"b{bmax} gen", f"b{bmax} pre"))
     # llama.cpp: every type once per round, each figure's best round kept
-    best, cmds = {}, {}
+    # a type whose run fails is reported and left out; the others still print
+    # (a llama.cpp build can die on one type alone: AMX kernels for Q8_0 on a
+    # machine whose kernel refuses AMX state, SIGILL)
+    best, cmds, failed = {}, {}, {}
     for _ in range(rounds):
         for pg_type, gg_type in PAIRS:
-            if gg_type not in ggufs:
+            if gg_type not in ggufs or gg_type in failed:
                 continue
             try:
                 cmd, rows = run_batched_bench(a.llama_batched_bench, ggufs[gg_type], P, G, batches, threads)
             except (RuntimeError, ValueError, OSError) as e:
                 print(f"peers: {gg_type}: {e}", file=sys.stderr)
-                return 1
+                failed[gg_type] = str(e).splitlines()[0]
+                continue
             peer = {}
             for r in rows:
                 if int(r["PP"]) == P and int(r["TG"]) == G:
@@ -340,7 +344,8 @@ def main():
             if any(b not in peer for b in batches):
                 print(f"peers: {gg_type}: llama-batched-bench printed no row for every batch {batches}",
                       file=sys.stderr)
-                return 1
+                failed[gg_type] = "no row for every batch"
+                continue
             cmds[gg_type] = cmd
             kept = best.setdefault(gg_type, {b: dict(peer[b]) for b in batches})
             for b in batches:
@@ -350,6 +355,10 @@ def main():
     for pg_type, gg_type in PAIRS:
         if gg_type not in ggufs:
             lines.append(f"  ({pg_type} vs {gg_type}: no --gguf {gg_type}=FILE given: skipped)")
+            continue
+        if gg_type in failed:
+            lines.append(f"  ({pg_type} vs {gg_type}: llama.cpp failed: {failed[gg_type]})")
+            report["rows"].append({"gguf_type": gg_type, "failed": failed[gg_type]})
             continue
         peer, cmd = best[gg_type], cmds[gg_type]
         fig = lambda d: (d[batches[0]]["decode_tok_s"], d[bmax]["decode_tok_s"], d[bmax]["gen_tok_s"],
@@ -381,7 +390,7 @@ def main():
         with open(a.out, "w") as f:
             json.dump(report, f, indent=2)
             f.write("\n")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

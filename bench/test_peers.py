@@ -173,10 +173,13 @@ class PerplexitySectionTest(unittest.TestCase):
 
 
 def run_peers(fake, results, gguf_spec, out):
-    """peers.py as scripts/bench runs it, with a stand-in binary"""
+    """peers.py as scripts/bench runs it, with a stand-in binary; gguf_spec:
+    one TYPE=FILE or a list of them"""
     import subprocess
+    specs = [gguf_spec] if isinstance(gguf_spec, str) else gguf_spec
+    ggufs = [x for spec in specs for x in ("--gguf", spec)]
     return subprocess.run([sys.executable, os.path.join(os.path.dirname(peers.__file__), "peers.py"),
-                           "--llama-batched-bench", fake, "--results", results, "--gguf", gguf_spec,
+                           "--llama-batched-bench", fake, "--results", results, *ggufs,
                            "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -223,6 +226,38 @@ class SectionTest(unittest.TestCase):
             self.assertAlmostEqual(m["ratio_decode"], 2.0)
             self.assertAlmostEqual(m["ratio_prefill"], 3.0)  # S_PP t/s of the batch-64 row
             self.assertIn("pagedgen bf16 (bf16 kv) bf16 math", p.stdout)
+
+    def test_one_type_fails(self):
+        """a llama.cpp run that dies (SIGILL, as an AMX build did for Q8_0
+        on a VM that refuses AMX state) is reported; the other types still
+        print their figures, and the exit status says something failed."""
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "llama-batched-bench")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\ncase \"$*\" in *q8*) echo illegal >&2; kill -ILL $$;; esac\n"
+                        "cat <<'EOF'\n%sEOF\n" % SAMPLE)
+            os.chmod(fake, 0o755)
+            specs = []
+            for t in ("bf16", "q8_0"):
+                g = os.path.join(d, f"m-{t}.gguf")
+                open(g, "wb").close()
+                specs.append(f"{t}={g}")
+            rows = [{"weights": w, "kv": "bf16", "batches": [
+                {"batch": 1, "decode_tok_s": 102.89, "gen_tok_s": 1.0},
+                {"batch": 64, "decode_tok_s": 594.92, "gen_tok_s": 1.0}]} for w in ("bf16", "int8")]
+            res = os.path.join(d, "results.json")
+            with open(res, "w") as f:
+                json.dump({"storage": {"prompt_len": 128, "output_len": 128, "threads": 2, "rows": rows}}, f)
+            out = os.path.join(d, "peers.json")
+            p = run_peers(fake, res, specs, out)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("pagedgen bf16 (bf16 kv)", p.stdout)
+            self.assertIn("int8 vs q8_0: llama.cpp failed:", p.stdout)
+            with open(out) as f:
+                rep = json.load(f)
+            self.assertEqual([r["gguf_type"] for r in rep["rows"]], ["bf16", "q8_0"])
+            self.assertAlmostEqual(rep["rows"][0]["pagedgen"]["bf16"]["ratio_decode"], 1.0)
+            self.assertIn("failed", rep["rows"][1])
 
     def test_rounds_keep_best(self):
         """rounds from results.json: llama.cpp runs that many times per type
