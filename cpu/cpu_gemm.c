@@ -10,9 +10,10 @@
 #include "cpu_gemm_kernel.h"
 
 /* Column shares are multiples of this (a multiple of every variant's
- * register tile width: 6, 3, 4), so only the last share has a partial tile.
+ * register tile width: 6, 3, 4, and of the AVX2 lane-major path's
+ * 24-column w panel), so only the last share has a partial tile.
  * It changes which thread computes a column, never the column's value. */
-#define GEMM_SPLIT_ALIGN 12
+#define GEMM_SPLIT_ALIGN 24
 #define GEMM_CHUNKS_PER_THREAD 4
 #define GEMM_CHUNK_MIN_WORK 524288.0
 /* A product of at most GEMM_GEMV_ROWS rows of x streams w once and is
