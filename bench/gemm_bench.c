@@ -1,7 +1,7 @@
 /* gemm_bench: the CPU executor's GEMM (cpu/cpu_gemm.c) against OpenBLAS on
  * the 110m model's shapes, with the machine's ceiling beside the figures.
  *
- *   gemm_bench [threads] [modes [cputime] | ms=M1,M2,...]
+ *   gemm_bench [threads] [modes [cputime] | ms=M1,M2,... [cputime]]
  *       threads: default all online cores, for both; modes: the ceiling and
  *       the modes section only (also spelled int8 or --bf16-mode, the
  *       names it had before its two halves were merged); cputime (threads
@@ -9,6 +9,8 @@
  *       (CLOCK_THREAD_CPUTIME_ID), which a shared machine's other
  *       processes do not inflate; ms=...: the main table only, at these
  *       batches (e.g. ms=1,4,16,64,128,512), without the modes section
+ *       (with cputime, threads = 1: cpu_gemm and sgemm timed in interleaved
+ *       rounds in the thread's CPU time)
  *
  * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
  * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
@@ -228,9 +230,9 @@ int main(int argc, char **argv)
         threads = 1;
     const int modes_only = argc > 2 && (strcmp(argv[2], "modes") == 0 || strcmp(argv[2], "int8") == 0 ||
                                         strcmp(argv[2], "--bf16-mode") == 0);
-    const int cputime = modes_only && argc > 3 && strcmp(argv[3], "cputime") == 0;
-    int Ms[16] = {1, 8, 32, 64, 128, 256}, n_ms = 6;
     const int ms_only = argc > 2 && strncmp(argv[2], "ms=", 3) == 0;
+    const int cputime = (modes_only || ms_only) && argc > 3 && strcmp(argv[3], "cputime") == 0;
+    int Ms[16] = {1, 8, 32, 64, 128, 256}, n_ms = 6;
     if (ms_only) {
         n_ms = 0;
         for (const char *p = argv[2] + 3; *p && n_ms < 16;) {
@@ -302,8 +304,17 @@ int main(int argc, char **argv)
         for (int mi = 0; mi < n_ms; mi++) {
             const int M = Ms[mi];
             const bench_op op = {pool, y, x, w, NULL, NULL, NULL};
-            double g_mine = gflops(IMPL_MINE, &op, M, N, K);
-            double g_blas = gflops(IMPL_SGEMM, &op, M, N, K);
+            double g_mine, g_blas;
+            if (cputime) {
+                const impl which[2] = {IMPL_MINE, IMPL_SGEMM};
+                double g[2];
+                gflops_interleaved(which, g, 2, &op, M, N, K, CLOCK_THREAD_CPUTIME_ID);
+                g_mine = g[0];
+                g_blas = g[1];
+            } else {
+                g_mine = gflops(IMPL_MINE, &op, M, N, K);
+                g_blas = gflops(IMPL_SGEMM, &op, M, N, K);
+            }
             double g_gemv = M == 1 ? gflops(IMPL_SGEMV, &op, M, N, K) : 0.0;
             printf("%-8s %5d %5d %4d | %9.1f %9.1f ", shapes[s].name, N, K, M, g_mine, g_blas);
             if (M == 1)
