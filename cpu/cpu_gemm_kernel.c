@@ -631,29 +631,49 @@ static const gemm_tile_fn gemv_tiles[WK_COUNT][GEMV_NR + 1] = {GEMV_ROW(WK_F32),
 #endif
 static const unsigned char pk_order[GEMM_LANES] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
-/* xp [ceil(rows/4)][16][S][4] from x rows [0, rows) of length K */
+/* 4 x 8 transpose of r[0..3] (8 lanes of 4 rows), stored as 4 floats per
+ * lane: lane j at dst + j * lane_stride */
+static inline __attribute__((always_inline)) void pk_store_x4(float *dst, int64_t lane_stride, const vf r[PK_MR])
+{
+    /* u[j] holds rows 0..3 of lane j (low 128 bits) and of lane j + 4 (high) */
+    const vf t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const vf t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const vf u[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                     _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        _mm_storeu_ps(dst + j * lane_stride, _mm256_castps256_ps128(u[j]));
+        _mm_storeu_ps(dst + (j + 4) * lane_stride, _mm256_extractf128_ps(u[j], 1));
+    }
+}
+
+/* xp [ceil(rows/4)][16][S][4] from x rows [0, rows) of length K: whole
+ * tiles over whole 16-lane steps in a branch-free loop, the partial step
+ * at the end of K and a partial tile (zero rows) through v_load_tail */
 static void pk_pack_x(float *xp, const float *x, int32_t rows, int32_t K, int32_t S)
 {
+    const int64_t lane_stride = (int64_t)S * PK_MR; /* floats from lane l to lane l + 1 */
     for (int32_t t = 0; t * PK_MR < rows; t++) {
         float *dst = xp + (int64_t)t * GEMM_LANES * S * PK_MR;
-        const float *xr[PK_MR];
-        for (int i = 0; i < PK_MR; i++)
-            xr[i] = t * PK_MR + i < rows ? x + (int64_t)(t * PK_MR + i) * K : NULL;
-        for (int32_t s = 0; s < S; s++)
+        const float *x0 = x + (int64_t)t * PK_MR * K;
+        const int32_t s_whole = (t + 1) * PK_MR <= rows ? K / GEMM_LANES : 0;
+        for (int32_t s = 0; s < s_whole; s++)
+#pragma GCC unroll 2
+            for (int h = 0; h < VPS; h++) {
+                const int32_t k = s * GEMM_LANES + h * VL;
+                vf r[PK_MR];
+#pragma GCC unroll 4
+                for (int i = 0; i < PK_MR; i++)
+                    r[i] = v_load(x0 + (int64_t)i * K + k);
+                pk_store_x4(dst + h * VL * lane_stride + (int64_t)s * PK_MR, lane_stride, r);
+            }
+        for (int32_t s = s_whole; s < S; s++)
             for (int h = 0; h < VPS; h++) {
                 const int32_t k = s * GEMM_LANES + h * VL;
                 vf r[PK_MR];
                 for (int i = 0; i < PK_MR; i++)
-                    r[i] = xr[i] ? v_load_tail(xr[i] + k, K - k) : v_zero();
-                /* 4 x 8 transpose: u[j] holds rows 0..3 of lanes j (low 128) and j + 4 (high) */
-                const vf t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                const vf t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                const vf u[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
-                                 _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
-                for (int j = 0; j < 4; j++) {
-                    _mm_storeu_ps(dst + ((int64_t)(h * VL + j) * S + s) * PK_MR, _mm256_castps256_ps128(u[j]));
-                    _mm_storeu_ps(dst + ((int64_t)(h * VL + j + 4) * S + s) * PK_MR, _mm256_extractf128_ps(u[j], 1));
-                }
+                    r[i] = t * PK_MR + i < rows ? v_load_tail(x0 + (int64_t)i * K + k, K - k) : v_zero();
+                pk_store_x4(dst + h * VL * lane_stride + (int64_t)s * PK_MR, lane_stride, r);
             }
     }
 }
