@@ -327,13 +327,16 @@ static void test_storage_types_match_canonical(void **state)
  * of its 4-row tile, two row blocks (K = 4100: 124 rows per block, so
  * M = 130 is two blocks of 68 and 62), N not a multiple of 24 or of 8,
  * column ranges cut off the 24-column grid, K % 16 != 0, ldy > N, and
- * products that all underflow to -0 (the padded fma(0, 0, -0) gives +0). */
+ * products that all underflow to -0 (the padded fma(0, 0, -0) gives +0);
+ * then the whole product through a 2-thread pool (column chunks of 24). */
 static void test_lane_major_path(void **state)
 {
     (void)state;
     cpu_gemm_cols_fn fns[N_VARIANTS];
     column_kernels(fns);
     pg_test_rng rng = {4242};
+    cpu_pool *pool = NULL;
+    assert_int_equal(cpu_pool_create(&pool, 2, NULL), 0);
     const struct { int32_t M, N, K; } shapes[] = {
         {16, 49, 768}, {17, 25, 15}, {19, 8, 1}, {24, 73, 1041}, {33, 47, 96}, {61, 30, 1040},
         {64, 26, 4096}, {130, 50, 4100}, {23, 31, 1100}, {20, 24, 500},
@@ -379,6 +382,15 @@ static void test_lane_major_path(void **state)
                     }
                 checked++;
             }
+            /* through the pool, split into chunks of the 24-column panels */
+            for (int v = 0; v < N_VARIANTS; v++) {
+                if (!cpu_gemm_variant_available(variants[v]))
+                    continue;
+                memset(y, 0xff, (size_t)M * ldy * sizeof *y);
+                cpu_gemm_wt(variants[v], (cpu_wt)t, pool, y, ldy, x, ws, M, N, K);
+                expect_canonical(cpu_wt_name((cpu_wt)t), variants[v], y, ldy, ref, M, N, K);
+                checked++;
+            }
             /* the case is what it says (f32 and bf16 keep -2^-80; int8 reads 0) */
             if (underflow && t != CPU_WT_I8)
                 assert_int_equal(!!signbit(ref[0]), K % 16 == 0); /* no padded step: every lane stays -0 */
@@ -389,6 +401,7 @@ static void test_lane_major_path(void **state)
             free(y);
             free(ref);
         }
+    cpu_pool_destroy(pool);
     print_message("checked %ld lane-major products bit for bit\n", checked);
 }
 
