@@ -314,7 +314,7 @@ static inline __attribute__((always_inline)) vf w_load_tail(const void *w, const
 }
 
 #if GEMM_ID == GEMM_ID_avx2
-/* The AVX2 tile for 2 <= M < 16 (pk_cols takes larger M). Each output
+/* The AVX2 tile for 2 <= M < 16 (24 where K > 1024; pk_cols takes larger M). Each output
  * needs two ymm accumulators (lanes 0-7 and 8-15), and 16 ymm registers
  * hold only 12 accumulators beside the operands; a 2 x 3 tile of both
  * halves would need 5 loads per 6 FMAs.
