@@ -1,13 +1,16 @@
 /* gemm_bench: the CPU executor's GEMM (cpu/cpu_gemm.c) against OpenBLAS on
  * the 110m model's shapes, with the machine's ceiling beside the figures.
  *
- *   gemm_bench [threads] [modes [cputime]]
+ *   gemm_bench [threads] [modes [cputime] | ms=M1,M2,... [cputime]]
  *       threads: default all online cores, for both; modes: the ceiling and
  *       the modes section only (also spelled int8 or --bf16-mode, the
  *       names it had before its two halves were merged); cputime (threads
  *       = 1): the modes section timed in the thread's CPU time
  *       (CLOCK_THREAD_CPUTIME_ID), which a shared machine's other
- *       processes do not inflate
+ *       processes do not inflate; ms=...: the main table only, at these
+ *       batches (e.g. ms=1,4,16,64,128,512), without the modes section
+ *       (with cputime, threads = 1: cpu_gemm and sgemm timed in interleaved
+ *       rounds in the thread's CPU time)
  *
  * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
  * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
@@ -259,7 +262,26 @@ int main(int argc, char **argv)
         threads = 1;
     const int modes_only = argc > 2 && (strcmp(argv[2], "modes") == 0 || strcmp(argv[2], "int8") == 0 ||
                                         strcmp(argv[2], "--bf16-mode") == 0);
-    const int cputime = modes_only && argc > 3 && strcmp(argv[3], "cputime") == 0;
+    const int ms_only = argc > 2 && strncmp(argv[2], "ms=", 3) == 0;
+    const int cputime = (modes_only || ms_only) && argc > 3 && strcmp(argv[3], "cputime") == 0;
+    int Ms[16] = {1, 8, 32, 64, 128, 256}, n_ms = 6;
+    if (ms_only) {
+        n_ms = 0;
+        for (const char *p = argv[2] + 3; *p && n_ms < 16;) {
+            char *end;
+            const long v = strtol(p, &end, 10);
+            if (end == p || v < 1 || v > 4096 || (*end && *end != ',')) {
+                fprintf(stderr, "gemm_bench: ms=: expected batches 1..4096 separated by commas, got '%s'\n",
+                        argv[2] + 3);
+                return 1;
+            }
+            Ms[n_ms++] = (int)v;
+            p = *end ? end + 1 : end;
+        }
+    }
+    int max_m = 256;
+    for (int i = 0; i < n_ms; i++)
+        max_m = Ms[i] > max_m ? Ms[i] : max_m;
     if (cputime && threads != 1) {
         fprintf(stderr, "gemm_bench: cputime: expected 1 thread (the pool's workers are not counted), got %d\n",
                 threads);
@@ -305,18 +327,26 @@ int main(int argc, char **argv)
     const struct { const char *name; int N, K; } shapes[] = {
         {"qkv", 2304, 768}, {"o", 768, 768}, {"gate_up", 4096, 768}, {"down", 768, 2048}, {"lm_head", 32000, 768},
     };
-    const int Ms[] = {1, 8, 32, 64, 128, 256};
     printf("%-8s %5s %5s %4s | %9s %9s %9s | %7s %7s | %s\n", "shape", "N", "K", "M", "cpu_gemm", "sgemm", "sgemv",
            "/sgemm", "/peak", "M=1 weight GB/s (cpu_gemm, sgemv)");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int N = shapes[s].N, K = shapes[s].K;
-        float *w = rand_buf((size_t)N * K, &seed), *x = rand_buf((size_t)256 * K, &seed);
-        float *y = rand_buf((size_t)256 * N, &seed);
-        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+        float *w = rand_buf((size_t)N * K, &seed), *x = rand_buf((size_t)max_m * K, &seed);
+        float *y = rand_buf((size_t)max_m * N, &seed);
+        for (int mi = 0; mi < n_ms; mi++) {
             const int M = Ms[mi];
             const bench_op op = {pool, y, x, w, NULL, NULL, NULL};
-            double g_mine = gflops(IMPL_MINE, &op, M, N, K);
-            double g_blas = gflops(IMPL_SGEMM, &op, M, N, K);
+            double g_mine, g_blas;
+            if (cputime) {
+                const impl which[2] = {IMPL_MINE, IMPL_SGEMM};
+                double g[2];
+                gflops_interleaved(which, g, 2, &op, M, N, K, CLOCK_THREAD_CPUTIME_ID);
+                g_mine = g[0];
+                g_blas = g[1];
+            } else {
+                g_mine = gflops(IMPL_MINE, &op, M, N, K);
+                g_blas = gflops(IMPL_SGEMM, &op, M, N, K);
+            }
             double g_gemv = M == 1 ? gflops(IMPL_SGEMV, &op, M, N, K) : 0.0;
             printf("%-8s %5d %5d %4d | %9.1f %9.1f ", shapes[s].name, N, K, M, g_mine, g_blas);
             if (M == 1)
@@ -328,6 +358,10 @@ int main(int argc, char **argv)
         free(w);
         free(x);
         free(y);
+    }
+    if (ms_only) {
+        cpu_pool_destroy(pool);
+        return 0;
     }
 
     /* Is OpenBLAS batch-invariant? Row 0 at M = 64 vs the same row alone. */

@@ -10,9 +10,12 @@
 #include "cpu_gemm_kernel.h"
 
 /* Column shares are multiples of this (a multiple of every variant's
- * register tile width: 6, 3, 4), so only the last share has a partial tile.
+ * register tile width: 6, 3, 4), so only the last share has a partial tile;
+ * GEMM_SPLIT_ALIGN_WIDE for M > GEMM_GEMV_ROWS, also a multiple of the
+ * AVX2 lane-major path's 24-column w panel (cpu_gemm_kernel.c pk_cols).
  * It changes which thread computes a column, never the column's value. */
 #define GEMM_SPLIT_ALIGN 12
+#define GEMM_SPLIT_ALIGN_WIDE 24
 #define GEMM_CHUNKS_PER_THREAD 4
 #define GEMM_CHUNK_MIN_WORK 524288.0
 /* A product of at most GEMM_GEMV_ROWS rows of x streams w once and is
@@ -103,20 +106,21 @@ typedef struct cols_job {
     cpu_gemm_cols_task task;
     void *ctx;
     int32_t N;
+    int32_t align; /* GEMM_SPLIT_ALIGN or GEMM_SPLIT_ALIGN_WIDE */
 } cols_job;
 
 static void cols_worker(void *ctx, int32_t worker, int32_t n_workers)
 {
     const cols_job *j = ctx;
     int64_t lo, hi;
-    cpu_pool_range(j->N, worker, n_workers, GEMM_SPLIT_ALIGN, &lo, &hi);
+    cpu_pool_range(j->N, worker, n_workers, j->align, &lo, &hi);
     if (lo < hi)
         j->task(j->ctx, (int32_t)lo, (int32_t)hi);
 }
 
 void cpu_gemm_run_cols(cpu_pool *pool, int32_t M, int32_t N, int32_t K, cpu_gemm_cols_task task, void *ctx)
 {
-    cols_job job = {task, ctx, N};
+    cols_job job = {task, ctx, N, M > GEMM_GEMV_ROWS ? GEMM_SPLIT_ALIGN_WIDE : GEMM_SPLIT_ALIGN};
     /* Below ~64k multiply-adds a second thread costs more than it saves. */
     double work = (double)M * (double)N * (double)K;
     if (!pool || cpu_pool_size(pool) == 1 || work < 65536.0 || N < 2 * GEMM_SPLIT_ALIGN) {
@@ -128,7 +132,7 @@ void cpu_gemm_run_cols(cpu_pool *pool, int32_t M, int32_t N, int32_t K, cpu_gemm
      * changes a value): a thread that runs late holds up only a small chunk
      * while the others take the rest, and a small product is not cut finer
      * than one chunk per thread. */
-    const int64_t units = (N + GEMM_SPLIT_ALIGN - 1) / GEMM_SPLIT_ALIGN, threads = cpu_pool_size(pool);
+    const int64_t units = (N + job.align - 1) / job.align, threads = cpu_pool_size(pool);
     int64_t chunks = (int64_t)(work / GEMM_CHUNK_MIN_WORK);
     chunks = chunks < threads ? threads : chunks;
     chunks = chunks > threads * GEMM_CHUNKS_PER_THREAD ? threads * GEMM_CHUNKS_PER_THREAD : chunks;

@@ -31,10 +31,17 @@
  * Speed: register tiles (4 x 6 outputs AVX-512, 4 x 3 AVX2); a tile of w
  * rows stays in L1 while a block of x rows streams past it from L2; at
  * M = 1 (batch-1 decode) a 1 x 6 tile with every accumulator in registers
- * streams w once, prefetching ahead of each row. Work is split over
- * columns (N) across the pool: by work for M > 4, in 16 chunks per thread
- * for M <= 4 (a memory-bound product then never leaves one thread running
- * the last big chunk alone).
+ * streams w once, prefetching ahead of each row. On AVX2 from M = 16 (24
+ * where K > 1024) the 16 lanes run as 16 independent outer products
+ * instead ("lane-major", cpu_gemm_kernel.c pk_cols): x and 24-column
+ * panels of w are packed per lane (w transposed, widened from bf16 / int8
+ * once), a ymm accumulates one lane of 8 columns with x broadcast (4 x 24
+ * outputs per register tile), and the tree is merged lane by lane; it runs
+ * at ~0.9-1.0x OpenBLAS sgemm at M = 128 where the 4 x 3 tile ran at
+ * ~0.55-0.75x (bench/RESULTS.md, 2026-11-26). Work is split over columns
+ * (N) across the pool: by work for M > 4, in 16 chunks per thread for
+ * M <= 4 (a memory-bound product then never leaves one thread running the
+ * last big chunk alone).
  */
 #ifndef PG_CPU_GEMM_H
 #define PG_CPU_GEMM_H

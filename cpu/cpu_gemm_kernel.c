@@ -25,6 +25,13 @@
  *   generic  16 scalar floats    16 x 1    2 x 4          fmaf() only
  * At M = 1 every variant runs a 1 x GEMV_NR register tile instead (6, 6, 4
  * columns): AVX2's 4 x 3 tile would leave 3 FMA chains per half there.
+ * From M = 16 (24 where K > 1024) AVX2 runs neither tile but the
+ * lane-major path (pk_cols below): a ymm holds lane l of 8 outputs of one
+ * row (8 columns), x is broadcast, 4 x 24 outputs per register tile, x and
+ * w packed per lane; the same fmas per lane and the same tree. The 4 x 3
+ * tile reads 4 x vectors and 3 w vectors per 12 FMAs, and an x vector from
+ * L2 serves only 3 columns: 0.67 bytes of L2 traffic per flop held it at
+ * ~53% of OpenBLAS's sgemm at M = 128 (~95 GFLOP/s on 2 Zen 3 cores).
  * The padded tail is a real fused multiply-add of 0 * 0 in every variant
  * (it can turn an accumulator of -0 into +0, so skipping it would not be
  * the same order). The generic variant exists for machines without FMA
@@ -34,6 +41,7 @@
  * instruction and the lanes vectorize).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_gemm_kernel.h"
@@ -306,9 +314,10 @@ static inline __attribute__((always_inline)) vf w_load_tail(const void *w, const
 }
 
 #if GEMM_ID == GEMM_ID_avx2
-/* The AVX2 tile. Each output needs two ymm accumulators (lanes 0-7 and
- * 8-15), and 16 ymm registers hold only 12 accumulators beside the
- * operands; a 2 x 3 tile of both halves would need 5 loads per 6 FMAs.
+/* The AVX2 tile for 2 <= M < 16 (24 where K > 1024; pk_cols takes larger M). Each output
+ * needs two ymm accumulators (lanes 0-7 and 8-15), and 16 ymm registers
+ * hold only 12 accumulators beside the operands; a 2 x 3 tile of both
+ * halves would need 5 loads per 6 FMAs.
  * Instead the 4 x 3 tile walks k in chunks of GEMM_KC: within a chunk, the
  * low halves of all 12 outputs accumulate over the whole chunk (12 ymm in
  * registers, 7 loads per 12 FMAs), then the high halves do the same over
@@ -561,6 +570,311 @@ GEMV_DEF(1) GEMV_DEF(2) GEMV_DEF(3) GEMV_DEF(4)
 static const gemm_tile_fn gemv_tiles[WK_COUNT][GEMV_NR + 1] = {GEMV_ROW(WK_F32), GEMV_ROW(WK_BF16), GEMV_ROW(WK_I8),
                                                                GEMV_ROW(WK_I8_ANY)};
 
+#if GEMM_ID == GEMM_ID_avx2
+/* The AVX2 lane-major path (M >= PK_MIN_M). Lane l of the canonical order
+ * (cpu_gemm.h) is a dot product of its own: the fmas over k = l, l+16, ...
+ * (S = ceil(K / 16) steps, zero-padded past K) from +0, and the 16 lanes
+ * meet only in the final tree. So the product is 16 independent GEMMs of
+ * depth S, y = tree over l of x_l @ w_l^T with x_l = x[:, l::16], and each
+ * of those runs as an ordinary outer-product GEMM: the ymm elements of an
+ * accumulator are 8 columns of y (the same lane), x elements are broadcast,
+ * and an element of x is used for 24 columns, not 3 as in gemm_tile above
+ * (which is bound by reading x from L2 twice per k: 0.67 bytes per flop).
+ *
+ *   x block packed: xp [mc/4][16][S][4]   xp[t][l][s][i] = x[m0+4t+i][16s+l]
+ *   w panel packed: wp [16][S][24]        wp[l][s][c]    = w[n+c][16s+l]
+ * (zeros past K, past the block's rows and past the panel's columns; w
+ * widened to f32 while packing, so bf16 and int8 weights are converted
+ * once per panel instead of once per row tile.) The 4 x 24 register tile
+ * (pk_tile): 12 ymm accumulators, 3 w loads and 4 broadcasts per 12 FMAs,
+ * the lane slice of the w panel (S x 96 bytes) in L1 across the row tiles
+ * of the block, x streaming from L2 at 16 bytes per 12 FMAs.
+ *
+ * The tree without a 16-lane buffer: the lanes run in the order
+ * pk_order = 0 8 4 12 2 10 6 14 1 9 5 13 3 11 7 15, the leaves of the tree
+ * left to right, and a tile's result after the p-th lane is merged with the
+ * partial sums on a stack of at most 4 slots: as many additions as p has
+ * trailing one bits (lane 8 adds lane 0's slot: s8[0]; lane 12 adds lane
+ * 4's, then s8[0]: s4[0]; ... lane 15 ends in y = s2[0] + s2[1]). Each sum
+ * pairs exactly the operands of the canonical tree (an IEEE addition is
+ * commutative), so every output gets the same bits as gemm_tile's.
+ * Buffers: malloc'd per call (x block + one w panel + 4 slots per row
+ * tile, up to ~2.3 MiB); where that fails the call falls back to gemm_tile.
+ * Measured (gemm_bench 1 ms=... cputime, Zen 3, 1 thread, loaded machine):
+ * at M = 128 gemm_tile ran at 0.60-0.75x OpenBLAS sgemm on the 110m
+ * shapes, this path at 0.92-1.0x (70-80 GFLOP/s of a ~90 ceiling); bf16
+ * and int8 weights gain alike (they are widened once per panel). */
+#define PK_MR 4  /* rows of x per register tile */
+#define PK_NV 3  /* ymm of columns per register tile */
+#define PK_NR 24 /* = PK_NV * VL columns: the w panel */
+/* Bytes of packed x per row block (mc = PK_X_BYTES / (64 S) rows, a
+ * multiple of 4). The x lane slices stream sequentially (16 bytes per 12
+ * FMAs), so the block may live in L3; what a small block costs is packing
+ * (and fetching) every w panel again for each block. Measured (1 thread,
+ * CPU time, Zen 3, 96-column calls, 768 x 2048 at M = 128): 192 KiB
+ * (24 rows) 47, 512 KiB (64 rows) 62, 2 MiB 69 GFLOP/s; 2304 x 768 alike
+ * within the noise (65-69). */
+#ifndef PK_X_BYTES
+#define PK_X_BYTES (2048 * 1024)
+#endif
+/* The lane-major path runs from PK_MIN_M rows (PK_MIN_M_LONG_K where K >
+ * 1024): below that, packing each w panel (and fetching it from L3 in a
+ * phase of its own, not overlapped with FMAs as gemm_tile's loads are)
+ * costs more than the outer product saves. Measured as above at M = 16:
+ * 2304 x 768 gemm_tile 47-54 / lane-major 47-48; 768 x 2048 40-51 / 37-41;
+ * at M = 24 and 32 the lane-major path is ahead on both (50 / 47, 45 / 39). */
+#ifndef PK_MIN_M
+#define PK_MIN_M 16
+#endif
+#ifndef PK_MIN_M_LONG_K
+#define PK_MIN_M_LONG_K 24
+#endif
+static const unsigned char pk_order[GEMM_LANES] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+/* 4 x 8 transpose of r[0..3] (8 lanes of 4 rows), stored as 4 floats per
+ * lane: lane j at dst + j * lane_stride */
+static inline __attribute__((always_inline)) void pk_store_x4(float *dst, int64_t lane_stride, const vf r[PK_MR])
+{
+    /* u[j] holds rows 0..3 of lane j (low 128 bits) and of lane j + 4 (high) */
+    const vf t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const vf t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const vf u[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                     _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        _mm_storeu_ps(dst + j * lane_stride, _mm256_castps256_ps128(u[j]));
+        _mm_storeu_ps(dst + (j + 4) * lane_stride, _mm256_extractf128_ps(u[j], 1));
+    }
+}
+
+/* xp [ceil(rows/4)][16][S][4] from x rows [0, rows) of length K: whole
+ * tiles over whole 16-lane steps in a branch-free loop, the partial step
+ * at the end of K and a partial tile (zero rows) through v_load_tail */
+static void pk_pack_x(float *xp, const float *x, int32_t rows, int32_t K, int32_t S)
+{
+    const int64_t lane_stride = (int64_t)S * PK_MR; /* floats from lane l to lane l + 1 */
+    for (int32_t t = 0; t * PK_MR < rows; t++) {
+        float *dst = xp + (int64_t)t * GEMM_LANES * S * PK_MR;
+        const float *x0 = x + (int64_t)t * PK_MR * K;
+        const int32_t s_whole = (t + 1) * PK_MR <= rows ? K / GEMM_LANES : 0;
+        for (int32_t s = 0; s < s_whole; s++)
+#pragma GCC unroll 2
+            for (int h = 0; h < VPS; h++) {
+                const int32_t k = s * GEMM_LANES + h * VL;
+                vf r[PK_MR];
+#pragma GCC unroll 4
+                for (int i = 0; i < PK_MR; i++)
+                    r[i] = v_load(x0 + (int64_t)i * K + k);
+                pk_store_x4(dst + h * VL * lane_stride + (int64_t)s * PK_MR, lane_stride, r);
+            }
+        for (int32_t s = s_whole; s < S; s++)
+            for (int h = 0; h < VPS; h++) {
+                const int32_t k = s * GEMM_LANES + h * VL;
+                vf r[PK_MR];
+                for (int i = 0; i < PK_MR; i++)
+                    r[i] = t * PK_MR + i < rows ? v_load_tail(x0 + (int64_t)i * K + k, K - k) : v_zero();
+                pk_store_x4(dst + h * VL * lane_stride + (int64_t)s * PK_MR, lane_stride, r);
+            }
+    }
+}
+
+/* 8 x 8 transpose of r in place: r[j] becomes element j of the 8 inputs */
+static inline __attribute__((always_inline)) void pk_transpose8(vf r[VL])
+{
+    const vf t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const vf t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const vf t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const vf t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const vf u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const vf u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const vf u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const vf u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* wp [16][S][24]: columns [0, ncols) of the panel of w rows starting at
+ * element e0 (w [N][K] of kind wk), groups of 8 columns up to
+ * ceil(ncols / 8) (the later groups are never read). Whole groups over
+ * whole 16-lane steps take the branch-free loop; a group's partial step at
+ * the end of K and a partial group go through w_load_tail. */
+static inline __attribute__((always_inline)) void pk_pack_w(float *wp, const void *w, int64_t e0, int32_t ncols,
+                                                            int32_t K, int32_t S, const int wk)
+{
+    const int64_t lane_stride = (int64_t)S * PK_NR; /* floats from lane l to lane l + 1 */
+    const int32_t s_full = ncols >= VL ? K / GEMM_LANES : 0;
+    for (int g = 0; g * VL < ncols; g++) {
+        const int64_t e_g = e0 + (int64_t)g * VL * K;
+        const int32_t s_whole = (g + 1) * VL <= ncols ? s_full : 0; /* steps of the branch-free loop */
+        const unsigned char *row[VL];
+#pragma GCC unroll 8
+        for (int c = 0; c < VL; c++)
+            row[c] = w_row(w, e_g + (int64_t)c * K, wk);
+        for (int32_t s = 0; s < s_whole; s++)
+#pragma GCC unroll 2
+            for (int h = 0; h < VPS; h++) {
+                const int32_t k = s * GEMM_LANES + h * VL;
+                vf r[VL];
+#pragma GCC unroll 8
+                for (int c = 0; c < VL; c++)
+                    r[c] = w_load(w, row[c], e_g + (int64_t)c * K, k, wk);
+                pk_transpose8(r);
+                float *dst = wp + (int64_t)h * VL * lane_stride + (int64_t)s * PK_NR + g * VL;
+#pragma GCC unroll 8
+                for (int j = 0; j < VL; j++)
+                    _mm256_storeu_ps(dst + j * lane_stride, r[j]);
+            }
+        for (int32_t s = s_whole; s < S; s++)
+            for (int h = 0; h < VPS; h++) {
+                const int32_t k = s * GEMM_LANES + h * VL;
+                vf r[VL];
+                for (int c = 0; c < VL; c++)
+                    r[c] = g * VL + c < ncols ? w_load_tail(w, row[c], e_g + (int64_t)c * K, k, K - k, wk) : v_zero();
+                pk_transpose8(r);
+                float *dst = wp + (int64_t)h * VL * lane_stride + (int64_t)s * PK_NR + g * VL;
+                for (int j = 0; j < VL; j++)
+                    _mm256_storeu_ps(dst + j * lane_stride, r[j]);
+            }
+    }
+}
+
+/* One lane of one register tile: mr rows x nv * 8 columns over the S steps
+ * of lane slices xl [S][4] and wl [S][24], then the p-th step of the tree
+ * (pk_order): merged with the slots on top of the tile's stack (slot d at
+ * slots + d * slot_stride, [4][24] each), pushed, or (p = 15) written to
+ * y [mr][ldy], columns [0, ncols). */
+static inline __attribute__((always_inline)) void pk_tile(const float *xl, const float *wl, int32_t S, float *slots,
+                                                          int64_t slot_stride, int p, float *y, int64_t ldy,
+                                                          int32_t ncols, const int mr, const int nv)
+{
+    vf acc[PK_MR][PK_NV];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < nv; j++)
+            acc[i][j] = v_zero();
+#pragma GCC unroll 2
+    for (int32_t s = 0; s < S; s++) {
+        vf wv[PK_NV];
+#pragma GCC unroll 3
+        for (int j = 0; j < nv; j++)
+            wv[j] = _mm256_loadu_ps(wl + (int64_t)s * PK_NR + j * VL);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            const vf b = _mm256_broadcast_ss(xl + (int64_t)s * PK_MR + i);
+#pragma GCC unroll 3
+            for (int j = 0; j < nv; j++)
+                acc[i][j] = v_fma(b, wv[j], acc[i][j]);
+        }
+    }
+    const int depth = __builtin_popcount((unsigned)p), merges = __builtin_ctz(~(unsigned)p);
+    for (int t = 1; t <= merges; t++) {
+        const float *sl = slots + (int64_t)(depth - t) * slot_stride;
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 3
+            for (int j = 0; j < nv; j++)
+                acc[i][j] = _mm256_add_ps(_mm256_loadu_ps(sl + i * PK_NR + j * VL), acc[i][j]);
+    }
+    if (p == GEMM_LANES - 1) {
+        static const int32_t mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 3
+            for (int j = 0; j < nv; j++) {
+                float *dst = y + (int64_t)i * ldy + j * VL;
+                if (j < nv - 1 || ncols >= nv * VL)
+                    _mm256_storeu_ps(dst, acc[i][j]);
+                else
+                    _mm256_maskstore_ps(dst, _mm256_loadu_si256((const __m256i *)(mask + VL - (ncols - j * VL))),
+                                        acc[i][j]);
+            }
+        return;
+    }
+    float *sl = slots + (int64_t)(depth - merges) * slot_stride;
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < nv; j++)
+            _mm256_storeu_ps(sl + i * PK_NR + j * VL, acc[i][j]);
+}
+
+typedef void (*pk_tile_fn)(const float *xl, const float *wl, int32_t S, float *slots, int64_t slot_stride, int p,
+                           float *y, int64_t ldy, int32_t ncols);
+#define PK_DEF(mr, nv)                                                                                    \
+    static void pk_tile_##mr##_##nv(const float *xl, const float *wl, int32_t S, float *slots,            \
+                                    int64_t slot_stride, int p, float *y, int64_t ldy, int32_t ncols)     \
+    {                                                                                                     \
+        pk_tile(xl, wl, S, slots, slot_stride, p, y, ldy, ncols, mr, nv);                                 \
+    }
+#define PK_DEF_ROW(mr) PK_DEF(mr, 1) PK_DEF(mr, 2) PK_DEF(mr, 3)
+PK_DEF_ROW(1)
+PK_DEF_ROW(2)
+PK_DEF_ROW(3)
+PK_DEF_ROW(4)
+#define PK_ROW(mr) {NULL, pk_tile_##mr##_1, pk_tile_##mr##_2, pk_tile_##mr##_3}
+/* pk_tiles[mr][nv] for 1 <= mr <= PK_MR, 1 <= nv <= PK_NV */
+static const pk_tile_fn pk_tiles[PK_MR + 1][PK_NV + 1] = {{NULL}, PK_ROW(1), PK_ROW(2), PK_ROW(3), PK_ROW(4)};
+
+#define PK_PACK_W_DEF(wk)                                                                                 \
+    static void pk_pack_w_##wk(float *wp, const void *w, int64_t e0, int32_t ncols, int32_t K, int32_t S) \
+    {                                                                                                     \
+        pk_pack_w(wp, w, e0, ncols, K, S, wk);                                                            \
+    }
+PK_PACK_W_DEF(WK_F32)
+PK_PACK_W_DEF(WK_BF16)
+PK_PACK_W_DEF(WK_I8)
+PK_PACK_W_DEF(WK_I8_ANY)
+typedef void (*pk_pack_w_fn)(float *wp, const void *w, int64_t e0, int32_t ncols, int32_t K, int32_t S);
+static const pk_pack_w_fn pk_pack_ws[WK_COUNT] = {pk_pack_w_WK_F32, pk_pack_w_WK_BF16, pk_pack_w_WK_I8,
+                                                 pk_pack_w_WK_I8_ANY};
+
+/* Columns [n0, n1) of y for all M rows on the lane-major path; 0 on
+ * success, -1 (nothing written) where its buffers cannot be allocated. */
+static int pk_cols(float *y, int64_t ldy, const float *x, const void *w, int wk, int32_t M, int32_t K, int32_t n0,
+                   int32_t n1)
+{
+    const int32_t S = (K + GEMM_LANES - 1) / GEMM_LANES;
+    /* rows per block: as many as PK_X_BYTES hold, the blocks evened out */
+    int32_t mc = (int32_t)(PK_X_BYTES / ((int64_t)S * GEMM_LANES * (int64_t)sizeof(float)));
+    mc = mc < 2 * PK_MR ? 2 * PK_MR : mc / PK_MR * PK_MR;
+    const int32_t blocks = (M + mc - 1) / mc;
+    mc = ((M + blocks - 1) / blocks + PK_MR - 1) / PK_MR * PK_MR;
+    const int32_t tiles = mc / PK_MR;
+    const size_t x_floats = (size_t)mc * GEMM_LANES * S, w_floats = (size_t)GEMM_LANES * S * PK_NR;
+    const int64_t slot_stride = (int64_t)tiles * PK_MR * PK_NR;
+    float *buf = malloc((x_floats + w_floats + 4 * (size_t)slot_stride) * sizeof(float));
+    if (!buf)
+        return -1;
+    float *xp = buf, *wp = xp + x_floats, *slots = wp + w_floats;
+    for (int32_t mb = 0; mb < M; mb += mc) {
+        const int32_t rows = M - mb < mc ? M - mb : mc;
+        pk_pack_x(xp, x + (int64_t)mb * K, rows, K, S);
+        for (int32_t n = n0; n < n1; n += PK_NR) {
+            const int32_t ncols = n1 - n < PK_NR ? n1 - n : PK_NR, nv = (ncols + VL - 1) / VL;
+            pk_pack_ws[wk](wp, w, (int64_t)n * K, ncols, K, S);
+            for (int p = 0; p < GEMM_LANES; p++) {
+                const int l = pk_order[p];
+                for (int32_t t = 0; t * PK_MR < rows; t++) {
+                    const int32_t mr = rows - t * PK_MR < PK_MR ? rows - t * PK_MR : PK_MR;
+                    pk_tiles[mr][nv](xp + ((int64_t)t * GEMM_LANES + l) * S * PK_MR, wp + (int64_t)l * S * PK_NR,
+                                     S, slots + (int64_t)t * PK_MR * PK_NR, slot_stride, p,
+                                     y + (int64_t)(mb + t * PK_MR) * ldy + n, ldy, ncols);
+                }
+            }
+        }
+    }
+    free(buf);
+    return 0;
+}
+#endif
+
 void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const void *w, int32_t wt, int32_t M, int32_t K, int32_t n0,
                   int32_t n1)
 {
@@ -574,6 +888,10 @@ void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const void *w, int32_t 
         }
         return;
     }
+#if GEMM_ID == GEMM_ID_avx2
+    if (M >= (K > 1024 ? PK_MIN_M_LONG_K : PK_MIN_M) && pk_cols(y, ldy, x, w, wk, M, K, n0, n1) == 0)
+        return;
+#endif
     /* A block of mc rows of x (about 512 KiB) stays in L2 while each tile
      * of NR rows of w (<= NR * K * 4 bytes) sits in L1 and the row tiles of
      * the block pass over it; w is streamed from memory once per block

@@ -321,6 +321,91 @@ static void test_storage_types_match_canonical(void **state)
     print_message("checked %ld bf16 / int8 products bit for bit\n", checked);
 }
 
+/* The AVX2 kernel's lane-major path (cpu_gemm_kernel.c "lane-major": from
+ * M = 16, 24 where K > 1024; x and 24-column w panels packed per lane, the
+ * tree merged on a stack of slots) against the canonical order and the
+ * generic twin, every storage type, on the edges it has: M not a multiple
+ * of its 4-row tile, two row blocks (K = 4100: 124 rows per block, so
+ * M = 130 is two blocks of 68 and 62), N not a multiple of 24 or of 8,
+ * column ranges cut off the 24-column grid, K % 16 != 0, ldy > N, and
+ * products that all underflow to -0 (the padded fma(0, 0, -0) gives +0);
+ * then the whole product through a 2-thread pool (column chunks of 24). */
+static void test_lane_major_path(void **state)
+{
+    (void)state;
+    cpu_gemm_cols_fn fns[N_VARIANTS];
+    column_kernels(fns);
+    pg_test_rng rng = {4242};
+    cpu_pool *pool = NULL;
+    assert_int_equal(cpu_pool_create(&pool, 2, NULL), 0);
+    const struct { int32_t M, N, K; } shapes[] = {
+        {16, 49, 768}, {17, 25, 15}, {19, 8, 1}, {24, 73, 1041}, {33, 47, 96}, {61, 30, 1040},
+        {64, 26, 4096}, {130, 50, 4100}, {23, 31, 1100}, {20, 24, 500},
+    };
+    long checked = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int t = 0; t < CPU_WT_COUNT; t++) {
+            const int32_t M = shapes[si].M, N = shapes[si].N, K = shapes[si].K;
+            const int64_t ldy = N + 3;
+            float *x = alloc_floats((size_t)M * K), *w = alloc_floats((size_t)N * K);
+            float *wq = alloc_floats((size_t)N * K);
+            float *y = alloc_floats((size_t)M * ldy), *ref = alloc_floats((size_t)M * N);
+            const int underflow = si == 1 || si == 4; /* every product a -0 */
+            if (underflow) {
+                for (size_t i = 0; i < (size_t)M * K; i++)
+                    x[i] = ldexpf(1.0f, -80);
+                for (size_t i = 0; i < (size_t)N * K; i++)
+                    w[i] = -ldexpf(1.0f, -80); /* products of 2^-160: -0 after rounding */
+            } else {
+                fill_awkward(&rng, x, (size_t)M * K);
+                fill_awkward(&rng, w, (size_t)N * K);
+            }
+            void *ws = store_weights((cpu_wt)t, w, (size_t)N * K, wq);
+            for (int32_t m = 0; m < M; m++)
+                for (int32_t n = 0; n < N; n++)
+                    ref[(size_t)m * N + n] = canonical_dot(x + (size_t)m * K, wq + (size_t)n * K, K);
+            for (int v = 0; v < N_VARIANTS; v++) {
+                if (!fns[v] || !cpu_gemm_variant_available(variants[v]))
+                    continue;
+                memset(y, 0xff, (size_t)M * ldy * sizeof *y);
+                const int32_t cut1 = pg_test_rng_int(&rng, 0, N), cut2 = pg_test_rng_int(&rng, cut1, N);
+                fns[v](y, ldy, x, ws, (int32_t)t, M, K, 0, cut1);
+                fns[v](y, ldy, x, ws, (int32_t)t, M, K, cut1, cut2);
+                fns[v](y, ldy, x, ws, (int32_t)t, M, K, cut2, N);
+                expect_canonical(cpu_wt_name((cpu_wt)t), variants[v], y, ldy, ref, M, N, K);
+                for (int32_t m = 0; m < M; m++) /* the columns past N are not written */
+                    for (int64_t n = N; n < ldy; n++) {
+                        uint32_t bits;
+                        memcpy(&bits, &y[(size_t)m * ldy + n], sizeof bits);
+                        if (bits != 0xffffffffu)
+                            fail_msg("gemm variant %s M=%d N=%d K=%d: y[%d][%d] past N written",
+                                     cpu_gemm_variant_name(variants[v]), (int)M, (int)N, (int)K, (int)m, (int)n);
+                    }
+                checked++;
+            }
+            /* through the pool, split into chunks of the 24-column panels */
+            for (int v = 0; v < N_VARIANTS; v++) {
+                if (!cpu_gemm_variant_available(variants[v]))
+                    continue;
+                memset(y, 0xff, (size_t)M * ldy * sizeof *y);
+                cpu_gemm_wt(variants[v], (cpu_wt)t, pool, y, ldy, x, ws, M, N, K);
+                expect_canonical(cpu_wt_name((cpu_wt)t), variants[v], y, ldy, ref, M, N, K);
+                checked++;
+            }
+            /* the case is what it says (f32 and bf16 keep -2^-80; int8 reads 0) */
+            if (underflow && t != CPU_WT_I8)
+                assert_int_equal(!!signbit(ref[0]), K % 16 == 0); /* no padded step: every lane stays -0 */
+            free(ws);
+            free(x);
+            free(w);
+            free(wq);
+            free(y);
+            free(ref);
+        }
+    cpu_pool_destroy(pool);
+    print_message("checked %ld lane-major products bit for bit\n", checked);
+}
+
 /* The zero-padded tail is a real fma(0, 0, acc): with every product an
  * underflow to -0, the lanes past K turn -0 into +0, so y = +0. A variant
  * that skipped the padded lanes (or summed lanes in another order than the
@@ -565,6 +650,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_variants_match_canonical),
         cmocka_unit_test(test_kernels_on_column_ranges),
         cmocka_unit_test(test_batch1_tile_matches_canonical),
+        cmocka_unit_test(test_lane_major_path),
         cmocka_unit_test(test_storage_types_match_canonical),
         cmocka_unit_test_prestate(test_builds_agree, &progs),
     };
