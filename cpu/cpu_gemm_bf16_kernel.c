@@ -523,12 +523,13 @@ void BF_COLS_FN(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *w, in
  * x in the 32 zmm, as cpu_gemm_kernel.c's exact AVX-512 tile), a block of
  * rows of x in L2 while the tiles of BZ_NR rows of w (in L1) pass. The
  * tiles of 8 or more accumulators reduce them 16 at a time through one
- * shuffle network (bz_hsum16, cpu_gemm_kernel.c's v_hsum16: every output
- * lane sees the same pairs in the same order as the tree). */
+ * shuffle network (cpu_tree_avx512.h, as cpu_gemm_kernel.c's v_hsum16:
+ * every output lane sees the same pairs in the same order as the tree). */
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512BF16__)
 #error "the avx512bf16 variant is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16"
 #endif
 #include <immintrin.h>
+#include "cpu_tree_avx512.h"
 
 #define BZ_CHUNK 32 /* k per VDPBF16PS: 16 lanes x 1 pair */
 #ifndef BZ_MR
@@ -574,24 +575,8 @@ static inline float bz_hsum(__m512 a)
     return _mm_cvtss_f32(s1);
 }
 
-/* Sixteen bz_hsum at once (cpu_gemm_kernel.c v_hsum16, the same network):
- * every output lane sees the pairings (l, l+8), (l, l+4), (l, l+2),
- * (l, l+1) in that order; IEEE addition is commutative, so operand order
- * does not matter. Lane 4c+j of the result is the sum of a[4j+c]. */
-static inline __m512 bz_hsum16(const __m512 *a)
-{
-    __m512 r[8], q[4], p[2];
-    for (int i = 0; i < 8; i++)
-        r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++)
-        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; i++)
-        p[i] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_ps(p[0], p[1], 0x88), _mm512_shuffle_ps(p[0], p[1], 0xDD));
-}
+/* Sixteen bz_hsum at once: the shared network (cpu_tree_avx512.h) */
+static inline __m512 bz_hsum16(const __m512 *a) { return cpu_tree16_zmm(a); }
 
 /* The mr x nr register tile: rows x[0..mr) (stride K) times rows w[0..nr)
  * (stride K) into y[i][j] (stride ldy); mr, nr are constants at every call

@@ -67,6 +67,7 @@
 #error "the avx512 variant is compiled with -mavx512f -mfma"
 #endif
 #include <immintrin.h>
+#include "cpu_tree_avx512.h"
 #define VL 16
 #define VPS 1
 #define MR 4
@@ -102,25 +103,9 @@ static inline float v_hsum(const vf *a)
     __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));                          /* (0, 1) */
     return _mm_cvtss_f32(s1);
 }
-/* Sixteen v_hsum at once, bit-identical to v_hsum: every output lane sees
- * the same pairings in the same order, (l, l+8), (l, l+4), (l, l+2),
- * (l, l+1) — IEEE addition is commutative, so operand order does not
- * matter. Lane 4c+j of the result is the sum of a[4j+c]. */
+/* Sixteen v_hsum at once, bit-identical to v_hsum (cpu_tree_avx512.h) */
 #define GEMM_HSUM16 1
-static inline vf v_hsum16(const vf *a)
-{
-    vf r[8], q[4], p[2];
-    for (int i = 0; i < 8; i++)
-        r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++)
-        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; i++)
-        p[i] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_ps(p[0], p[1], 0x88), _mm512_shuffle_ps(p[0], p[1], 0xDD));
-}
+static inline vf v_hsum16(const vf *a) { return cpu_tree16_zmm(a); }
 
 #elif GEMM_ID == GEMM_ID_avx2
 #if !defined(__AVX2__) || !defined(__FMA__)
