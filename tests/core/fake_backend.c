@@ -346,3 +346,23 @@ engine_backend fake_backend_iface(fake_backend *f)
                          .copy_blocks = fake_copy_blocks};
     return be;
 }
+
+int fake_backend_add_requests(fake_backend *f, engine *e, int nreq, int32_t vocab,
+                              sampling_params (*params_of)(int k), pg_error *err)
+{
+    for (int k = 0; k < nreq; k++) {
+        int32_t ids[10], n = 3 + k % 7;
+        for (int32_t i = 0; i < n; i++)
+            ids[i] = (int32_t)((k * 31 + i * 7 + 1) % vocab);
+        sampling_params sp = params_of(k);
+        uint64_t id;
+        int rc = engine_add_request(e, ids, n, &sp, (void *)(intptr_t)k, &id, err);
+        if (rc) {
+            char why[sizeof err->msg];
+            memcpy(why, err->msg, sizeof why);
+            return pg_error_set(err, rc, "request %d: %s", k, why);
+        }
+        fake_backend_set_prompt(f, id, ids, n);
+    }
+    return 0;
+}

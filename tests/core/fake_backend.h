@@ -63,6 +63,12 @@ void fake_backend_attach(fake_backend *f, const engine *e);
 /* Registers request id's prompt (call right after engine_add_request). */
 void fake_backend_set_prompt(fake_backend *f, uint64_t request_id, const int32_t *prompt,
                              int32_t n);
+/* Adds nreq requests with the prompts the engine tests share (request k:
+ * 3 + k % 7 ids, id i = (31 k + 7 i + 1) % vocab), sampling params_of(k),
+ * user pointer k, and registers each prompt. 0, or engine_add_request's
+ * error (err says which request). */
+int fake_backend_add_requests(fake_backend *f, engine *e, int nreq, int32_t vocab,
+                              sampling_params (*params_of)(int k), pg_error *err);
 /* The first violation seen, or NULL. */
 const char *fake_backend_error(const fake_backend *f);
 fake_backend_counts fake_backend_get_counts(const fake_backend *f);

@@ -133,16 +133,8 @@ static void run(bool device_greedy, result *res, uint64_t *marked, uint64_t *pre
     pg_error err;
     assert_int_equal(engine_create(&e, &ep, &be, NULL, &err), PG_OK);
     fake_backend_attach(f, e);
-    for (int k = 0; k < NREQ; k++) {
-        int32_t ids[10], n = 3 + k % 7;
-        for (int32_t i = 0; i < n; i++)
-            ids[i] = (int32_t)((k * 31 + i * 7 + 1) % V);
-        sampling_params sp = params_of(k);
-        uint64_t id;
-        if (engine_add_request(e, ids, n, &sp, (void *)(intptr_t)k, &id, &err))
-            fail_msg("request %d: %s", k, err.msg);
-        fake_backend_set_prompt(f, id, ids, n);
-    }
+    if (fake_backend_add_requests(f, e, NREQ, V, params_of, &err))
+        fail_msg("%s", err.msg);
     while (engine_has_unfinished(e)) {
         if (engine_step(e, &err))
             fail_msg("device greedy %d: step: %s (fake backend: %s)", (int)device_greedy, err.msg,
