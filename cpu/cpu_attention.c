@@ -551,9 +551,13 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
         }
     }
 
-    /* the lanes past the last pair: zeros (read by the softmax, never used) */
+    /* A score a pair does not reach (outside its token's [lo, n), or a lane
+     * past the last pair) is -inf, so the softmax needs no range per lane:
+     * the max over the span is the max over the range, exp(-inf - max) is
+     * +0, and z + +0 leaves z (>= +0) as it is. */
     for (int32_t c = jlo; np < npp && c < jhi; c++)
-        memset(e + (int64_t)(c - jlo) * npp + np, 0, (size_t)(npp - np) * sizeof(float));
+        for (int32_t q = np; q < npp; q++)
+            e[(int64_t)(c - jlo) * npp + q] = -INFINITY;
 
     const size_t eb = kvt == CPU_KV_F32 ? 4u : 2u, run_bytes = (size_t)(g1 - g0) * (size_t)hd * eb;
     for (int32_t d = 0; d < ATTN_PF_BLOCKS; d++)
@@ -571,10 +575,10 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
             const int32_t jj0 = c0 + r, nr = rows - r < CM_LANES ? rows - r : CM_LANES;
             for (int32_t tt = 0; tt < nt; tt++) {
                 const int32_t ra = lo[tt] - jj0 > 0 ? lo[tt] - jj0 : 0, rb = n[tt] - jj0 < nr ? n[tt] - jj0 : nr;
-                if (ra >= rb) { /* the token reaches none of these rows: zeros
-                                 * (never used; the softmax reads no unset float) */
+                if (ra >= rb) { /* the token reaches none of these rows */
                     for (int32_t i = 0; i < nr; i++)
-                        memset(e + (int64_t)(jj0 + i - jlo) * npp + tt * nhi, 0, (size_t)nhi * sizeof(float));
+                        for (int32_t hi = 0; hi < nhi; hi++)
+                            e[(int64_t)(jj0 + i - jlo) * npp + tt * nhi + hi] = -INFINITY;
                     continue;
                 }
                 for (int32_t hi = 0; hi < nhi; hi++) {
@@ -622,7 +626,7 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
                     const cm_v16f sc = cm_hsum16(acc) * j->scale;
                     float *eq = e + (int64_t)(jj0 - jlo) * npp + q;
                     for (int32_t i = 0; i < nr; i++)
-                        eq[(int64_t)i * npp] = sc[i];
+                        eq[(int64_t)i * npp] = i >= ra && i < rb ? sc[i] : -INFINITY;
                 }
             }
         }
@@ -630,29 +634,20 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
     for (int32_t d = 0; d < ATTN_PF_BLOCKS; d++)
         attn_prefetch_block(j->v_cache, table, jlo / bs + d, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
 
-    /* softmax, 16 pairs per vector: lane l runs over its own [lo, n) */
+    /* softmax, 16 pairs per vector, over the whole span (scores out of a
+     * pair's range are -inf, above): the max is exact in any order (NaN
+     * aside: a NaN score makes the pair's output NaN either way), e =
+     * exp(s - max), z summed in j order (attn_item's bits) */
     for (int32_t qg = 0; qg < np; qg += CM_LANES) {
-        cm_v16i lo_l, n_l;
-        for (int32_t i = 0; i < CM_LANES; i++) {
-            const int32_t q = qg + i, tt = q / nhi;
-            lo_l[i] = q < np ? lo[tt] : INT32_MAX; /* lanes past np: never in range */
-            n_l[i] = q < np ? n[tt] : INT32_MAX;
-        }
-        cm_v16f mx = cm_zero();
-        for (int32_t c = jlo; c < jhi; c++) {
-            const cm_v16i cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
-            const cm_v16f ec = cm_load(e + (int64_t)(c - jlo) * npp + qg);
-            /* mx = e[lo], then e[c] > mx ? e[c] : mx (attn_item's order) */
-            mx = cm_select(cv == lo_l, ec, cm_select((cv > lo_l) & (cv < n_l) & (ec > mx), ec, mx));
-        }
+        cm_v16f mx = cm_splat(-INFINITY);
+        for (int32_t c = jlo; c < jhi; c++)
+            mx = cm_max(cm_load(e + (int64_t)(c - jlo) * npp + qg), mx);
         cm_v16f z = cm_zero();
         for (int32_t c = jlo; c < jhi; c++) {
-            const cm_v16i cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
             float *ep = e + (int64_t)(c - jlo) * npp + qg;
             const cm_v16f ec = cm_exp(cm_load(ep) - mx);
             cm_store(ep, ec);
-            /* outside the range: + 0, which leaves z (>= +0) as it is */
-            z = z + cm_select((cv >= lo_l) & (cv < n_l), ec, cm_zero());
+            z = z + ec;
         }
         cm_store(inv_z + qg, 1.0f / z);
     }
