@@ -184,6 +184,49 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
 
 /* ---- the fast version ------------------------------------------------------ */
 
+/* The hot inner loops use the machine's vector width (GCC splits a
+ * 16-lane cm_v16f into memory round trips when it is kept in arrays on
+ * AVX2, and turns its comparisons into a compare and branch per lane): a 16-lane dot accumulator is 16 / ATTN_VW vectors, lane l in
+ * vector l / ATTN_VW; the sums and the widening are per element, so the
+ * width changes no bits. */
+#if !defined(ATTN_VW) /* 8 or 16; -DATTN_VW=16 tests the AVX-512 form elsewhere */
+#if defined(__AVX512F__)
+#define ATTN_VW 16
+#else
+#define ATTN_VW 8
+#endif
+#endif
+typedef float attn_vf __attribute__((vector_size(ATTN_VW * 4)));
+typedef uint32_t attn_vu __attribute__((vector_size(ATTN_VW * 4)));
+typedef int32_t attn_vi __attribute__((vector_size(ATTN_VW * 4)));
+typedef uint16_t attn_vh __attribute__((vector_size(ATTN_VW * 2)));
+
+/* exp and max of ATTN_VW lanes: cm_exp's bits lane by lane; a > b ? a : b */
+static inline __attribute__((always_inline)) attn_vf attn_vexp(attn_vf x)
+{
+#if ATTN_VW == 8
+    return cm_exp8(x);
+#else
+    return cm_exp(x);
+#endif
+}
+static inline __attribute__((always_inline)) attn_vf attn_vmax(attn_vf a, attn_vf b)
+{
+    const attn_vi m = (attn_vi)(a > b);
+    return (attn_vf)(((attn_vi)a & m) | ((attn_vi)b & ~m));
+}
+static inline __attribute__((always_inline)) attn_vf attn_vload(const float *p)
+{
+    attn_vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline __attribute__((always_inline)) void attn_vstore(float *p, attn_vf v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+
 /* Work chunks per pool thread (finer than threads: a late thread holds up
  * only a small share while the others take the rest). */
 #define CHUNKS_PER_THREAD 4
@@ -387,26 +430,26 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
         float mx = eh[lo];
         for (int32_t c = lo + 1; c < n_ctx; c++)
             mx = eh[c] > mx ? eh[c] : mx;
-        const cm_v16f mxv = cm_splat(mx);
-        for (int32_t c = lo; c < n_ctx; c += CM_LANES) /* past n_ctx: inside Lp, unused */
-            cm_store(eh + c, cm_exp(cm_load_part(eh + c, n_ctx - c < CM_LANES ? n_ctx - c : CM_LANES) - mxv));
+        const attn_vf mxv = (attn_vf){0.0f} + mx;
+        for (int32_t c = lo; c < n_ctx; c += ATTN_VW) /* past n_ctx: inside Lp, unused */
+            attn_vstore(eh + c, attn_vexp(attn_vload(eh + c) - mxv));
         float z = 0.0f;
         for (int32_t c = lo; c < n_ctx; c++)
             z += eh[c];
         inv_z[hi] = 1.0f / z;
     }
     /* wide: 16 heads per vector, one row at a time */
-    for (int32_t hg = 0; !narrow && hg < nhi; hg += CM_LANES) {
-        cm_v16f mx = cm_load(e + (int64_t)lo * nhp + hg);
+    for (int32_t hg = 0; !narrow && hg < nhi; hg += ATTN_VW) {
+        attn_vf mx = attn_vload(e + (int64_t)lo * nhp + hg);
         for (int32_t c = lo + 1; c < n_ctx; c++)
-            mx = cm_max(mx, cm_load(e + (int64_t)c * nhp + hg));
-        cm_v16f z = cm_zero();
+            mx = attn_vmax(mx, attn_vload(e + (int64_t)c * nhp + hg));
+        attn_vf z = {0.0f};
         for (int32_t c = lo; c < n_ctx; c++) {
-            const cm_v16f ec = cm_exp(cm_load(e + (int64_t)c * nhp + hg) - mx);
-            cm_store(e + (int64_t)c * nhp + hg, ec);
+            const attn_vf ec = attn_vexp(attn_vload(e + (int64_t)c * nhp + hg) - mx);
+            attn_vstore(e + (int64_t)c * nhp + hg, ec);
             z = z + ec;
         }
-        cm_store(inv_z + hg, 1.0f / z);
+        attn_vstore(inv_z + hg, 1.0f / z);
     }
 
     /* V: the same walk, every query head's output accumulates over j */
@@ -439,22 +482,6 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
 
 /* ---- prefill tiles ------------------------------------------------------------ */
 
-/* The tile's inner loops use the machine's vector width (GCC splits a
- * 16-lane cm_v16f into memory round trips when it is kept in arrays on
- * AVX2): a 16-lane dot accumulator is 16 / ATTN_VW vectors, lane l in
- * vector l / ATTN_VW; the sums and the widening are per element, so the
- * width changes no bits. */
-#if !defined(ATTN_VW) /* 8 or 16; -DATTN_VW=16 tests the AVX-512 form elsewhere */
-#if defined(__AVX512F__)
-#define ATTN_VW 16
-#else
-#define ATTN_VW 8
-#endif
-#endif
-typedef float attn_vf __attribute__((vector_size(ATTN_VW * 4)));
-typedef uint32_t attn_vu __attribute__((vector_size(ATTN_VW * 4)));
-typedef int32_t attn_vi __attribute__((vector_size(ATTN_VW * 4)));
-typedef uint16_t attn_vh __attribute__((vector_size(ATTN_VW * 2)));
 
 /* ATTN_VW cache elements from element e of c (type kvt), widened exactly
  * as cm_load_bf16 / cm_load_f16 do */
@@ -638,18 +665,18 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
      * pair's range are -inf, above): the max is exact in any order (NaN
      * aside: a NaN score makes the pair's output NaN either way), e =
      * exp(s - max), z summed in j order (attn_item's bits) */
-    for (int32_t qg = 0; qg < np; qg += CM_LANES) {
-        cm_v16f mx = cm_splat(-INFINITY);
+    for (int32_t qg = 0; qg < np; qg += ATTN_VW) {
+        attn_vf mx = (attn_vf){0.0f} + -INFINITY;
         for (int32_t c = jlo; c < jhi; c++)
-            mx = cm_max(cm_load(e + (int64_t)(c - jlo) * npp + qg), mx);
-        cm_v16f z = cm_zero();
+            mx = attn_vmax(attn_vload(e + (int64_t)(c - jlo) * npp + qg), mx);
+        attn_vf z = {0.0f};
         for (int32_t c = jlo; c < jhi; c++) {
             float *ep = e + (int64_t)(c - jlo) * npp + qg;
-            const cm_v16f ec = cm_exp(cm_load(ep) - mx);
-            cm_store(ep, ec);
+            const attn_vf ec = attn_vexp(attn_vload(ep) - mx);
+            attn_vstore(ep, ec);
             z = z + ec;
         }
-        cm_store(inv_z + qg, 1.0f / z);
+        attn_vstore(inv_z + qg, 1.0f / z);
     }
 
     /* V: the same groups of rows; each pair's sums over the rows its token
