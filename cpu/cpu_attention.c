@@ -226,6 +226,42 @@ static inline __attribute__((always_inline)) void attn_vstore(float *p, attn_vf 
     memcpy(p, &v, sizeof v);
 }
 
+/* ATTN_VW cache elements from element e of c (type kvt), widened exactly
+ * as cm_load_bf16 / cm_load_f16 do */
+static inline __attribute__((always_inline)) attn_vf attn_loadw(const void *c, int64_t e, const int kvt)
+{
+    attn_vf v;
+    if (kvt == CPU_KV_F32) {
+        memcpy(&v, (const float *)c + e, sizeof v);
+        return v;
+    }
+    attn_vh h;
+    memcpy(&h, (const uint16_t *)c + e, sizeof h);
+    const attn_vu u = __builtin_convertvector(h, attn_vu);
+    if (kvt == CPU_KV_BF16)
+        return (attn_vf)(u << 16);
+    const attn_vu em = (u & 0x7fffu) << 13;
+    const attn_vf fin = (attn_vf)em * 0x1p112f;
+    const attn_vf nonfin = (attn_vf)(em | 0x7f800000u);
+    const attn_vi big = (attn_vi)(em >= (0x7c00u << 13));
+    v = (attn_vf)(((attn_vi)nonfin & big) | ((attn_vi)fin & ~big));
+    return (attn_vf)((attn_vu)v | ((u & 0x8000u) << 16));
+}
+
+/* elements [e, e + n) of c, zeros after; 0 < n < ATTN_VW (reads only n) */
+static inline __attribute__((always_inline)) attn_vf attn_loadw_part(const void *c, int64_t e, int32_t n,
+                                                                     const int kvt)
+{
+    if (kvt == CPU_KV_F32) {
+        float f[ATTN_VW] = {0.0f};
+        memcpy(f, (const float *)c + e, (size_t)n * sizeof(float));
+        return attn_loadw(f, 0, kvt);
+    }
+    uint16_t h[ATTN_VW] = {0};
+    memcpy(h, (const uint16_t *)c + e, (size_t)n * sizeof(uint16_t));
+    return attn_loadw(h, 0, kvt);
+}
+
 
 /* Work chunks per pool thread (finer than threads: a late thread holds up
  * only a small share while the others take the rest). */
@@ -254,18 +290,30 @@ static inline __attribute__((always_inline)) cm_v16f kv_load_part(const void *c,
     return kvt == CPU_KV_BF16 ? cm_load_bf16(h) : cm_load_f16(h);
 }
 
-/* dot(qp, k) in 16 lanes (before the tree); qp is zero-padded to
- * 16 * (nv + !!rem) floats, k = elements [ke, ke + nv * 16 + rem) of the
- * cache c. */
-static inline __attribute__((always_inline)) cm_v16f attn_dot_lanes(const float *qp, const void *c, int64_t ke,
-                                                                    int32_t nv, int32_t rem, const int kvt)
+/* dot(qp, k) in 16 lanes (before the tree) into *acc; qp is zero-padded
+ * to 16 * (nv + !!rem) floats, k = elements [ke, ke + nv * 16 + rem) of
+ * the cache c. Lane l is lane l % ATTN_VW of part l / ATTN_VW (the
+ * machine's vectors: no 16-lane value in registers, which GCC moves
+ * through general registers on AVX2); a part wholly past the tail adds
+ * nothing, which leaves its lanes (never -0) as adding q * 0 would. */
+static inline __attribute__((always_inline)) void attn_dot_lanes(cm_v16f *acc, const float *qp, const void *c,
+                                                                 int64_t ke, int32_t nv, int32_t rem, const int kvt)
 {
-    cm_v16f acc = cm_zero();
+    enum { P = CM_LANES / ATTN_VW };
+    attn_vf part[P];
+    for (int32_t p = 0; p < P; p++)
+        part[p] = (attn_vf){0.0f};
     for (int32_t v = 0; v < nv; v++)
-        acc = acc + cm_load(qp + CM_LANES * v) * kv_load(c, ke + CM_LANES * v, kvt);
-    if (rem)
-        acc = acc + cm_load(qp + CM_LANES * nv) * kv_load_part(c, ke + CM_LANES * nv, rem, kvt);
-    return acc;
+        for (int32_t p = 0; p < P; p++)
+            part[p] = part[p] + attn_vload(qp + CM_LANES * v + ATTN_VW * p) *
+                                    attn_loadw(c, ke + CM_LANES * v + ATTN_VW * p, kvt);
+    for (int32_t p = 0; p < P && rem > ATTN_VW * p; p++) {
+        const int32_t n = rem - ATTN_VW * p;
+        const int64_t at = ke + CM_LANES * nv + ATTN_VW * p;
+        part[p] = part[p] + attn_vload(qp + CM_LANES * nv + ATTN_VW * p) *
+                                (n >= ATTN_VW ? attn_loadw(c, at, kvt) : attn_loadw_part(c, at, n, kvt));
+    }
+    memcpy(acc, part, sizeof *acc);
 }
 
 /* o[0..hd) += e * v[0..hd) lane by lane (o padded to 16 * (nv + !!rem));
@@ -395,9 +443,11 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
                 for (int32_t hi = 0; hi < nhi; hi++) {
                     cm_v16f acc[CM_LANES];
                     for (int32_t i = 0; i < CM_LANES; i++)
-                        acc[i] = i < nr ? attn_dot_lanes(qp + (int64_t)hi * hdp, j->k_cache,
-                                                         kb + (r + i) * kvw + (int64_t)(hi / G) * hd, nv, rem, kvt)
-                                        : cm_zero();
+                        if (i < nr)
+                            attn_dot_lanes(&acc[i], qp + (int64_t)hi * hdp, j->k_cache,
+                                           kb + (r + i) * kvw + (int64_t)(hi / G) * hd, nv, rem, kvt);
+                        else
+                            memset(&acc[i], 0, sizeof acc[i]);
                     /* rows c0 + r .. + 15 of head hi (past nr: written, never read) */
                     cm_store(e + hi * Lp + c0 + r, cm_hsum16(acc) * j->scale);
                 }
@@ -411,9 +461,11 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
                 cm_v16f acc[CM_LANES];
                 for (int32_t i = 0; i < CM_LANES; i++) {
                     const int32_t hi = hg + i;
-                    acc[i] = hi < nhi ? attn_dot_lanes(qp + (int64_t)hi * hdp, j->k_cache,
-                                                       kr + (int64_t)(hi / G) * hd, nv, rem, kvt)
-                                      : cm_zero();
+                    if (hi < nhi)
+                        attn_dot_lanes(&acc[i], qp + (int64_t)hi * hdp, j->k_cache, kr + (int64_t)(hi / G) * hd, nv,
+                                       rem, kvt);
+                    else
+                        memset(&acc[i], 0, sizeof acc[i]);
                 }
                 cm_store(er + hg, cm_hsum16(acc) * j->scale);
             }
@@ -482,42 +534,6 @@ static inline __attribute__((always_inline)) void attn_item(const attn_job *j, f
 
 /* ---- prefill tiles ------------------------------------------------------------ */
 
-
-/* ATTN_VW cache elements from element e of c (type kvt), widened exactly
- * as cm_load_bf16 / cm_load_f16 do */
-static inline __attribute__((always_inline)) attn_vf attn_loadw(const void *c, int64_t e, const int kvt)
-{
-    attn_vf v;
-    if (kvt == CPU_KV_F32) {
-        memcpy(&v, (const float *)c + e, sizeof v);
-        return v;
-    }
-    attn_vh h;
-    memcpy(&h, (const uint16_t *)c + e, sizeof h);
-    const attn_vu u = __builtin_convertvector(h, attn_vu);
-    if (kvt == CPU_KV_BF16)
-        return (attn_vf)(u << 16);
-    const attn_vu em = (u & 0x7fffu) << 13;
-    const attn_vf fin = (attn_vf)em * 0x1p112f;
-    const attn_vf nonfin = (attn_vf)(em | 0x7f800000u);
-    const attn_vi big = (attn_vi)(em >= (0x7c00u << 13));
-    v = (attn_vf)(((attn_vi)nonfin & big) | ((attn_vi)fin & ~big));
-    return (attn_vf)((attn_vu)v | ((u & 0x8000u) << 16));
-}
-
-/* elements [e, e + n) of c, zeros after; 0 < n < ATTN_VW (reads only n) */
-static inline __attribute__((always_inline)) attn_vf attn_loadw_part(const void *c, int64_t e, int32_t n,
-                                                                     const int kvt)
-{
-    if (kvt == CPU_KV_F32) {
-        float f[ATTN_VW] = {0.0f};
-        memcpy(f, (const float *)c + e, (size_t)n * sizeof(float));
-        return attn_loadw(f, 0, kvt);
-    }
-    uint16_t h[ATTN_VW] = {0};
-    memcpy(h, (const uint16_t *)c + e, (size_t)n * sizeof(uint16_t));
-    return attn_loadw(h, 0, kvt);
-}
 
 /* Most query rows in one tile (attn_tile): a K or V row read from the cache
  * serves the dots and sums of all of them while it is in L1. */
