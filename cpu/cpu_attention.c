@@ -547,6 +547,24 @@ static inline int32_t attn_round16(int32_t n)
     return (n + CM_LANES - 1) / CM_LANES * CM_LANES;
 }
 
+/* Rows [0, nr) of a 16-bit cache c, each the run [at + i * stride, + gw),
+ * widened exactly into dst [nr][gw]; returns dst */
+static inline __attribute__((always_inline)) const float *attn_widen_rows(float *dst, const void *c, int64_t at,
+                                                                          int64_t stride, int64_t gw, int32_t nr,
+                                                                          const int kvt)
+{
+    for (int32_t i = 0; i < nr; i++) {
+        int64_t x = 0;
+        for (; x + ATTN_VW <= gw; x += ATTN_VW)
+            attn_vstore(dst + i * gw + x, attn_loadw(c, at + i * stride + x, kvt));
+        if (x < gw) {
+            const attn_vf t = attn_loadw_part(c, at + i * stride + x, (int32_t)(gw - x), kvt);
+            memcpy(dst + i * gw + x, &t, (size_t)(gw - x) * sizeof(float));
+        }
+    }
+    return dst;
+}
+
 /* One tile item: query rows t0 .. t0+nt-1 (2 <= nt <= ATTN_TILE_MAX) of one
  * sequence, kv heads [g0, g1), query heads h0 .. h0+nhi-1. The tile's pairs
  * (token tt, local head hi) are numbered q = tt * nhi + hi; pair q attends to
@@ -563,7 +581,10 @@ static inline int32_t attn_round16(int32_t n)
  *         (npp = nt * nhi rounded up to 16; at most j->tile_e_floats)
  *   qp    [nt * nhi][hdp]      q, zero-padded
  *   o     [nt * nhi][hdp]      output accumulators
- *   inv_z [npp] */
+ *   inv_z [npp]
+ *   rows  [16][(g1 - g0) * hd] a bf16 or f16 cache's group of K (then V)
+ *         rows, widened once for all pairs (exactly, as attn_loadw)
+ *         instead of once per pair */
 static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, float *buf, int32_t t0, int32_t nt,
                                                             int32_t g0, int32_t g1, const int kvt, const int NV)
 {
@@ -583,6 +604,8 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
     }
     float *e = buf, *qp = e + j->tile_e_floats, *o = qp + (int64_t)ATTN_TILE_MAX * j->nh * hdp;
     float *inv_z = o + (int64_t)ATTN_TILE_MAX * j->nh * hdp;
+    float *rows_w = inv_z + attn_round16(ATTN_TILE_MAX * j->nh);
+    const int64_t gw = (int64_t)(g1 - g0) * hd; /* the item's run of a row */
 
     for (int32_t tt = 0; tt < nt; tt++) {
         const float *q = j->qkv + (int64_t)(t0 + tt) * row + (int64_t)h0 * hd;
@@ -616,6 +639,11 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
         const int64_t kb = (int64_t)table[blk] * bs * kvw + (int64_t)g0 * hd;
         for (int32_t r = c0 < jlo ? jlo - c0 : 0; r < rows; r += CM_LANES) {
             const int32_t jj0 = c0 + r, nr = rows - r < CM_LANES ? rows - r : CM_LANES;
+            /* the group's K rows as f32: the cache itself, or widened once */
+            const float *kf = kvt == CPU_KV_F32 ? (const float *)j->k_cache + kb + (int64_t)r * kvw
+                                                : attn_widen_rows(rows_w, j->k_cache, kb + (int64_t)r * kvw, kvw, gw,
+                                                                  nr, kvt);
+            const int64_t ks = kvt == CPU_KV_F32 ? kvw : gw;
             for (int32_t tt = 0; tt < nt; tt++) {
                 const int32_t ra = lo[tt] - jj0 > 0 ? lo[tt] - jj0 : 0, rb = n[tt] - jj0 < nr ? n[tt] - jj0 : nr;
                 if (ra >= rb) { /* the token reaches none of these rows */
@@ -627,7 +655,7 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
                 for (int32_t hi = 0; hi < nhi; hi++) {
                     const int32_t q = tt * nhi + hi;
                     const float *qq = qp + (int64_t)q * hdp;
-                    const int64_t kr = kb + (int64_t)r * kvw + (int64_t)(hi / G) * hd;
+                    const int64_t kr = (int64_t)(hi / G) * hd;
                     enum { P = CM_LANES / ATTN_VW };
                     const int32_t NW = NV * P; /* <= 16: NV <= 8 */
                     attn_vf qv[16];
@@ -643,7 +671,7 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
                             for (int32_t p = 0; p < P; p++)
                                 part[p] = (attn_vf){0.0f};
                             for (int32_t w = 0; w < NW; w++)
-                                part[w % P] = part[w % P] + qv[w] * attn_loadw(j->k_cache, kr + i * kvw + ATTN_VW * w, kvt);
+                                part[w % P] = part[w % P] + qv[w] * attn_loadw(kf, kr + i * ks + ATTN_VW * w, CPU_KV_F32);
                             memcpy(&acc[i], part, sizeof acc[i]);
                         } else {
                             /* any hd: q from L1 (zero-padded to hdp), the tail
@@ -655,13 +683,13 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
                             for (; w < hd / ATTN_VW; w++) {
                                 attn_vf qw;
                                 memcpy(&qw, qq + ATTN_VW * w, sizeof qw);
-                                part[w % P] = part[w % P] + qw * attn_loadw(j->k_cache, kr + i * kvw + ATTN_VW * w, kvt);
+                                part[w % P] = part[w % P] + qw * attn_loadw(kf, kr + i * ks + ATTN_VW * w, CPU_KV_F32);
                             }
                             if (hd % ATTN_VW) {
                                 attn_vf qw;
                                 memcpy(&qw, qq + ATTN_VW * w, sizeof qw);
-                                part[w % P] = part[w % P] + qw * attn_loadw_part(j->k_cache, kr + i * kvw + ATTN_VW * w,
-                                                                                 hd % ATTN_VW, kvt);
+                                part[w % P] = part[w % P] + qw * attn_loadw_part(kf, kr + i * ks + ATTN_VW * w,
+                                                                                 hd % ATTN_VW, CPU_KV_F32);
                             }
                             memcpy(&acc[i], part, sizeof acc[i]);
                         }
@@ -703,13 +731,17 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
         attn_prefetch_block(j->v_cache, table, blk + ATTN_PF_BLOCKS, bs, jhi, kvw, (int64_t)g0 * hd, run_bytes, eb);
         for (int32_t r = c0 < jlo ? jlo - c0 : 0; r < rows; r += CM_LANES) {
             const int32_t jj0 = c0 + r, nr = rows - r < CM_LANES ? rows - r : CM_LANES;
+            const float *vf = kvt == CPU_KV_F32 ? (const float *)j->v_cache + vb + (int64_t)r * kvw
+                                                : attn_widen_rows(rows_w, j->v_cache, vb + (int64_t)r * kvw, kvw, gw,
+                                                                  nr, kvt);
+            const int64_t vs = kvt == CPU_KV_F32 ? kvw : gw;
             for (int32_t tt = 0; tt < nt; tt++) {
                 const int32_t ra = lo[tt] - jj0 > 0 ? lo[tt] - jj0 : 0, rb = n[tt] - jj0 < nr ? n[tt] - jj0 : nr;
                 for (int32_t hi = 0; hi < nhi && ra < rb; hi++) {
                     const int32_t q = tt * nhi + hi;
                     float *oq = o + (int64_t)q * hdp;
                     const float *eq = e + (int64_t)(jj0 - jlo) * npp + q;
-                    const int64_t vr = vb + (int64_t)r * kvw + (int64_t)(hi / G) * hd;
+                    const int64_t vr = (int64_t)(hi / G) * hd;
                     if (NV > 0) {
                         const int32_t NW = NV * (CM_LANES / ATTN_VW); /* <= 16: NV <= 8 */
                         attn_vf ov[16];
@@ -717,7 +749,7 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
                         for (int32_t i = ra; i < rb; i++) {
                             const float ej = eq[(int64_t)i * npp];
                             for (int32_t w = 0; w < NW; w++)
-                                ov[w] = ov[w] + ej * attn_loadw(j->v_cache, vr + i * kvw + ATTN_VW * w, kvt);
+                                ov[w] = ov[w] + ej * attn_loadw(vf, vr + i * vs + ATTN_VW * w, CPU_KV_F32);
                         }
                         memcpy(oq, ov, (size_t)NW * sizeof ov[0]);
                     } else {
@@ -729,13 +761,13 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, f
                             for (; w < hd / ATTN_VW; w++) {
                                 attn_vf ow;
                                 memcpy(&ow, oq + ATTN_VW * w, sizeof ow);
-                                ow = ow + ej * attn_loadw(j->v_cache, vr + i * kvw + ATTN_VW * w, kvt);
+                                ow = ow + ej * attn_loadw(vf, vr + i * vs + ATTN_VW * w, CPU_KV_F32);
                                 memcpy(oq + ATTN_VW * w, &ow, sizeof ow);
                             }
                             if (hd % ATTN_VW) {
                                 attn_vf ow;
                                 memcpy(&ow, oq + ATTN_VW * w, sizeof ow);
-                                ow = ow + ej * attn_loadw_part(j->v_cache, vr + i * kvw + ATTN_VW * w, hd % ATTN_VW, kvt);
+                                ow = ow + ej * attn_loadw_part(vf, vr + i * vs + ATTN_VW * w, hd % ATTN_VW, CPU_KV_F32);
                                 memcpy(oq + ATTN_VW * w, &ow, sizeof ow);
                             }
                         }
@@ -973,7 +1005,8 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
                                2 * (size_t)nh * (size_t)job.hdp;
     const size_t tile_floats = nt_max < 2 ? 0
                                           : (size_t)tile_e + (size_t)attn_round16(ATTN_TILE_MAX * nh) +
-                                                2 * (size_t)ATTN_TILE_MAX * (size_t)nh * (size_t)job.hdp;
+                                                2 * (size_t)ATTN_TILE_MAX * (size_t)nh * (size_t)job.hdp +
+                                                (ce->kv == CPU_KV_F32 ? 0 : (size_t)CM_LANES * (size_t)nkv * (size_t)hd);
     job.chunk_floats = item_floats > tile_floats ? item_floats : tile_floats;
     const int32_t per_worker = (n_chunks + ce->n_threads - 1) / ce->n_threads;
     rc = cpu_exec_scratch(ce, (size_t)per_worker * job.chunk_floats);
