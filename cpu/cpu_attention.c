@@ -272,24 +272,6 @@ static inline __attribute__((always_inline)) attn_vf attn_loadw_part(const void 
 /* At most this many chunks in all (the chunk table lives on the stack). */
 #define MAX_CHUNKS 256
 
-/* 16 cache elements from element e of c (type kvt), widened exactly */
-static inline __attribute__((always_inline)) cm_v16f kv_load(const void *c, int64_t e, const int kvt)
-{
-    if (kvt == CPU_KV_F32)
-        return cm_load((const float *)c + e);
-    return kvt == CPU_KV_BF16 ? cm_load_bf16((const uint16_t *)c + e) : cm_load_f16((const uint16_t *)c + e);
-}
-
-/* elements [e, e + n) of c, zeros after; 0 <= n <= 16 (reads only n) */
-static inline __attribute__((always_inline)) cm_v16f kv_load_part(const void *c, int64_t e, int32_t n, const int kvt)
-{
-    if (kvt == CPU_KV_F32)
-        return cm_load_part((const float *)c + e, n);
-    uint16_t h[CM_LANES] = {0};
-    memcpy(h, (const uint16_t *)c + e, (size_t)n * sizeof(uint16_t));
-    return kvt == CPU_KV_BF16 ? cm_load_bf16(h) : cm_load_f16(h);
-}
-
 /* dot(qp, k) in 16 lanes (before the tree) into *acc; qp is zero-padded
  * to 16 * (nv + !!rem) floats, k = elements [ke, ke + nv * 16 + rem) of
  * the cache c. Lane l is lane l % ATTN_VW of part l / ATTN_VW (the
@@ -321,10 +303,12 @@ static inline __attribute__((always_inline)) void attn_dot_lanes(cm_v16f *acc, c
 static inline __attribute__((always_inline)) void attn_axpy(float *o, float e, const void *c, int64_t ve, int32_t nv,
                                                             int32_t rem, const int kvt)
 {
-    for (int32_t i = 0; i < nv; i++)
-        cm_store(o + CM_LANES * i, cm_load(o + CM_LANES * i) + e * kv_load(c, ve + CM_LANES * i, kvt));
-    if (rem)
-        cm_store(o + CM_LANES * nv, cm_load(o + CM_LANES * nv) + e * kv_load_part(c, ve + CM_LANES * nv, rem, kvt));
+    const int32_t nw = (CM_LANES * nv + rem) / ATTN_VW, tail = (CM_LANES * nv + rem) % ATTN_VW;
+    for (int32_t w = 0; w < nw; w++)
+        attn_vstore(o + ATTN_VW * w, attn_vload(o + ATTN_VW * w) + e * attn_loadw(c, ve + ATTN_VW * w, kvt));
+    if (tail)
+        attn_vstore(o + ATTN_VW * nw,
+                    attn_vload(o + ATTN_VW * nw) + e * attn_loadw_part(c, ve + ATTN_VW * nw, tail, kvt));
 }
 
 /* How many KV blocks ahead of the one being read a walk prefetches. A
