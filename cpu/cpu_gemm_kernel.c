@@ -40,6 +40,7 @@
  * the vector kernels) and for non-x86 builds (where fmaf is one
  * instruction and the lanes vectorize).
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -583,8 +584,11 @@ static const gemm_tile_fn gemv_tiles[WK_COUNT][GEMV_NR + 1] = {GEMV_ROW(WK_F32),
  * 4's, then s8[0]: s4[0]; ... lane 15 ends in y = s2[0] + s2[1]). Each sum
  * pairs exactly the operands of the canonical tree (an IEEE addition is
  * commutative), so every output gets the same bits as gemm_tile's.
- * Buffers: malloc'd per call (x block + one w panel + 4 slots per row
- * tile, up to ~2.3 MiB); where that fails the call falls back to gemm_tile.
+ * Buffers: x block + one w panel + 4 slots per row tile, up to ~2.3 MiB,
+ * kept per thread between calls (pk_scratch): malloc'd per call they were
+ * returned to the kernel and faulted in again, 2 MiB at a time (perf,
+ * `pagedgen perplexity`: ~1.5% of the samples zeroing pages); where the
+ * allocation fails the call falls back to gemm_tile.
  * Measured (gemm_bench 1 ms=... cputime, Zen 3, 1 thread, loaded machine):
  * at M = 128 gemm_tile ran at 0.60-0.75x OpenBLAS sgemm on the 110m
  * shapes, this path at 0.92-1.0x (70-80 GFLOP/s of a ~90 ceiling); bf16
@@ -820,6 +824,44 @@ typedef void (*pk_pack_w_fn)(float *wp, const void *w, int64_t e0, int32_t ncols
 static const pk_pack_w_fn pk_pack_ws[WK_COUNT] = {pk_pack_w_WK_F32, pk_pack_w_WK_BF16, pk_pack_w_WK_I8,
                                                  pk_pack_w_WK_I8_ANY};
 
+/* This thread's pk_cols buffer of at least n floats, or NULL. The buffer
+ * lives as long as the thread (freed by the key's destructor when a pool
+ * thread exits; the main thread's stays reachable until exit). */
+static pthread_key_t pk_key;
+static pthread_once_t pk_key_once = PTHREAD_ONCE_INIT;
+typedef struct pk_scratch_buf {
+    size_t cap;
+    float *p;
+} pk_scratch_buf;
+static void pk_scratch_free(void *v)
+{
+    pk_scratch_buf *b = v;
+    free(b->p);
+    free(b);
+}
+static void pk_key_make(void)
+{
+    (void)pthread_key_create(&pk_key, pk_scratch_free);
+}
+static float *pk_scratch(size_t n)
+{
+    (void)pthread_once(&pk_key_once, pk_key_make);
+    pk_scratch_buf *b = pthread_getspecific(pk_key);
+    if (!b) {
+        b = calloc(1, sizeof *b);
+        if (!b || pthread_setspecific(pk_key, b) != 0) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (b->cap < n) {
+        free(b->p);
+        b->p = malloc(n * sizeof(float));
+        b->cap = b->p ? n : 0;
+    }
+    return b->p;
+}
+
 /* Columns [n0, n1) of y for all M rows on the lane-major path; 0 on
  * success, -1 (nothing written) where its buffers cannot be allocated. */
 static int pk_cols(float *y, int64_t ldy, const float *x, const void *w, int wk, int32_t M, int32_t K, int32_t n0,
@@ -834,7 +876,7 @@ static int pk_cols(float *y, int64_t ldy, const float *x, const void *w, int wk,
     const int32_t tiles = mc / PK_MR;
     const size_t x_floats = (size_t)mc * GEMM_LANES * S, w_floats = (size_t)GEMM_LANES * S * PK_NR;
     const int64_t slot_stride = (int64_t)tiles * PK_MR * PK_NR;
-    float *buf = malloc((x_floats + w_floats + 4 * (size_t)slot_stride) * sizeof(float));
+    float *buf = pk_scratch(x_floats + w_floats + 4 * (size_t)slot_stride);
     if (!buf)
         return -1;
     float *xp = buf, *wp = xp + x_floats, *slots = wp + w_floats;
@@ -855,7 +897,6 @@ static int pk_cols(float *y, int64_t ldy, const float *x, const void *w, int wk,
             }
         }
     }
-    free(buf);
     return 0;
 }
 #endif
