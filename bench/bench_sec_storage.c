@@ -92,7 +92,13 @@ int bench_section_storage(bench_ctx *c)
             pg_error err = {{0}};
             cpu_executor_params cp = {.threads = c->threads, .wt_dtype = (int32_t)storage_cfgs[k].wt,
                                       .kv_dtype = (int32_t)storage_cfgs[k].kv,
-                                      .matmul_precision = (int32_t)storage_cfgs[k].matmul};
+                                      .matmul_precision = (int32_t)storage_cfgs[k].matmul,
+                                      /* the pool's pages written at load (in load_s), as llama.cpp
+                                       * clears its KV buffer when it creates a context
+                                       * (src/llama-kv-cache.cpp, ggml_backend_buffer_clear; 0.5.0):
+                                       * the timed steps of both sides then exclude the kernel's
+                                       * first-touch page zeroing */
+                                      .prefault_kv = true};
             if ((rc = bench_model_load_with(&bm, dir, &cp, &mp, &err)) != 0) {
                 fprintf(stderr, "pagedgen_bench: loading %s: %s\n", dir, err.msg);
                 break;

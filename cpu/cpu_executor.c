@@ -151,6 +151,8 @@ static void *cpu_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
     if (align == CPU_HUGE_PAGE_BYTES)
         (void)madvise(p, bytes, MADV_HUGEPAGE);
 #endif
+    if (kind == EXEC_KV && ce->prefault_kv)
+        memset(p, 0, bytes);
     return p;
 }
 
@@ -428,6 +430,7 @@ int cpu_executor_create(executor **out, const cpu_executor_params *p, pg_error *
     if (!ce)
         return pg_error_set(err, PG_ENOMEM, "cpu executor: out of memory");
     ce->precision = precision;
+    ce->prefault_kv = p && p->prefault_kv;
     ce->wt = (cpu_wt)wt;
     ce->kv = (cpu_kv)kv;
     ce->base.op = &cpu_ops_table;

@@ -34,6 +34,7 @@
 #ifndef PG_CPU_EXECUTOR_H
 #define PG_CPU_EXECUTOR_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "executor.h"
@@ -55,6 +56,11 @@ typedef struct cpu_executor_params {
      * canonical order above. bf16 needs wt_dtype bf16, int8 needs int8
      * (PG_EINVAL otherwise). */
     int32_t matmul_precision;
+    /* Write the KV cache's pages when it is allocated (benchmarks: as
+     * llama.cpp clears its KV buffer when a context is created, so the
+     * first steps do not pay the kernel's page zeroing; the CLI leaves a
+     * pool of 40% of memory to be touched as it fills). Values unchanged. */
+    bool prefault_kv;
 } cpu_executor_params;
 
 /* Creates a CPU executor; destroy with (*out)->op->destroy(*out).

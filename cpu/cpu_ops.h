@@ -4,6 +4,7 @@
 #ifndef PG_CPU_OPS_H
 #define PG_CPU_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,7 @@ typedef struct cpu_exec {
     cpu_wt wt;              /* storage of EXEC_WT buffers */
     cpu_kv kv;              /* storage of EXEC_KV buffers */
     int32_t precision;      /* cpu_matmul_precision of matmul and logits */
+    bool prefault_kv;       /* cpu_executor_params.prefault_kv */
     void *act_q;            /* [act_q_cap] bytes: x rounded / quantized for a mode's product */
     size_t act_q_cap;
     cpu_scratch *scratch;   /* [n_threads] */
