@@ -28,6 +28,13 @@
  * (tests/ops/test_attention_fast.c checks it). exp(-inf) = 0, x < -104
  * gives +0, x > 88.73 gives +inf, NaN gives NaN.
  *
+ * A caveat measured on AVX2 with GCC 12: arithmetic on cm_v16f splits into
+ * two ymm well, but its comparisons become a compare and branch per lane,
+ * its shuffles lane moves, and a value joined from two ymm a trip through
+ * general registers. Hot loops on such machines therefore run 8 lanes at a
+ * time (cm_exp8; cpu_attention.c's attn_vf), and cm_hsum16 has an AVX2
+ * form; the bits are the same.
+ *
  * Functions are static inline in this header; cm_v16f arguments are passed
  * by value between inlined helpers of one translation unit, never across an
  * ABI boundary, so GCC's -Wpsabi note about 64-byte vectors on narrower
@@ -73,14 +80,6 @@ static inline cm_v16f cm_load(const float *p)
     return v;
 }
 
-/* p[0..n), zeros after; 0 <= n <= 16 (reads only n floats) */
-static inline cm_v16f cm_load_part(const float *p, int32_t n)
-{
-    cm_v16f v = cm_zero();
-    memcpy(&v, p, (size_t)n * sizeof(float));
-    return v;
-}
-
 static inline void cm_store(float *p, cm_v16f v)
 {
     memcpy(p, &v, sizeof v);
@@ -90,11 +89,6 @@ static inline void cm_store(float *p, cm_v16f v)
 static inline cm_v16f cm_select(cm_v16i m, cm_v16f a, cm_v16f b)
 {
     return (cm_v16f)(((cm_v16i)a & m) | ((cm_v16i)b & ~m));
-}
-
-static inline cm_v16f cm_max(cm_v16f a, cm_v16f b)
-{
-    return cm_select(a > b, a, b);
 }
 
 /* The fixed summing tree over the 16 lanes (the one cpu_gemm.h uses):
@@ -172,15 +166,6 @@ static inline cm_v16f cm_hsum16(const cm_v16f *a)
     return __builtin_shufflevector(p[0], p[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
            __builtin_shufflevector(p[0], p[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 #endif
-}
-
-/* max over the 16 lanes (exact whatever the order, but written as a tree) */
-static inline float cm_hmax(cm_v16f a)
-{
-    float m = a[0];
-    for (int i = 1; i < CM_LANES; i++)
-        m = a[i] > m ? a[i] : m;
-    return m;
 }
 
 /* 16 bf16 at p (any alignment) -> f32: the bits shifted up by 16 (exact) */
