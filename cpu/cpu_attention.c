@@ -209,9 +209,7 @@ static void attn_ref_worker(void *ctx, int32_t worker, int32_t n_workers)
 #endif
 #endif
 typedef float attn_vf __attribute__((vector_size(ATTN_VW * 4)));
-typedef uint32_t attn_vu __attribute__((vector_size(ATTN_VW * 4)));
 typedef int32_t attn_vi __attribute__((vector_size(ATTN_VW * 4)));
-typedef uint16_t attn_vh __attribute__((vector_size(ATTN_VW * 2)));
 
 /* exp and max of ATTN_VW lanes: cm_exp's bits lane by lane; a > b ? a : b */
 static inline __attribute__((always_inline)) attn_vf attn_vexp(attn_vf x)
@@ -239,7 +237,7 @@ static inline __attribute__((always_inline)) void attn_vstore(float *p, attn_vf 
 }
 
 /* ATTN_VW cache elements from element e of c (type kvt), widened exactly
- * as cm_load_bf16 / cm_load_f16 do */
+ * (cpu_math.h: cm_load_bf16 / cm_load_f16 at this width) */
 static inline __attribute__((always_inline)) attn_vf attn_loadw(const void *c, int64_t e, const int kvt)
 {
     attn_vf v;
@@ -247,17 +245,12 @@ static inline __attribute__((always_inline)) attn_vf attn_loadw(const void *c, i
         memcpy(&v, (const float *)c + e, sizeof v);
         return v;
     }
-    attn_vh h;
-    memcpy(&h, (const uint16_t *)c + e, sizeof h);
-    const attn_vu u = __builtin_convertvector(h, attn_vu);
-    if (kvt == CPU_KV_BF16)
-        return (attn_vf)(u << 16);
-    const attn_vu em = (u & 0x7fffu) << 13;
-    const attn_vf fin = (attn_vf)em * 0x1p112f;
-    const attn_vf nonfin = (attn_vf)(em | 0x7f800000u);
-    const attn_vi big = (attn_vi)(em >= (0x7c00u << 13));
-    v = (attn_vf)(((attn_vi)nonfin & big) | ((attn_vi)fin & ~big));
-    return (attn_vf)((attn_vu)v | ((u & 0x8000u) << 16));
+    const uint16_t *h = (const uint16_t *)c + e;
+#if ATTN_VW == 8
+    return kvt == CPU_KV_BF16 ? cm_load_bf16_8(h) : cm_load_f16_8(h);
+#else
+    return kvt == CPU_KV_BF16 ? cm_load_bf16(h) : cm_load_f16(h);
+#endif
 }
 
 /* elements [e, e + n) of c, zeros after; 0 < n < ATTN_VW (reads only n) */

@@ -85,12 +85,6 @@ static inline void cm_store(float *p, cm_v16f v)
     memcpy(p, &v, sizeof v);
 }
 
-/* lane i: m[i] ? a[i] : b[i] (m lanes are 0 or -1, as comparisons give) */
-static inline cm_v16f cm_select(cm_v16i m, cm_v16f a, cm_v16f b)
-{
-    return (cm_v16f)(((cm_v16i)a & m) | ((cm_v16i)b & ~m));
-}
-
 /* The fixed summing tree over the 16 lanes (the one cpu_gemm.h uses):
  * s8[i] = a[i] + a[i+8], s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2],
  * sum = s2[0] + s2[1]. */
@@ -168,37 +162,40 @@ static inline cm_v16f cm_hsum16(const cm_v16f *a)
 #endif
 }
 
-/* 16 bf16 at p (any alignment) -> f32: the bits shifted up by 16 (exact) */
-static inline cm_v16f cm_load_bf16(const uint16_t *p)
-{
-#if defined(__AVX512F__)
-    /* one widening load + one shift (the generic form below compiles to two
-     * 8-lane halves and an insert under GCC's 256-bit preference); same bits */
-    return (cm_v16f)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
-#else
-    cm_v16h h;
-    memcpy(&h, p, sizeof h);
-    return (cm_v16f)(__builtin_convertvector(h, cm_v16u) << 16);
-#endif
-}
-
-/* 16 IEEE binary16 at p -> binary32, exact, with integer operations
- * and one multiply by a power of two (no F16C needed, the same bits on every
- * ISA): the exponent and mantissa fields, moved to f32's positions, read as
- * an f32 2^112 times too small (an f16 subnormal lands on an f32 subnormal,
- * whose scaling is exact as well: the default MXCSR has no DAZ); inf and NaN
+/* Widening 16-bit storage to f32, exactly, at either width (cm_load_bf16 /
+ * cm_load_f16: 16 lanes; cm_load_bf16_8 / cm_load_f16_8: 8, what AVX2 hot
+ * loops use); lanes are independent, so both widths give the same bits.
+ * bf16: the bits shifted up by 16. f16: integer operations and one multiply
+ * by a power of two (no F16C needed, the same bits on every ISA): the
+ * exponent and mantissa fields, moved to f32's positions, read as an f32
+ * 2^112 times too small (an f16 subnormal lands on an f32 subnormal, whose
+ * scaling is exact as well: the default MXCSR has no DAZ); inf and NaN
  * (exponent 31) get f32's all-ones exponent, payload kept; then the sign. */
-static inline cm_v16f cm_load_f16(const uint16_t *p)
-{
-    cm_v16h h;
-    memcpy(&h, p, sizeof h);
-    const cm_v16u u = __builtin_convertvector(h, cm_v16u);
-    const cm_v16u em = (u & 0x7fffu) << 13;
-    const cm_v16f fin = (cm_v16f)em * 0x1p112f;
-    const cm_v16f nonfin = (cm_v16f)(em | 0x7f800000u);
-    const cm_v16f v = cm_select((cm_v16i)(em >= (0x7c00u << 13)), nonfin, fin);
-    return (cm_v16f)((cm_v16u)v | ((u & 0x8000u) << 16));
-}
+#define CM_WIDEN_DEFINE(bf16_name, f16_name, VF, VI, VU, VH)                                              \
+    static inline VF bf16_name(const uint16_t *p)                                                         \
+    {                                                                                                     \
+        VH h;                                                                                             \
+        memcpy(&h, p, sizeof h);                                                                          \
+        return (VF)(__builtin_convertvector(h, VU) << 16);                                                \
+    }                                                                                                     \
+    static inline VF f16_name(const uint16_t *p)                                                          \
+    {                                                                                                     \
+        VH h;                                                                                             \
+        memcpy(&h, p, sizeof h);                                                                          \
+        const VU u = __builtin_convertvector(h, VU);                                                      \
+        const VU em = (u & 0x7fffu) << 13;                                                                \
+        const VF fin = (VF)em * 0x1p112f;                                                                 \
+        const VF nonfin = (VF)(em | 0x7f800000u);                                                         \
+        const VI big = (VI)(em >= (0x7c00u << 13));                                                       \
+        const VF v = (VF)(((VI)nonfin & big) | ((VI)fin & ~big));                                         \
+        return (VF)((VU)v | ((u & 0x8000u) << 16));                                                       \
+    }
+typedef int32_t cm_v8i __attribute__((vector_size(32)));
+typedef uint32_t cm_v8u __attribute__((vector_size(32)));
+typedef uint16_t cm_v8h __attribute__((vector_size(16)));
+CM_WIDEN_DEFINE(cm_load_bf16, cm_load_f16, cm_v16f, cm_v16i, cm_v16u, cm_v16h)
+CM_WIDEN_DEFINE(cm_load_bf16_8, cm_load_f16_8, cm_v8f, cm_v8i, cm_v8u, cm_v8h)
+#undef CM_WIDEN_DEFINE
 
 /* e^x in every lane (see the header comment for method and accuracy),
  * defined once for any vector width: cm_exp on 16 lanes, cm_exp8 on 8.
@@ -230,8 +227,6 @@ static inline cm_v16f cm_load_f16(const uint16_t *p)
         const VF s2 = (VF)((n2 + 127u) << 23);                                                                  \
         return (p * s1) * s2;                                                                                   \
     }
-typedef int32_t cm_v8i __attribute__((vector_size(32)));
-typedef uint32_t cm_v8u __attribute__((vector_size(32)));
 CM_EXP_DEFINE(cm_exp, cm_v16f, cm_v16i, cm_v16u)
 CM_EXP_DEFINE(cm_exp8, cm_v8f, cm_v8i, cm_v8u)
 #undef CM_EXP_DEFINE

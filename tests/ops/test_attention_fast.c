@@ -450,7 +450,8 @@ static void test_fast_vs_ref(void **state)
 
 /* cm_load_bf16 / cm_load_f16 against weights/dtype.c's scalar
  * conversions on every one of the 65536 bit patterns (NaNs: still NaN,
- * sign and payload kept). */
+ * sign and payload kept); the 8-lane forms (what attention's AVX2 loops
+ * read the cache with) give the 16-lane forms' bits. */
 static void test_widen_16bit(void **state)
 {
     (void)state;
@@ -459,6 +460,13 @@ static void test_widen_16bit(void **state)
         for (int i = 0; i < 16; i++)
             h[i] = (uint16_t)(base + (uint32_t)i);
         const cm_v16f b = cm_load_bf16(h), f = cm_load_f16(h);
+        for (int half = 0; half < 2; half++) {
+            const cm_v8f b8 = cm_load_bf16_8(h + 8 * half), f8 = cm_load_f16_8(h + 8 * half);
+            if (memcmp(&b8, (const float *)&b + 8 * half, sizeof b8) != 0)
+                fail_msg("cm_load_bf16_8 at 0x%04x differs from cm_load_bf16", (unsigned)(base + 8u * (unsigned)half));
+            if (memcmp(&f8, (const float *)&f + 8 * half, sizeof f8) != 0)
+                fail_msg("cm_load_f16_8 at 0x%04x differs from cm_load_f16", (unsigned)(base + 8u * (unsigned)half));
+        }
         for (int i = 0; i < 16; i++) {
             const float wb = pg_bf16_to_f32(h[i]), wf = pg_f16_to_f32(h[i]);
             const float gb = b[i], gf = f[i];
