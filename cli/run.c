@@ -909,6 +909,10 @@ static int shard_resolve(cli_options *o, char **path, pg_error *err)
     if (strcmp(o->output_path, "-") != 0) {
         size_t l = strlen(o->output_path);
         bool is_dir = pg_dir_exists(o->output_path) == 1 || (l > 0 && o->output_path[l - 1] == '/');
+        /* -o out/: every task of the array may be the first (EEXIST is fine) */
+        if (is_dir && mkdir(o->output_path, 0755) != 0 && errno != EEXIST)
+            return pg_error_set(err, PG_EIO, "-o %s: cannot create the directory: %s", o->output_path,
+                                strerror(errno));
         int rc = cli_shard_output_path(o->output_path, is_dir, o->input_path, o->shard_k, o->shard_n, path, err);
         if (rc != PG_OK)
             return rc;
@@ -1037,7 +1041,7 @@ int cli_run_generate(const cli_options *opts)
     s->out_fd = -1;
     int src = shard_resolve(&local, &shard_path, &s->err);
     if (src != PG_OK) {
-        fail(s, src == PG_ENOMEM ? CLI_EXIT_IO : CLI_EXIT_USAGE, NULL);
+        fail(s, src == PG_ENOMEM || src == PG_EIO ? CLI_EXIT_IO : CLI_EXIT_USAGE, NULL);
         goto done;
     }
     int done_code = 0;

@@ -730,8 +730,7 @@ def case_shard_auto():
         inp, want = shard_ref(tmp)
         base = ["-m", MODEL, "-q", "-i", inp] + RESUME_FLAGS
         # SLURM --array=1-4 into a directory: in.K-of-4.jsonl, K = ID - MIN
-        d = os.path.join(tmp, "slurm") + "/"
-        os.mkdir(d)
+        d = os.path.join(tmp, "slurm") + "/"  # created by the first task
         for tid in range(1, 5):
             env = {"SLURM_ARRAY_TASK_ID": str(tid), "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "4",
                    "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_STEP": "1"}
