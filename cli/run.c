@@ -918,6 +918,9 @@ static int shard_resolve(cli_options *o, char **path, pg_error *err)
             return rc;
         if (*path)
             o->output_path = *path;
+        else if (o->shard_auto)
+            return pg_error_set(err, PG_EINVAL, "--shard auto: every task of the array would write -o %s: put "
+                                "{shard} in its name or give a directory (-o out/)", o->output_path);
     }
     if (o->shard_auto && !o->quiet)
         fprintf(stderr, "pagedgen: --shard auto: shard %d of %d (%s), output %s\n", (int)o->shard_k,

@@ -806,6 +806,10 @@ def case_shard_auto():
         rc, _, err = run_env(base + ["--shard", "auto"], {})
         check(rc == 2 and b"SLURM_ARRAY_TASK_ID" in err and b"JOB_COMPLETION_INDEX" in err
               and b"AWS_BATCH_JOB_ARRAY_INDEX" in err, f"no scheduler: exit {rc}: {err.decode()}")
+        rc, _, err = run_env(base + ["--shard", "auto", "-o", os.path.join(tmp, "same.jsonl")],
+                             {"AWS_BATCH_JOB_ARRAY_INDEX": "0", "AWS_BATCH_JOB_ARRAY_SIZE": "4"})
+        check(rc == 2 and b"{shard}" in err and not os.path.exists(os.path.join(tmp, "same.jsonl")),
+              f"auto with one -o FILE for every task: exit {rc}: {err.decode()}")
         rc, _, err = run_env(base + ["--shard", "auto/5"], {"AWS_BATCH_JOB_ARRAY_INDEX": "0",
                                                              "AWS_BATCH_JOB_ARRAY_SIZE": "4"})
         check(rc == 2 and b"AWS_BATCH_JOB_ARRAY_SIZE" in err, f"auto/5 vs size 4: exit {rc}: {err.decode()}")

@@ -55,10 +55,16 @@ def check(cond, msg):
         raise Fail(msg)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """n distinct free TCP ports (all bound at once, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def wait_for(cond, timeout, what):
@@ -128,11 +134,12 @@ class Cluster:
             raise Skip(f"munged did not start: {tail(os.path.join(t, 'log', 'munged.log'))}")
         user = subprocess.run(["id", "-un"], stdout=subprocess.PIPE).stdout.decode().strip()
         host = socket.gethostname().split(".")[0]
+        ctld_port, slurmd_port = free_ports(2)
         conf = f"""# pagedgen tests/slurm: one node on localhost, no cgroups, no accounting
 ClusterName=pgtest
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
 AuthType=auth/munge
 AuthInfo=socket={self.sock}
 CredType=cred/munge
