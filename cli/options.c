@@ -428,9 +428,10 @@ static const char *const overview_help =
 "  tokenize        write the token ids of each input line\n"
 "  chat-template   render chat requests with the chat template (check prompts)\n"
 "  perplexity      llama-perplexity's estimate of a model over a text file\n"
+"  merge           join --shard outputs into one file in input order, checked\n"
 "\n"
-"`pagedgen generate --help`, `pagedgen tokenize --help` and\n"
-"`pagedgen chat-template --help` list every flag.\n"
+"`pagedgen generate --help`, `pagedgen tokenize --help`,\n"
+"`pagedgen chat-template --help` and `pagedgen merge --help` list every flag.\n"
 "\n";
 
 void cli_options_help(FILE *f, cli_command cmd)
