@@ -866,9 +866,13 @@ def case_merge():
         # one shard twice
         rc, _, err = merge(inp, [files[0], files[1], files[1], files[2]], out)
         check(rc == 2 and b"given twice" in err, f"shard twice: exit {rc}: {err.decode()}")
-        # N that disagrees
-        rc, _, err = merge(inp, [files[0], os.path.join(tmp, "k8s.1-of-4.jsonl")], out)
-        check(rc in (2, 4), f"mixed N / absent file: exit {rc}: {err.decode()}")
+        # N that disagrees (a file known by its name only), a file that is no shard
+        four = os.path.join(tmp, "x.1-of-4.jsonl")
+        open(four, "w").close()
+        rc, _, err = merge(inp, [files[0], four], out)
+        check(rc == 2 and b"one of 3" in err, f"mixed N: exit {rc}: {err.decode()}")
+        rc, _, err = merge(inp, [files[0], inp], out)
+        check(rc == 2 and b"cannot tell which shard" in err, f"not a shard: exit {rc}: {err.decode()}")
 
         # a record written twice (the marker updated to the new size): exit 1, listed
         dup = open(files[2], "rb").read()
