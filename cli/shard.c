@@ -339,30 +339,13 @@ static int field_int(const json_doc *d, const char *path, const char *key, int64
     return PG_OK;
 }
 
-int cli_shard_marker_read(const char *output, cli_shard_marker *m, pg_error *err)
+int cli_shard_marker_parse(const char *buf, size_t len, const char *path, cli_shard_marker *m, pg_error *err)
 {
     memset(m, 0, sizeof *m);
-    char *path = cli_shard_marker_path(output);
-    if (!path)
-        return pg_error_set(err, PG_ENOMEM, "out of memory");
-    if (access(path, F_OK) != 0 && errno == ENOENT) {
-        free(path);
-        return CLI_SHARD_NO_MARKER;
-    }
-    char *buf = NULL;
-    size_t len = 0;
-    int rc = pg_read_file(path, 1 << 20, &buf, &len, err);
-    if (rc != PG_OK) {
-        free(path);
-        return rc == PG_EFORMAT ? rc : PG_EIO;
-    }
     json_doc d;
-    rc = json_parse(&d, buf, len, path, err);
-    if (rc != PG_OK) {
-        pg_file_free(buf);
-        free(path);
+    int rc = json_parse(&d, buf, len, path, err);
+    if (rc != PG_OK)
         return PG_EFORMAT;
-    }
     int64_t v[7];
     static const char *const keys[] = {"pagedgen_shard", "shard", "of", "input_bytes", "records", "output_bytes",
                                        "exit_code"};
@@ -384,10 +367,12 @@ int cli_shard_marker_read(const char *output, cli_shard_marker *m, pg_error *err
          gi < 0 || json_get_string(&d, gi, &m->flags, NULL, NULL) != PG_OK))
         rc = pg_error_set(err, PG_EFORMAT, "%s: not a shard marker: input_fnv1a64, format or flags missing", path);
     if (rc == PG_OK) {
-        char *end;
-        m->input_hash = strtoull(hex, &end, 16);
-        if (*end)
-            rc = pg_error_set(err, PG_EFORMAT, "%s: input_fnv1a64 '%s' is not 16 hex digits", path, hex);
+        for (size_t i = 0; i < 16 && rc == PG_OK; i++)
+            if (!((hex[i] >= '0' && hex[i] <= '9') || (hex[i] >= 'a' && hex[i] <= 'f')))
+                rc = pg_error_set(err, PG_EFORMAT, "%s: input_fnv1a64 '%s' is not 16 hex digits", path, hex);
+    }
+    if (rc == PG_OK) {
+        m->input_hash = strtoull(hex, NULL, 16);
         m->k = (int32_t)v[1];
         m->n = (int32_t)v[2];
         m->input_bytes = v[3];
@@ -396,10 +381,30 @@ int cli_shard_marker_read(const char *output, cli_shard_marker *m, pg_error *err
         m->exit_code = (int32_t)v[6];
     }
     json_doc_free(&d);
-    pg_file_free(buf);
-    free(path);
     if (rc != PG_OK)
         cli_shard_marker_free(m);
+    return rc;
+}
+
+int cli_shard_marker_read(const char *output, cli_shard_marker *m, pg_error *err)
+{
+    memset(m, 0, sizeof *m);
+    char *path = cli_shard_marker_path(output);
+    if (!path)
+        return pg_error_set(err, PG_ENOMEM, "out of memory");
+    if (access(path, F_OK) != 0 && errno == ENOENT) {
+        free(path);
+        return CLI_SHARD_NO_MARKER;
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = pg_read_file(path, 1 << 20, &buf, &len, err);
+    if (rc == PG_OK)
+        rc = cli_shard_marker_parse(buf, len, path, m, err);
+    else if (rc != PG_EFORMAT)
+        rc = PG_EIO;
+    pg_file_free(buf);
+    free(path);
     return rc;
 }
 

@@ -71,6 +71,10 @@ char *cli_shard_marker_path(const char *output);
 /* Writes the marker of `output` atomically: OUTPUT.done.tmp, fsync,
  * rename. PG_EIO names the file. */
 int cli_shard_marker_write(const char *output, const cli_shard_marker *m, pg_error *err);
+/* Parses a marker's text (label names it in errors) into *m: PG_OK, or
+ * PG_EFORMAT naming the field (*m then holds nothing to free). Pure: the
+ * fuzz target tests/fuzz/fuzz_shard.c drives it. */
+int cli_shard_marker_parse(const char *buf, size_t len, const char *label, cli_shard_marker *m, pg_error *err);
 /* Reads OUTPUT.done into *m: PG_OK, CLI_SHARD_NO_MARKER when there is
  * none, PG_EIO when it cannot be read, PG_EFORMAT naming the file and
  * field when it is not a marker. */
