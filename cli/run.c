@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -80,6 +81,7 @@ typedef struct run_state {
      * after a resume, order[i] = the kept record's offset of the shard's
      * i-th request (or -1: written by this run), to sort the file back */
     bool shard_marker, track_order;
+    int lock_fd;          /* the output, flock()ed while a shard runs; -1 none */
     int64_t *order;
     size_t n_order, cap_order;
 } run_state;
@@ -880,6 +882,8 @@ static void teardown(run_state *s)
     if (s->out_fd > STDERR_FILENO)
         close(s->out_fd);
     cli_resume_destroy(s->resume);
+    if (s->lock_fd >= 0)
+        close(s->lock_fd);
     free(s->order);
     cli_id_set_destroy(s->ids);
     cli_reorder_destroy(s->reorder);
@@ -946,6 +950,24 @@ static int shard_check_marker(run_state *s, int *code)
     if (!mpath || cli_shard_flags_canonical(o->shaping, &flags) != PG_OK) {
         pg_error_set(&s->err, PG_ENOMEM, "out of memory");
         fail(s, CLI_EXIT_IO, NULL);
+        ret = -1;
+        goto out;
+    }
+    /* One writer per shard: a scheduler may start a task's replacement
+     * while the old one still runs (Kubernetes without
+     * podReplacementPolicy: Failed). Before anything is truncated or
+     * unlinked; file systems without flock (ENOLCK, EINVAL) go unlocked. */
+    s->lock_fd = open(o->output_path, O_RDWR | O_CREAT, 0644);
+    if (s->lock_fd < 0) {
+        pg_error_set(&s->err, PG_EIO, "%s: cannot open output: %s", o->output_path, strerror(errno));
+        fail(s, CLI_EXIT_IO, NULL);
+        ret = -1;
+        goto out;
+    }
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
+        pg_error_set(&s->err, PG_EINVAL, "%s: another pagedgen is writing this shard (it holds the file's "
+                     "lock): not started", o->output_path);
+        fail(s, CLI_EXIT_USAGE, NULL);
         ret = -1;
         goto out;
     }
@@ -1042,6 +1064,7 @@ int cli_run_generate(const cli_options *opts)
     char *shard_path = NULL;
     s->o = o;
     s->out_fd = -1;
+    s->lock_fd = -1;
     int src = shard_resolve(&local, &shard_path, &s->err);
     if (src != PG_OK) {
         fail(s, src == PG_ENOMEM || src == PG_EIO ? CLI_EXIT_IO : CLI_EXIT_USAGE, NULL);
@@ -1052,6 +1075,7 @@ int cli_run_generate(const cli_options *opts)
     if (mk < 0)
         goto done;
     if (mk > 0) {
+        close(s->lock_fd);
         free(shard_path);
         return done_code;
     }

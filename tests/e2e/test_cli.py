@@ -791,6 +791,21 @@ def case_shard_auto():
         check(rc == 0, f"merge k8s: exit {rc}: {err.decode()[-800:]}")
         check(out == want, "killed + resumed shard: merged file differs from the single run")
 
+        # one writer per shard: a second process on a shard that runs is refused, the first goes on
+        lone = os.path.join(tmp, "lone.{shard}.jsonl")
+        first = subprocess.Popen([EXE] + base + ["-o", lone, "--shard", "0/2"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+        lone0 = lone.replace("{shard}", "0-of-2")
+        deadline = time.time() + 120
+        while first.poll() is None and count_lines(lone0) < 3 and time.time() < deadline:
+            time.sleep(0.002)
+        check(first.poll() is None, "the first writer finished before the second could start")
+        rc, _, err = run(base + ["-o", lone, "--shard", "0/2", "--resume"])
+        check(rc == 2 and b"another pagedgen is writing" in err, f"second writer: exit {rc}: {err.decode()}")
+        _, err = first.communicate(timeout=120)
+        check(first.returncode in (0, 1) and os.path.exists(lone0 + ".done"),
+              f"the first writer: exit {first.returncode}: {err.decode()[-300:]}")
+
         # AWS Batch array job: index and size
         aws = []
         for k in range(2):
