@@ -101,4 +101,13 @@ bool cli_id_set_has(const cli_id_set *s, const char *key, size_t len)
     return find(s, key, len, cli_hash64(key, len))->key != NULL;
 }
 
+bool cli_id_set_get(const cli_id_set *s, const char *key, size_t len, int64_t *value)
+{
+    const slot *e = find(s, key, len, cli_hash64(key, len));
+    if (!e->key)
+        return false;
+    *value = e->value;
+    return true;
+}
+
 size_t cli_id_set_count(const cli_id_set *s) { return s->count; }

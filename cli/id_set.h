@@ -19,6 +19,8 @@ void cli_id_set_destroy(cli_id_set *s);       /* accepts NULL */
  * negative pg_status (PG_ENOMEM). */
 int cli_id_set_add(cli_id_set *s, const char *key, size_t len, int64_t value, int64_t *existing);
 bool cli_id_set_has(const cli_id_set *s, const char *key, size_t len);
+/* True with *value when key is present. */
+bool cli_id_set_get(const cli_id_set *s, const char *key, size_t len, int64_t *value);
 size_t cli_id_set_count(const cli_id_set *s);
 
 #endif /* PG_CLI_ID_SET_H */

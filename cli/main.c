@@ -31,6 +31,8 @@ int main(int argc, char **argv)
         return cli_run_chat_template(&o);
     case CLI_CMD_PERPLEXITY:
         return cli_run_perplexity(&o);
+    case CLI_CMD_MERGE:
+        return cli_run_merge(&o);
     case CLI_CMD_GENERATE:
         return cli_run_generate(&o);
     }

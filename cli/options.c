@@ -110,6 +110,14 @@ static const struct option chat_template_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
+static const struct option merge_opts[] = {
+    {"input", required_argument, NULL, 'i'},
+    {"output", required_argument, NULL, 'o'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
 static const struct option perplexity_opts[] = {
     {"model", required_argument, NULL, 'm'},
     {"file", required_argument, NULL, 'f'},
@@ -275,7 +283,12 @@ static const char *const generate_help[] = {
 "  -q, --quiet                no progress and no summary on stderr [default: off]\n"
 "      --log-interval SEC     progress line period when stderr is not a terminal\n"
 "                             [default: 10]\n"
-"      --shard K/N            only requests whose index = K (mod N) [default: 0/1]\n"
+"      --shard K/N|auto[/N]   only requests whose index = K (mod N) [default: 0/1];\n"
+"                             auto: K and N from SLURM_ARRAY_TASK_ID/_COUNT,\n"
+"                             JOB_COMPLETION_INDEX (with auto/N) or\n"
+"                             AWS_BATCH_JOB_ARRAY_INDEX/_SIZE. With -o FILE a finished\n"
+"                             shard leaves FILE.done; -o with {shard}, or a directory,\n"
+"                             names the file NAME.K-of-N.jsonl (see merge --help)\n"
 "      --served-model-name N  the name openai bodies' \"model\" must match (else vLLM's\n"
 "                             404 record) and responses carry [default: the -m\n"
 "                             folder's name; -m as given is accepted too]\n"
@@ -355,6 +368,23 @@ static const char *const chat_template_help =
 "template load error (a template that does not parse: its line and column),\n"
 "4 I/O error.\n";
 
+static const char *const merge_help =
+"usage: pagedgen merge -i INPUT [-o OUT|-] SHARD_OUTPUT...\n"
+"\n"
+"Joins the outputs of `pagedgen --shard K/N -o FILE` runs (each with its\n"
+"FILE.done marker) into one file in input order, the bytes a single run\n"
+"writes. Streams: one line per shard in memory.\n"
+"\n"
+"  -i, --input FILE           the input every shard ran over [required]\n"
+"  -o, --output FILE|-        the merged file, written only when complete\n"
+"                             (FILE.tmp, then renamed) [default: - (stdout)]\n"
+"  -h, --help                 this help\n"
+"\n"
+"Refused (exit 2): shards of another input (size and hash), with other\n"
+"output-shaping flags, of different N, or one shard given twice. Exit 1:\n"
+"a shard missing or unfinished, a request without its record or with two\n"
+"(each listed on stderr with its id and line). 4: I/O error.\n";
+
 static const char *const perplexity_help =
 "usage: pagedgen perplexity -m MODEL_DIR -f TEXT [--ctx N] [--batch-size B] [options]\n"
 "\n"
@@ -398,9 +428,10 @@ static const char *const overview_help =
 "  tokenize        write the token ids of each input line\n"
 "  chat-template   render chat requests with the chat template (check prompts)\n"
 "  perplexity      llama-perplexity's estimate of a model over a text file\n"
+"  merge           join --shard outputs into one file in input order, checked\n"
 "\n"
-"`pagedgen generate --help`, `pagedgen tokenize --help` and\n"
-"`pagedgen chat-template --help` list every flag.\n"
+"`pagedgen generate --help`, `pagedgen tokenize --help`,\n"
+"`pagedgen chat-template --help` and `pagedgen merge --help` list every flag.\n"
 "\n";
 
 void cli_options_help(FILE *f, cli_command cmd)
@@ -411,6 +442,8 @@ void cli_options_help(FILE *f, cli_command cmd)
         fputs(chat_template_help, f);
     } else if (cmd == CLI_CMD_PERPLEXITY) {
         fputs(perplexity_help, f);
+    } else if (cmd == CLI_CMD_MERGE) {
+        fputs(merge_help, f);
     } else if (cmd == CLI_CMD_GENERATE) {
         for (size_t k = 0; generate_help[k]; k++)
             fputs(generate_help[k], f);
@@ -427,12 +460,15 @@ const char *const *cli_options_names(cli_command cmd)
     static const char *tok_names[sizeof tokenize_opts / sizeof tokenize_opts[0]];
     static const char *chat_names[sizeof chat_template_opts / sizeof chat_template_opts[0]];
     static const char *ppl_names[sizeof perplexity_opts / sizeof perplexity_opts[0]];
+    static const char *merge_names[sizeof merge_opts / sizeof merge_opts[0]];
     const struct option *t = cmd == CLI_CMD_TOKENIZE ? tokenize_opts
                              : cmd == CLI_CMD_CHAT_TEMPLATE ? chat_template_opts
-                             : cmd == CLI_CMD_PERPLEXITY ? perplexity_opts : generate_opts;
+                             : cmd == CLI_CMD_PERPLEXITY ? perplexity_opts
+                             : cmd == CLI_CMD_MERGE ? merge_opts : generate_opts;
     const char **names = cmd == CLI_CMD_TOKENIZE ? tok_names
                          : cmd == CLI_CMD_CHAT_TEMPLATE ? chat_names
-                         : cmd == CLI_CMD_PERPLEXITY ? ppl_names : gen_names;
+                         : cmd == CLI_CMD_PERPLEXITY ? ppl_names
+                         : cmd == CLI_CMD_MERGE ? merge_names : gen_names;
     size_t k = 0;
     for (; t[k].name; k++)
         names[k] = t[k].name;
@@ -636,10 +672,27 @@ static int parse_format(const char *s, bool allow_openai, cli_format *out, pg_er
     return PG_OK;
 }
 
-static int parse_shard(const char *s, int32_t *k, int32_t *n, pg_error *err)
+static int parse_shard(const char *s, cli_options *o, pg_error *err)
 {
     char *end = NULL;
     errno = 0;
+    o->shard_given = true;
+    o->shard_auto = false;
+    if (strncmp(s, "auto", 4) == 0 && (s[4] == '\0' || s[4] == '/')) {
+        /* K and N come from the environment (run.c, shard.h) */
+        o->shard_auto = true;
+        o->shard_auto_n = 0;
+        o->shard_k = 0;
+        o->shard_n = 1;
+        if (s[4] == '\0')
+            return PG_OK;
+        long b = strtol(s + 5, &end, 10);
+        if (end == s + 5 || *end != '\0' || errno || b < 1 || b > 1000000)
+            return pg_error_set(err, PG_EINVAL, "--shard: expected auto/N with 1 <= N <= 1000000, got '%s'", s);
+        o->shard_auto_n = (int32_t)b;
+        return PG_OK;
+    }
+    int32_t *k = &o->shard_k, *n = &o->shard_n;
     long a = strtol(s, &end, 10);
     if (end == s || *end != '/' || errno)
         goto bad;
@@ -651,7 +704,7 @@ static int parse_shard(const char *s, int32_t *k, int32_t *n, pg_error *err)
     *n = (int32_t)b;
     return PG_OK;
 bad:
-    return pg_error_set(err, PG_EINVAL, "--shard: expected K/N with 0 <= K < N, got '%s'", s);
+    return pg_error_set(err, PG_EINVAL, "--shard: expected K/N with 0 <= K < N, or auto, or auto/N, got '%s'", s);
 }
 
 int cli_options_check_dtypes(const cli_options *o, const char *device, pg_error *err)
@@ -858,7 +911,7 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
     case OPT_LOG_INTERVAL:
         rc = cli_parse_double(arg, 0.05, 86400.0, "--log-interval", &o->log_interval_s, err);
         break;
-    case OPT_SHARD: rc = parse_shard(arg, &o->shard_k, &o->shard_n, err); break;
+    case OPT_SHARD: rc = parse_shard(arg, o, err); break;
     case OPT_NO_SPECIAL: o->no_special = true; break;
     case OPT_REASONING_PARSER: rc = cli_reasoning_parser_parse(arg, &o->reasoning_parser, err); break;
     case OPT_GENERATION_CONFIG:
@@ -880,6 +933,66 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
     return rc;
 }
 
+/* Flags documented not to change a record's bytes (cli/README.md "Output":
+ * byte-identical across pool sizes, batch caps, token budgets, block sizes,
+ * prefix caching, threads), and the run's own files and controls. Every
+ * other flag is output-shaping: a flag added later is recorded by default,
+ * so merge errs on the side of refusing. */
+static bool shapes_output(int c)
+{
+    switch (c) {
+    case 'i': case 'o': case 'q': case OPT_SHARD: case OPT_RESUME: case OPT_LOG_INTERVAL:
+    case OPT_THREADS: case OPT_BLOCK_SIZE: case OPT_KV_MEM: case OPT_NUM_KV_BLOCKS: case OPT_MAX_NUM_SEQS:
+    case OPT_MAX_BATCHED: case OPT_NO_PREFIX: case OPT_CHECK_INV: case OPT_GPU_UTIL: case OPT_CUDA_DEVICE:
+    case OPT_PROFILE_OPS:
+        return false;
+    }
+    return true;
+}
+
+/* Appends "--name=value\n" to o->shaping for an output-shaping flag (a
+ * newline or backslash in the value escaped as \n, \\); -m as its folder's
+ * name (the path may differ between machines). */
+static int note_shaping(cli_options *o, const struct option *table, int c, const char *arg, pg_error *err)
+{
+    if (!shapes_output(c))
+        return PG_OK;
+    const char *name = "?";
+    for (size_t k = 0; table[k].name; k++)
+        if (table[k].val == c)
+            name = table[k].name;
+    const char *v = arg;
+    size_t vlen = v ? strlen(v) : 0;
+    if (c == 'm') {
+        while (vlen > 1 && v[vlen - 1] == '/')
+            vlen--;
+        size_t b = vlen;
+        while (b > 0 && v[b - 1] != '/')
+            b--;
+        v += b;
+        vlen -= b;
+    }
+    char *dst = o->shaping + strlen(o->shaping);
+    char *end = o->shaping + sizeof o->shaping - 2; /* room for "\n" and NUL */
+    int w = snprintf(dst, (size_t)(end - dst), v ? "--%s=" : "--%s", name);
+    if (w < 0 || w >= end - dst)
+        goto full;
+    dst += w;
+    for (size_t k = 0; k < vlen; k++) {
+        bool esc = v[k] == '\n' || v[k] == '\\';
+        if (dst + 1 + esc >= end)
+            goto full;
+        if (esc)
+            *dst++ = '\\';
+        *dst++ = v[k] == '\n' ? 'n' : v[k];
+    }
+    *dst++ = '\n';
+    *dst = '\0';
+    return PG_OK;
+full:
+    return pg_error_set(err, PG_EINVAL, "too many output-shaping flags (over %zu bytes)", sizeof o->shaping);
+}
+
 int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
 {
     cli_options_init(o);
@@ -895,6 +1008,9 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
     } else if (argc > 1 && strcmp(argv[1], "perplexity") == 0) {
         o->cmd = CLI_CMD_PERPLEXITY;
         first = 2;
+    } else if (argc > 1 && strcmp(argv[1], "merge") == 0) {
+        o->cmd = CLI_CMD_MERGE;
+        first = 2;
     } else if (argc > 1 && strcmp(argv[1], "help") == 0) {
         o->cmd = CLI_CMD_HELP;
         o->help_for = CLI_CMD_HELP;
@@ -904,19 +1020,23 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
             o->help_for = CLI_CMD_CHAT_TEMPLATE;
         else if (argc > 2 && strcmp(argv[2], "perplexity") == 0)
             o->help_for = CLI_CMD_PERPLEXITY;
+        else if (argc > 2 && strcmp(argv[2], "merge") == 0)
+            o->help_for = CLI_CMD_MERGE;
         else if (argc > 2 && strcmp(argv[2], "generate") == 0)
             o->help_for = CLI_CMD_GENERATE;
         return PG_OK;
     } else if (argc > 1 && argv[1][0] != '-') {
         return pg_error_set(err, PG_EINVAL,
-                            "unknown command '%s' (expected generate, tokenize, chat-template or perplexity; see --help)", argv[1]);
+                            "unknown command '%s' (expected generate, tokenize, chat-template, perplexity or merge; see --help)", argv[1]);
     }
     bool explicit_cmd = first == 2;
     const struct option *table = o->cmd == CLI_CMD_TOKENIZE ? tokenize_opts
                                  : o->cmd == CLI_CMD_CHAT_TEMPLATE ? chat_template_opts
-                                 : o->cmd == CLI_CMD_PERPLEXITY ? perplexity_opts : generate_opts;
+                                 : o->cmd == CLI_CMD_PERPLEXITY ? perplexity_opts
+                                 : o->cmd == CLI_CMD_MERGE ? merge_opts : generate_opts;
     const char *shorts = o->cmd == CLI_CMD_GENERATE ? ":m:i:o:qh"
-                         : o->cmd == CLI_CMD_PERPLEXITY ? ":m:f:qh" : ":m:i:o:h";
+                         : o->cmd == CLI_CMD_PERPLEXITY ? ":m:f:qh"
+                         : o->cmd == CLI_CMD_MERGE ? ":i:o:h" : ":m:i:o:h";
 
     /* getopt_long keeps its state in globals of libc; reset them so that the
      * parser can run more than once in a process (unit tests). */
@@ -950,6 +1070,17 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
         int rc = apply(o, c, optarg, err);
         if (rc != PG_OK)
             return rc;
+        if (o->cmd == CLI_CMD_GENERATE && (rc = note_shaping(o, table, c, optarg, err)) != PG_OK)
+            return rc;
+    }
+    if (o->cmd == CLI_CMD_MERGE) {
+        o->merge_files = sub_argv + optind;
+        o->n_merge_files = (int32_t)(sub_argc - optind);
+        if (strcmp(o->input_path, "-") == 0)
+            return pg_error_set(err, PG_EINVAL, "merge: -i INPUT is required (the file every shard ran over)");
+        if (o->n_merge_files == 0)
+            return pg_error_set(err, PG_EINVAL, "merge: no shard outputs given (see merge --help)");
+        return PG_OK;
     }
     if (optind < sub_argc)
         return pg_error_set(err, PG_EINVAL, "unexpected argument '%s' (see --help)", sub_argv[optind]);

@@ -22,6 +22,7 @@ typedef enum cli_command {
     CLI_CMD_TOKENIZE,
     CLI_CMD_CHAT_TEMPLATE, /* `pagedgen chat-template`: render chat lines, no model */
     CLI_CMD_PERPLEXITY,    /* `pagedgen perplexity`: llama-perplexity over a text file */
+    CLI_CMD_MERGE,         /* `pagedgen merge`: shard outputs -> one file in input order */
     CLI_CMD_HELP,      /* --help: print help for `help_for` */
     CLI_CMD_VERSION,
 } cli_command;
@@ -147,6 +148,15 @@ typedef struct cli_options {
     bool profile_ops;              /* --profile-ops: per-op times on stderr (cpu) */
     double log_interval_s;         /* non-TTY progress line period; 10 */
     int32_t shard_k, shard_n;      /* 0/1 = everything */
+    bool shard_given;              /* --shard given (K/N or auto): the output gets a marker */
+    bool shard_auto;               /* --shard auto[/N]: K, N from the scheduler (shard.h) */
+    int32_t shard_auto_n;          /* N of auto/N; 0 = the scheduler's count */
+    /* the flags that shape the output bytes, "--flag=value\n" each in
+     * command-line order (-m as its folder's name); what a shard's marker
+     * records so that merge refuses shards run differently. Everything but
+     * the flags documented not to change a record (files, --shard,
+     * --resume, -q, threads, pool and batch sizes, progress) */
+    char shaping[4096];
     const char *served_model_name; /* --served-model-name; NULL = the -m folder's name */
     bool strict;                   /* --strict: unknown fields / lax types are line errors */
     bool truncate_max_tokens;      /* --truncate-max-tokens: clamp instead of a line error */
@@ -159,6 +169,10 @@ typedef struct cli_options {
 
     /* tokenize */
     bool no_special;
+
+    /* merge: the shard outputs named after the flags (borrowed from argv) */
+    char **merge_files;
+    int32_t n_merge_files;
 } cli_options;
 
 /* Defaults for every field (what --help prints). */

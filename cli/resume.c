@@ -14,6 +14,7 @@ struct cli_resume {
     cli_id_set *keys;     /* "s:<id>", "n:<id>" for results, "L:<line>" for errors */
     int64_t records;
     int64_t cut_bytes;
+    int64_t kept_bytes;   /* the file's size after the cut */
 };
 
 void cli_resume_destroy(cli_resume *r)
@@ -24,27 +25,28 @@ void cli_resume_destroy(cli_resume *r)
     free(r);
 }
 
-static int add_key(cli_resume *r, const char *prefix, const char *s, size_t len)
+static char *make_key(const char *prefix, const char *s, size_t len, size_t *out_len)
 {
     size_t pl = strlen(prefix);
     char *k = malloc(pl + len + 1);
     if (!k)
-        return PG_ENOMEM;
+        return NULL;
     memcpy(k, prefix, pl);
     memcpy(k + pl, s, len);
     k[pl + len] = '\0';
-    int rc = cli_id_set_add(r->keys, k, pl + len, 0, NULL);
-    free(k);
-    return rc < 0 ? rc : PG_OK;
+    *out_len = pl + len;
+    return k;
 }
 
-/* One complete output line -> its key. Lines that are not records are ignored. */
-static int scan_line(cli_resume *r, const char *line, size_t len)
+int cli_record_key(const char *line, size_t len, char **key, size_t *key_len)
 {
+    *key = NULL;
+    *key_len = 0;
     json_doc d;
     if (json_parse(&d, line, len, "output", NULL) != PG_OK)
-        return PG_OK;
-    int rc = PG_OK;
+        return 0;
+    int rc = 0;
+    char buf[32];
     if (!json_is_object(&d, 0))
         goto done;
     int e = json_obj_get(&d, 0, "error");
@@ -52,10 +54,8 @@ static int scan_line(cli_resume *r, const char *line, size_t len)
         int l = json_obj_get(&d, e, "line");
         int64_t v;
         if (l >= 0 && json_get_int(&d, l, 1, INT64_MAX, &v, NULL) == PG_OK) {
-            char buf[32];
             int n = snprintf(buf, sizeof buf, "%lld", (long long)v);
-            rc = add_key(r, "L:", buf, (size_t)n);
-            r->records++;
+            rc = (*key = make_key("L:", buf, (size_t)n, key_len)) ? 1 : PG_ENOMEM;
         }
         goto done;
     }
@@ -63,25 +63,39 @@ static int scan_line(cli_resume *r, const char *line, size_t len)
     if (id < 0)
         id = json_obj_get(&d, 0, "id");
     if (json_is_string(&d, id)) {
-        char *s = NULL;
+        char *str = NULL;
         size_t n = 0;
-        if (json_get_string(&d, id, &s, &n, NULL) == PG_OK) {
-            rc = add_key(r, "s:", s, n);
-            free(s);
-            r->records++;
+        if (json_get_string(&d, id, &str, &n, NULL) == PG_OK) {
+            rc = (*key = make_key("s:", str, n, key_len)) ? 1 : PG_ENOMEM;
+            free(str);
         }
     } else if (json_is_number(&d, id)) {
         int64_t v;
         if (json_get_int(&d, id, INT64_MIN, INT64_MAX, &v, NULL) == PG_OK) {
-            char buf[32];
             int n = snprintf(buf, sizeof buf, "%lld", (long long)v);
-            rc = add_key(r, "n:", buf, (size_t)n);
-            r->records++;
+            rc = (*key = make_key("n:", buf, (size_t)n, key_len)) ? 1 : PG_ENOMEM;
         }
     }
 done:
     json_doc_free(&d);
     return rc;
+}
+
+/* One complete output line at byte `offset` -> its key (the first record
+ * of a key keeps it). Lines that are not records are ignored. */
+static int scan_line(cli_resume *r, const char *line, size_t len, int64_t offset)
+{
+    char *key;
+    size_t klen;
+    int rc = cli_record_key(line, len, &key, &klen);
+    if (rc <= 0)
+        return rc;
+    rc = cli_id_set_add(r->keys, key, klen, offset, NULL);
+    free(key);
+    if (rc < 0)
+        return rc;
+    r->records++;
+    return PG_OK;
 }
 
 int cli_resume_load(cli_resume **out, const char *path, pg_error *err)
@@ -112,8 +126,8 @@ int cli_resume_load(cli_resume **out, const char *path, pg_error *err)
         end += n;
         if (buf[n - 1] != '\n')
             break; /* partial last line */
+        rc = scan_line(r, buf, (size_t)n - 1, good_end);
         good_end = end;
-        rc = scan_line(r, buf, (size_t)n - 1);
         if (rc != PG_OK)
             break;
     }
@@ -128,6 +142,7 @@ int cli_resume_load(cli_resume **out, const char *path, pg_error *err)
             rc = pg_error_set(err, PG_EIO, "%s: cannot cut the partial last line: %s", path, strerror(errno));
     }
     fclose(f);
+    r->kept_bytes = good_end;
     if (rc != PG_OK) {
         cli_resume_destroy(r);
         return rc;
@@ -147,5 +162,18 @@ int cli_resume_lookup(const cli_resume *r, const char *id_key, size_t key_len, i
     return cli_id_set_has(r->keys, buf, (size_t)n) ? CLI_RESUME_ERROR : CLI_RESUME_NEW;
 }
 
+int64_t cli_resume_offset(const cli_resume *r, const char *id_key, size_t key_len, int64_t line)
+{
+    int64_t v;
+    if (!r)
+        return -1;
+    if (id_key && cli_id_set_get(r->keys, id_key, key_len, &v))
+        return v;
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "L:%lld", (long long)line);
+    return cli_id_set_get(r->keys, buf, (size_t)n, &v) ? v : -1;
+}
+
+int64_t cli_resume_kept_bytes(const cli_resume *r) { return r ? r->kept_bytes : 0; }
 int64_t cli_resume_records(const cli_resume *r) { return r ? r->records : 0; }
 int64_t cli_resume_cut_bytes(const cli_resume *r) { return r ? r->cut_bytes : 0; }

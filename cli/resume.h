@@ -30,7 +30,17 @@ enum cli_resume_answer {
 };
 /* id_key as cli_request.id_key (NULL: look up the line only), line 1-based. */
 int cli_resume_lookup(const cli_resume *r, const char *id_key, size_t key_len, int64_t line);
+/* Byte offset in the file of the record cli_resume_lookup finds (the
+ * first one with that key), or -1. */
+int64_t cli_resume_offset(const cli_resume *r, const char *id_key, size_t key_len, int64_t line);
+int64_t cli_resume_kept_bytes(const cli_resume *r);     /* the file's size after the cut */
 int64_t cli_resume_records(const cli_resume *r);        /* complete records found */
 int64_t cli_resume_cut_bytes(const cli_resume *r);      /* bytes of the partial line removed */
+
+/* The key an output line answers, by the rules above: "L:<line>" for an
+ * error record, "s:<id>" / "n:<id>" for a result (openai "custom_id", else
+ * "id"). Returns 1 with *key malloc'd, 0 when the line is not a record, or
+ * PG_ENOMEM. (merge matches records to input lines with it.) */
+int cli_record_key(const char *line, size_t len, char **key, size_t *key_len);
 
 #endif /* PG_CLI_RESUME_H */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,7 +33,9 @@
 #include "reorder.h"
 #include "request_parse.h"
 #include "resume.h"
+#include "file_io.h"
 #include "safetensors.h"
+#include "shard.h"
 #include "st_pooling.h"
 #include "tokenizer.h"
 
@@ -74,6 +77,13 @@ typedef struct run_state {
     pooling_params pool;
     const char *pool_source;
     bool pool_announced;
+    /* --shard with -o FILE (shard.h): OUTPUT.done once the shard finishes;
+     * after a resume, order[i] = the kept record's offset of the shard's
+     * i-th request (or -1: written by this run), to sort the file back */
+    bool shard_marker, track_order;
+    int lock_fd;          /* the output, flock()ed while a shard runs; -1 none */
+    int64_t *order;
+    size_t n_order, cap_order;
 } run_state;
 
 static void fail(run_state *s, int code, const char *what)
@@ -421,6 +431,23 @@ static bool served_name_ok(const run_state *s, const char *name)
     return strcmp(name, s->model_name) == 0 || strcmp(name, s->o->model_dir) == 0;
 }
 
+static int note_order(run_state *s, int64_t offset)
+{
+    if (s->n_order == s->cap_order) {
+        size_t cap = s->cap_order ? 2 * s->cap_order : 1024;
+        int64_t *o = realloc(s->order, cap * sizeof *o);
+        if (!o) {
+            pg_error_set(&s->err, PG_ENOMEM, "out of memory");
+            fail(s, CLI_EXIT_IO, NULL);
+            return PG_ENOMEM;
+        }
+        s->order = o;
+        s->cap_order = cap;
+    }
+    s->order[s->n_order++] = offset;
+    return PG_OK;
+}
+
 /* One input line: parse, check the id, shard and resume filters, submit. */
 static void take_line(run_state *s, const char *line, size_t len, int64_t line_no)
 {
@@ -447,6 +474,12 @@ static void take_line(run_state *s, const char *line, size_t len, int64_t line_n
         return;
     }
     int prior = cli_resume_lookup(s->resume, rc == PG_OK ? r.id_key : NULL, r.id_key_len, line_no);
+    if (s->track_order && note_order(s, prior == CLI_RESUME_NEW ? -1
+                                     : cli_resume_offset(s->resume, rc == PG_OK ? r.id_key : NULL,
+                                                         r.id_key_len, line_no)) != PG_OK) {
+        cli_request_free(&r);
+        return;
+    }
     if (prior != CLI_RESUME_NEW) {
         s->counts.skipped++;
         s->counts.skipped_failed += prior == CLI_RESUME_ERROR;
@@ -782,6 +815,7 @@ static int open_output(run_state *s)
         fail(s, CLI_EXIT_IO, NULL);
         return -1;
     }
+    s->track_order = s->shard_marker && cli_resume_kept_bytes(s->resume) > 0;
     int flags = O_WRONLY | O_CREAT | (o->resume ? O_APPEND : O_TRUNC);
     s->out_fd = open(o->output_path, flags, 0644);
     if (s->out_fd < 0) {
@@ -848,18 +882,203 @@ static void teardown(run_state *s)
     if (s->out_fd > STDERR_FILENO)
         close(s->out_fd);
     cli_resume_destroy(s->resume);
+    if (s->lock_fd >= 0)
+        close(s->lock_fd);
+    free(s->order);
     cli_id_set_destroy(s->ids);
     cli_reorder_destroy(s->reorder);
     cli_progress_destroy(s->progress);
 }
 
-int cli_run_generate(const cli_options *o)
+/* ---- shards (shard.h) ------------------------------------------------------------ */
+
+static const char *env_getenv(void *ctx, const char *name)
+{
+    (void)ctx;
+    return getenv(name);
+}
+
+/* --shard auto (K, N from the scheduler) and the -o naming ({shard}, a
+ * directory): rewrites o's shard and output_path (*path owns the latter). */
+static int shard_resolve(cli_options *o, char **path, pg_error *err)
+{
+    *path = NULL;
+    if (!o->shard_given)
+        return PG_OK;
+    char source[160] = "";
+    if (o->shard_auto &&
+        cli_shard_from_env(env_getenv, NULL, o->shard_auto_n, &o->shard_k, &o->shard_n, source, sizeof source,
+                           err) != PG_OK)
+        return PG_EINVAL;
+    if (strcmp(o->output_path, "-") != 0) {
+        size_t l = strlen(o->output_path);
+        bool is_dir = pg_dir_exists(o->output_path) == 1 || (l > 0 && o->output_path[l - 1] == '/');
+        /* -o out/: every task of the array may be the first (EEXIST is fine) */
+        if (is_dir && mkdir(o->output_path, 0755) != 0 && errno != EEXIST)
+            return pg_error_set(err, PG_EIO, "-o %s: cannot create the directory: %s", o->output_path,
+                                strerror(errno));
+        int rc = cli_shard_output_path(o->output_path, is_dir, o->input_path, o->shard_k, o->shard_n, path, err);
+        if (rc != PG_OK)
+            return rc;
+        if (*path)
+            o->output_path = *path;
+        else if (o->shard_auto)
+            return pg_error_set(err, PG_EINVAL, "--shard auto: every task of the array would write -o %s: put "
+                                "{shard} in its name or give a directory (-o out/)", o->output_path);
+    }
+    if (o->shard_auto && !o->quiet)
+        fprintf(stderr, "pagedgen: --shard auto: shard %d of %d (%s), output %s\n", (int)o->shard_k,
+                (int)o->shard_n, source, o->output_path);
+    return PG_OK;
+}
+
+/* Before the output is opened: without --resume an old marker goes; with
+ * it, a marker that matches this run means the shard is done (1, *code =
+ * the finished run's exit code), one from another input or other flags is
+ * refused (-1, exit 2), a stale one (the output changed since) goes. 0: run. */
+static int shard_check_marker(run_state *s, int *code)
+{
+    const cli_options *o = s->o;
+    s->shard_marker = o->shard_given && strcmp(o->output_path, "-") != 0 && strcmp(o->input_path, "-") != 0 &&
+                      !o->unordered;
+    if (!s->shard_marker)
+        return 0;
+    char *mpath = cli_shard_marker_path(o->output_path);
+    char *flags = NULL;
+    cli_shard_marker m = {0};
+    int ret = 0, rc;
+    if (!mpath || cli_shard_flags_canonical(o->shaping, &flags) != PG_OK) {
+        pg_error_set(&s->err, PG_ENOMEM, "out of memory");
+        fail(s, CLI_EXIT_IO, NULL);
+        ret = -1;
+        goto out;
+    }
+    /* One writer per shard: a scheduler may start a task's replacement
+     * while the old one still runs (Kubernetes without
+     * podReplacementPolicy: Failed). Before anything is truncated or
+     * unlinked; file systems without flock (ENOLCK, EINVAL) go unlocked. */
+    s->lock_fd = open(o->output_path, O_RDWR | O_CREAT, 0644);
+    if (s->lock_fd < 0) {
+        pg_error_set(&s->err, PG_EIO, "%s: cannot open output: %s", o->output_path, strerror(errno));
+        fail(s, CLI_EXIT_IO, NULL);
+        ret = -1;
+        goto out;
+    }
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0 && (errno == EWOULDBLOCK || errno == EINTR)) {
+        pg_error_set(&s->err, PG_EINVAL, "%s: another pagedgen is writing this shard (it holds the file's "
+                     "lock): not started", o->output_path);
+        fail(s, CLI_EXIT_USAGE, NULL);
+        ret = -1;
+        goto out;
+    }
+    if (!o->resume) {
+        unlink(mpath);
+        goto out;
+    }
+    rc = cli_shard_marker_read(o->output_path, &m, &s->err);
+    if (rc == CLI_SHARD_NO_MARKER)
+        goto out;
+    if (rc != PG_OK) {
+        fail(s, CLI_EXIT_IO, NULL);
+        ret = -1;
+        goto out;
+    }
+    int64_t in_bytes = 0;
+    uint64_t in_hash = 0;
+    if (cli_shard_hash_file(o->input_path, &in_bytes, &in_hash, NULL, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_IO, NULL);
+        ret = -1;
+        goto out;
+    }
+    const char *why = m.k != o->shard_k || m.n != o->shard_n ? "another shard"
+                      : m.input_bytes != in_bytes || m.input_hash != in_hash ? "another input"
+                      : strcmp(m.flags, flags) != 0 ? "other output-shaping flags" : NULL;
+    if (why) {
+        pg_error_set(&s->err, PG_EINVAL, "--resume: %s says the output is shard %d of %d of %s: remove %s and its "
+                     "marker to start again, or resume with the flags it was made with", mpath, (int)m.k,
+                     (int)m.n, why, o->output_path);
+        fail(s, CLI_EXIT_USAGE, NULL);
+        ret = -1;
+        goto out;
+    }
+    struct stat st;
+    if (stat(o->output_path, &st) != 0 || (int64_t)st.st_size != m.output_bytes) {
+        if (!o->quiet)
+            fprintf(stderr, "pagedgen: --resume: %s changed since its shard finished (%s): resuming it\n",
+                    o->output_path, mpath);
+        unlink(mpath);
+        goto out;
+    }
+    if (!o->quiet)
+        fprintf(stderr, "pagedgen: --resume: shard %d of %d already finished (%s): nothing to do\n",
+                (int)o->shard_k, (int)o->shard_n, mpath);
+    *code = m.exit_code;
+    ret = 1;
+out:
+    cli_shard_marker_free(&m);
+    free(flags);
+    free(mpath);
+    return ret;
+}
+
+/* The shard ran to its end: a resumed file is put back in input order,
+ * then the marker is written (shard.h). */
+static void shard_finish(run_state *s)
+{
+    const cli_options *o = s->o;
+    if (s->out_fd > STDERR_FILENO)
+        close(s->out_fd);
+    s->out_fd = -1;
+    if (s->track_order &&
+        cli_shard_sort_output(o->output_path, cli_resume_kept_bytes(s->resume), s->order, s->n_order,
+                              &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_IO, NULL);
+        return;
+    }
+    cli_shard_marker m = {.k = o->shard_k, .n = o->shard_n,
+                          .exit_code = s->counts.failed + s->counts.skipped_failed > 0 ? 1 : 0};
+    snprintf(m.format, sizeof m.format, "%s", cli_format_name(s->fmt));
+    uint64_t out_hash;
+    if (cli_shard_hash_file(o->input_path, &m.input_bytes, &m.input_hash, NULL, &s->err) != PG_OK ||
+        cli_shard_hash_file(o->output_path, &m.output_bytes, &out_hash, &m.records, &s->err) != PG_OK) {
+        fail(s, CLI_EXIT_IO, NULL);
+        return;
+    }
+    if (cli_shard_flags_canonical(o->shaping, &m.flags) != PG_OK) {
+        pg_error_set(&s->err, PG_ENOMEM, "out of memory");
+        fail(s, CLI_EXIT_IO, NULL);
+        return;
+    }
+    if (cli_shard_marker_write(o->output_path, &m, &s->err) != PG_OK)
+        fail(s, CLI_EXIT_IO, NULL);
+    cli_shard_marker_free(&m);
+}
+
+int cli_run_generate(const cli_options *opts)
 {
     run_state st;
     memset(&st, 0, sizeof st);
     run_state *s = &st;
+    cli_options local = *opts; /* --shard auto and {shard} rewrite shard and output_path */
+    const cli_options *o = &local;
+    char *shard_path = NULL;
     s->o = o;
     s->out_fd = -1;
+    s->lock_fd = -1;
+    int src = shard_resolve(&local, &shard_path, &s->err);
+    if (src != PG_OK) {
+        fail(s, src == PG_ENOMEM || src == PG_EIO ? CLI_EXIT_IO : CLI_EXIT_USAGE, NULL);
+        goto done;
+    }
+    int done_code = 0;
+    int mk = shard_check_marker(s, &done_code);
+    if (mk < 0)
+        goto done;
+    if (mk > 0) {
+        close(s->lock_fd);
+        free(shard_path);
+        return done_code;
+    }
     cli_signals_install();
     set_model_name(s);
 
@@ -923,6 +1142,8 @@ int cli_run_generate(const cli_options *o)
         op_profile_print(&s->prof, stderr, "pagedgen: ");
     if (interrupted && s->exit_code == CLI_EXIT_OK)
         s->exit_code = CLI_EXIT_INTERRUPTED;
+    if (s->exit_code == CLI_EXIT_OK && s->shard_marker)
+        shard_finish(s);
 done:;
     int code = s->exit_code;
     /* error records kept from an earlier run count: a resumed run exits
@@ -930,5 +1151,6 @@ done:;
     if (code == CLI_EXIT_OK && s->counts.failed + s->counts.skipped_failed > 0)
         code = CLI_EXIT_LINES_FAILED;
     teardown(s);
+    free(shard_path);
     return code;
 }

@@ -22,6 +22,9 @@ int cli_run_tokenize(const cli_options *o);
 int cli_run_chat_template(const cli_options *o);
 /* perplexity: llama-perplexity's estimate over a text file (perplexity_cmd.c). */
 int cli_run_perplexity(const cli_options *o);
+/* `pagedgen merge` (merge_cmd.c): 0 merged, 1 incomplete (nothing written
+ * to -o), 2 refused, 4 I/O. */
+int cli_run_merge(const cli_options *o);
 
 /* SIGINT/SIGTERM set a flag read by both loops (signals.c); SIGPIPE is
  * ignored so that a closed stdout is a write error, not a silent death. */

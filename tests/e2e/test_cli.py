@@ -695,6 +695,223 @@ def case_shard():
         check(sorted(got) == want, f"shard union: {len(got)} records vs {len(want)}")
 
 
+SCHED_VARS = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP",
+              "SLURM_ARRAY_TASK_COUNT", "JOB_COMPLETION_INDEX", "AWS_BATCH_JOB_ARRAY_INDEX",
+              "AWS_BATCH_JOB_ARRAY_SIZE")
+
+
+def run_env(args, env_vars, timeout=300):
+    """Runs pagedgen with the scheduler variables replaced by env_vars."""
+    env = {k: v for k, v in os.environ.items() if k not in SCHED_VARS}
+    env.update(env_vars)
+    p = subprocess.run([EXE] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def merge(inp, files, out=None):
+    return run(["merge", "-i", inp] + (["-o", out] if out else []) + files)
+
+
+def shard_ref(tmp):
+    """The resume input and a single run's output bytes over it."""
+    inp = os.path.join(tmp, "in.jsonl")
+    resume_input(inp)
+    ref = os.path.join(tmp, "ref.jsonl")
+    rc, _, err = run(["-m", MODEL, "-q", "-i", inp, "-o", ref] + RESUME_FLAGS)
+    check(rc == 1, f"single run: exit {rc}: {err.decode()[-500:]}")
+    return inp, open(ref, "rb").read()
+
+
+def case_shard_auto():
+    """--shard auto from each scheduler's variables; outputs named by -o DIR/
+    and {shard}; a finished shard's --resume exits at once; a shard killed
+    and resumed is sorted back; merge gives a single run's bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, want = shard_ref(tmp)
+        base = ["-m", MODEL, "-q", "-i", inp] + RESUME_FLAGS
+        # SLURM --array=1-4 into a directory: in.K-of-4.jsonl, K = ID - MIN
+        d = os.path.join(tmp, "slurm") + "/"  # created by the first task
+        for tid in range(1, 5):
+            env = {"SLURM_ARRAY_TASK_ID": str(tid), "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "4",
+                   "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_STEP": "1"}
+            rc, _, err = run_env(base + ["-o", d, "--shard", "auto"], env)
+            check(rc in (0, 1), f"slurm task {tid}: exit {rc}: {err.decode()[-500:]}")
+            f = os.path.join(d, f"in.{tid - 1}-of-4.jsonl")
+            check(os.path.exists(f) and os.path.exists(f + ".done"), f"slurm task {tid}: no {f} and marker")
+        files = [os.path.join(d, f"in.{k}-of-4.jsonl") for k in range(4)]
+        rc, out, err = merge(inp, files[::-1])  # any order of arguments
+        check(rc == 0, f"merge slurm: exit {rc}: {err.decode()[-800:]}")
+        check(out == want, "merged SLURM shards differ from the single run")
+        # a finished shard: --resume exits at once with the run's code and keeps the file
+        before = open(files[2], "rb").read()
+        t0 = time.time()
+        # (no model at that path: the run must not load one; -m counts by its folder's name)
+        rc, _, err = run_env(["-m", "/nonexistent/stories260K"] + base[2:] + ["-o", d, "--shard", "auto", "--resume"],
+                             {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "4"})
+        marker = json.load(open(files[2] + ".done"))
+        check(rc == marker["exit_code"], f"finished shard --resume: exit {rc}, marker says {marker['exit_code']}: "
+              f"{err.decode()[-300:]}")
+        check(open(files[2], "rb").read() == before and time.time() - t0 < 10, "finished shard ran again")
+        # ... but not with other output-shaping flags
+        rc, _, err = run_env(base + ["-o", d, "--shard", "auto", "--resume", "--seed", "9"],
+                             {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "4"})
+        check(rc == 2 and b"output-shaping flags" in err, f"resume with other flags: exit {rc}: {err.decode()}")
+
+        # Kubernetes Indexed Job (auto/N) with {shard}, one shard killed and resumed
+        k8s = [os.path.join(tmp, f"k8s.{k}-of-3.jsonl") for k in range(3)]
+        for k in range(3):
+            args = base + ["-o", os.path.join(tmp, "k8s.{shard}.jsonl"), "--shard", "auto/3"]
+            if k == 1:
+                env = {n: v for n, v in os.environ.items() if n not in SCHED_VARS}
+                env["JOB_COMPLETION_INDEX"] = "1"
+                # 16 sequences at a time, of different lengths: many finish out of order
+                wide = args + ["--max-num-seqs", "16", "--max-num-batched-tokens", "256"]
+                p = subprocess.Popen([EXE] + wide, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                deadline = time.time() + 120
+                while p.poll() is None and count_lines(k8s[1]) < 30 and time.time() < deadline:
+                    time.sleep(0.002)
+                alive = p.poll() is None
+                if alive:
+                    p.terminate()  # SIGTERM: finished records go out past the gaps (not in input order)
+                p.communicate(timeout=60)
+                check(alive, "the k8s shard finished before it could be stopped")
+                check(p.returncode == 130, f"SIGTERM: exit {p.returncode}")
+                check(not os.path.exists(k8s[1] + ".done"), "a stopped shard has a marker")
+                ids = [int(json.loads(l).get("id", "r-1")[1:]) for l in lines_of(open(k8s[1], "rb").read())
+                       if '"error"' not in l]
+                prefix = [i for i in range(1, 240, 3) if i not in (37, 91)][:len(ids)]
+                check(ids != prefix, f"SIGTERM left shard 1 without gaps ({len(ids)} records): the sort on "
+                      "resume is not exercised")
+                rc, _, err = merge(inp, k8s[:1])
+                check(rc != 0, "merge accepted an unfinished set")
+                args = args + ["--resume"]
+            rc, _, err = run_env(args, {"JOB_COMPLETION_INDEX": str(k)})
+            check(rc in (0, 1), f"k8s index {k}: exit {rc}: {err.decode()[-500:]}")
+        rc, out, err = merge(inp, k8s)
+        check(rc == 0, f"merge k8s: exit {rc}: {err.decode()[-800:]}")
+        check(out == want, "killed + resumed shard: merged file differs from the single run")
+
+        # one writer per shard: a second process on a shard that runs is refused, the first goes on
+        lone = os.path.join(tmp, "lone.{shard}.jsonl")
+        first = subprocess.Popen([EXE] + base + ["-o", lone, "--shard", "0/2"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+        lone0 = lone.replace("{shard}", "0-of-2")
+        deadline = time.time() + 120
+        while first.poll() is None and count_lines(lone0) < 3 and time.time() < deadline:
+            time.sleep(0.002)
+        check(first.poll() is None, "the first writer finished before the second could start")
+        rc, _, err = run(base + ["-o", lone, "--shard", "0/2", "--resume"])
+        check(rc == 2 and b"another pagedgen is writing" in err, f"second writer: exit {rc}: {err.decode()}")
+        _, err = first.communicate(timeout=120)
+        check(first.returncode in (0, 1) and os.path.exists(lone0 + ".done"),
+              f"the first writer: exit {first.returncode}: {err.decode()[-300:]}")
+
+        # AWS Batch array job: index and size
+        aws = []
+        for k in range(2):
+            rc, _, err = run_env(base + ["-o", os.path.join(tmp, "aws.{shard}.jsonl"), "--shard", "auto"],
+                                 {"AWS_BATCH_JOB_ARRAY_INDEX": str(k), "AWS_BATCH_JOB_ARRAY_SIZE": "2"})
+            check(rc in (0, 1), f"aws index {k}: exit {rc}: {err.decode()[-500:]}")
+            aws.append(os.path.join(tmp, f"aws.{k}-of-2.jsonl"))
+        merged = os.path.join(tmp, "aws.all.jsonl")
+        rc, out, err = merge(inp, aws, merged)
+        check(rc == 0 and out == b"" and open(merged, "rb").read() == want, f"merge aws: exit {rc}: {err.decode()}")
+
+        # no scheduler, or one that disagrees with auto/N: exit 2 naming the variables
+        rc, _, err = run_env(base + ["--shard", "auto"], {})
+        check(rc == 2 and b"SLURM_ARRAY_TASK_ID" in err and b"JOB_COMPLETION_INDEX" in err
+              and b"AWS_BATCH_JOB_ARRAY_INDEX" in err, f"no scheduler: exit {rc}: {err.decode()}")
+        rc, _, err = run_env(base + ["--shard", "auto", "-o", os.path.join(tmp, "same.jsonl")],
+                             {"AWS_BATCH_JOB_ARRAY_INDEX": "0", "AWS_BATCH_JOB_ARRAY_SIZE": "4"})
+        check(rc == 2 and b"{shard}" in err and not os.path.exists(os.path.join(tmp, "same.jsonl")),
+              f"auto with one -o FILE for every task: exit {rc}: {err.decode()}")
+        rc, _, err = run_env(base + ["--shard", "auto/5"], {"AWS_BATCH_JOB_ARRAY_INDEX": "0",
+                                                             "AWS_BATCH_JOB_ARRAY_SIZE": "4"})
+        check(rc == 2 and b"AWS_BATCH_JOB_ARRAY_SIZE" in err, f"auto/5 vs size 4: exit {rc}: {err.decode()}")
+
+
+def case_merge():
+    """merge's refusals: a missing shard, a foreign shard, other flags, a
+    shard given twice, a record answered twice, an unfinished shard."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, want = shard_ref(tmp)
+        base = ["-m", MODEL, "-q", "-i", inp] + RESUME_FLAGS
+        pat = os.path.join(tmp, "p.{shard}.jsonl")
+        files = [pat.replace("{shard}", f"{k}-of-3") for k in range(3)]
+        for k in range(3):
+            rc, _, err = run(base + ["-o", pat, "--shard", f"{k}/3"])
+            check(rc in (0, 1), f"shard {k}: exit {rc}: {err.decode()[-500:]}")
+        out = os.path.join(tmp, "all.jsonl")
+        rc, _, err = merge(inp, files, out)
+        check(rc == 0 and open(out, "rb").read() == want, f"merge: exit {rc}: {err.decode()}")
+        os.unlink(out)
+
+        # a missing shard: exit 1, its requests listed with ids and lines, nothing written
+        rc, _, err = merge(inp, [files[0], files[2]], out)
+        e = err.decode()
+        check(rc == 1 and "shard 1 of 3 is missing" in e and "missing: id r1 (line 2)" in e
+              and "missing: id r4 (line 5)" in e, f"missing shard: exit {rc}: {e}")
+        check(not os.path.exists(out) and not os.path.exists(out + ".tmp"), "an incomplete merge wrote its output")
+
+        # a shard made from another input
+        other = os.path.join(tmp, "other.jsonl")
+        lines = open(inp).read().split("\n")
+        check("Once upon" in lines[5], "input line 6 changed")
+        lines[5] = lines[5].replace("Once upon", "Twice upon")
+        open(other, "w").write("\n".join(lines))
+        foreign = os.path.join(tmp, "other.1-of-3.jsonl")
+        rc, _, _ = run(["-m", MODEL, "-q", "-i", other, "-o", foreign, "--shard", "1/3"] + RESUME_FLAGS)
+        check(rc in (0, 1), f"foreign shard: exit {rc}")
+        rc, _, err = merge(inp, [files[0], foreign, files[2]], out)
+        check(rc == 2 and b"another input" in err and not os.path.exists(out), f"foreign: exit {rc}: {err.decode()}")
+
+        # a shard made with other output-shaping flags (while non-shaping ones do not matter)
+        diff = os.path.join(tmp, "d.1-of-3.jsonl")
+        rc, _, _ = run(base + ["-o", diff, "--shard", "1/3", "--max-tokens", "8"])
+        check(rc in (0, 1), f"flags shard: exit {rc}")
+        rc, _, err = merge(inp, [files[0], diff, files[2]], out)
+        check(rc == 2 and b"output-shaping flags" in err and b"--max-tokens=8" in err, f"flags: exit {rc}: "
+              f"{err.decode()}")
+        same = os.path.join(tmp, "s.1-of-3.jsonl")
+        rc, _, _ = run(["-m", MODEL, "-q", "-i", inp, "-o", same, "--shard", "1/3", "--max-num-seqs", "7",
+                        "--num-kv-blocks", "40"])
+        rc, merged, err = merge(inp, [files[0], same, files[2]])
+        check(rc == 0 and merged == want, f"pool/batch flags refused or changed the bytes: exit {rc}: {err.decode()}")
+
+        # one shard twice
+        rc, _, err = merge(inp, [files[0], files[1], files[1], files[2]], out)
+        check(rc == 2 and b"given twice" in err, f"shard twice: exit {rc}: {err.decode()}")
+        # N that disagrees (a file known by its name only), a file that is no shard
+        four = os.path.join(tmp, "x.1-of-4.jsonl")
+        open(four, "w").close()
+        rc, _, err = merge(inp, [files[0], four], out)
+        check(rc == 2 and b"one of 3" in err, f"mixed N: exit {rc}: {err.decode()}")
+        rc, _, err = merge(inp, [files[0], inp], out)
+        check(rc == 2 and b"cannot tell which shard" in err, f"not a shard: exit {rc}: {err.decode()}")
+
+        # a record written twice (the marker updated to the new size): exit 1, listed
+        dup = open(files[2], "rb").read()
+        first = dup.split(b"\n")[0] + b"\n"
+        open(files[2], "wb").write(first + dup)
+        m = json.load(open(files[2] + ".done"))
+        m["output_bytes"] = len(first + dup)
+        open(files[2] + ".done", "w").write(json.dumps(m) + "\n")
+        rc, _, err = merge(inp, files, out)
+        check(rc == 1 and b"answered again" in err and not os.path.exists(out), f"dup record: exit {rc}: "
+              f"{err.decode()}")
+        # ... and a file edited after its marker: refused
+        open(files[2], "wb").write(dup)
+        rc, _, err = merge(inp, files, out)
+        check(rc == 2 and b"changed since" in err, f"edited shard: exit {rc}: {err.decode()}")
+
+        # an unfinished shard (no marker): exit 1, said so
+        open(files[2], "wb").write(dup)
+        os.unlink(files[2] + ".done")
+        rc, _, err = merge(inp, files, out)
+        check(rc == 1 and b"has no marker" in err and not os.path.exists(out), f"unfinished: exit {rc}: "
+              f"{err.decode()}")
+
+
 def case_progress():
     """stderr: the KV/concurrency banner, periodic log lines off a TTY, the
     summary; nothing with --quiet. --metrics adds per-request timings."""
