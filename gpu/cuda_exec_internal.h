@@ -37,14 +37,20 @@ typedef struct pinned_buf {
     int pending;          /* ev recorded after the last copy from h */
 } pinned_buf;
 
+/* One buffer of the table's alloc() (cx_rows_after). */
+typedef struct cx_alloc_rec {
+    uintptr_t p;
+    size_t bytes;
+} cx_alloc_rec;
+
 typedef struct cuda_exec {
     executor base;        /* first member: executor* <-> cuda_exec* */
     int device;
     int act_dt, wt_dt, kv_dt; /* pgk_dtype codes */
-    int sync_each;        /* PAGEDGEN_CUDA_SYNC=1 */
     cudaStream_t stream;
     cuda_gemm *gemm;
     pg_error err;
+    pgk_launch lk;        /* stream, sync_each (PAGEDGEN_CUDA_SYNC=1), &err; kernels launched */
 
     /* step metadata (begin_step): one device block of int32 */
     pinned_buf meta_h;
@@ -90,6 +96,13 @@ typedef struct cuda_exec {
     pinned_buf lp_req_h, lp_out_h;
     size_t logits_copy_bytes;     /* logits the last step copied to the host */
     size_t logits_copy_total;     /* ... every step so far */
+    /* alloc()'s buffers, ascending by address: how many rows an operand
+     * holds past its pointer (the GEMM computes a last partial chunk in
+     * place when both operands hold its padded rows) */
+    cx_alloc_rec *allocs;         /* [n_allocs] */
+    size_t n_allocs, allocs_cap;
+    /* what run_step launched (cuda_executor_launch_counts) */
+    cuda_launch_counts last_step;
 } cuda_exec;
 
 #define STAGE_BYTES ((size_t)16 << 20)
@@ -129,6 +142,12 @@ int cx_upload(executor *ex, void *dst, exec_buf_kind kind, size_t dst_elem_off, 
 int cx_download_f32(executor *ex, float *dst_host, const void *src, exec_buf_kind kind,
                     size_t n_elems);
 int cx_sync(executor *ex);
+/* Whole rows of row_bytes from p to the end of the alloc() buffer holding
+ * p; 0 when p is in none (an internal buffer, or foreign memory). */
+int64_t cx_rows_after(const cuda_exec *c, const void *p, size_t row_bytes);
+/* Device work queued so far: kernels (c->lk), cuBLAS products and copies
+ * (cuda_gemm_counts). */
+cuda_launch_counts cx_counts(const cuda_exec *c);
 
 /* ---- cuda_step_meta.c ----------------------------------------------------- */
 
@@ -148,6 +167,9 @@ int cx_rope(executor *ex, void *qkv, const float *inv_freq, int32_t nh, int32_t 
             const step_batch *b);
 int cx_kv_write(executor *ex, void *k_cache, void *v_cache, const void *qkv, int32_t nh,
                 int32_t nkv, int32_t hd, const step_batch *b);
+int cx_rope_kv(executor *ex, void *qkv, void *k_cache, void *v_cache, const float *b_qkv,
+               const float *q_w, const float *k_w, float eps, const float *inv_freq, int32_t nh,
+               int32_t nkv, int32_t hd, const step_batch *b);
 int cx_attention(executor *ex, void *out, const void *qkv, const void *k_cache, const void *v_cache,
                  int32_t nh, int32_t nkv, int32_t hd, float scale, const step_batch *b);
 int cx_add_bias(executor *ex, void *y, const float *bias, int32_t rows, int32_t N);
@@ -181,6 +203,7 @@ typedef struct graph_bucket {
     cudaGraphExec_t exec;         /* NULL until captured */
     uint64_t generation;          /* buffers_generation() at the capture */
     int32_t logits_rows, logits_V; /* what its logits node copies to the host */
+    cuda_launch_counts launches;  /* the device work its capture recorded */
 } graph_bucket;
 
 /* Everything a captured graph reads or writes besides the model's own

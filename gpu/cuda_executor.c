@@ -77,12 +77,22 @@ static void cuda_destroy(executor *ex)
         cudaFree(c->lp_out_d);
     if (c->stream)
         cudaStreamDestroy(c->stream);
+    free(c->allocs);
     free(c);
 }
 
 static const char *cuda_last_error(executor *ex)
 {
     return cx(ex)->err.msg;
+}
+
+cuda_launch_counts cx_counts(const cuda_exec *c)
+{
+    cuda_launch_counts n = {.kernels = c->lk.kernels};
+    if (c->gemm)
+        cuda_gemm_counts(c->gemm, &n.gemms, &n.copies);
+    n.total = n.kernels + n.gemms + n.copies;
+    return n;
 }
 
 static const executor_ops cuda_ops;
@@ -117,7 +127,19 @@ static const executor_ops cuda_ops = {
     .run_step = cx_run_step,
     .greedy_rows = cuda_executor_greedy_next_step,
     .logprob_rows = cuda_executor_logprob_rows,
+    .rope_kv = cx_rope_kv,
 };
+
+void cuda_executor_launch_counts(executor *ex, cuda_launch_counts *total,
+                                 cuda_launch_counts *last_step)
+{
+    cuda_exec *c = cx_as_cuda(ex);
+    const cuda_launch_counts zero = {0, 0, 0, 0};
+    if (total)
+        *total = c ? cx_counts(c) : zero;
+    if (last_step)
+        *last_step = c ? c->last_step : zero;
+}
 
 int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error *err)
 {
@@ -145,7 +167,7 @@ int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error
     c->act_dt = c->wt_dt = p->precision == 1 ? PGK_F32 : PGK_BF16;
     c->kv_dt = p->precision == 1 ? PGK_F32 : (p->kv_dtype == 1 ? PGK_F16 : PGK_BF16);
     const char *sync = getenv("PAGEDGEN_CUDA_SYNC");
-    c->sync_each = sync && strcmp(sync, "1") == 0;
+    c->lk.sync_each = sync && strcmp(sync, "1") == 0;
     c->base.op = &cuda_ops;
     c->base.name = "cuda";
     c->base.act_bytes = pgk_dtype_bytes(c->act_dt);
@@ -159,12 +181,25 @@ int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error
         rc = cx_fail(err, PG_EDEVICE, "cudaStreamCreate", e);
         goto fail;
     }
+    c->lk.st = c->stream;
+    c->lk.err = &c->err;
     rc = cuda_gemm_create(&c->gemm, c->stream, err);
     if (rc) {
         pg_error_wrap(err, rc, "cuda executor on device %d", (int)p->device);
         goto fail;
     }
     cuda_gemm_set_fixed_rows(c->gemm, p->fast_gemm ? 0 : CUDA_GEMM_FIXED_ROWS);
+    /* small-batch products on gpu/gemv.cu (cuda_gemm.h): off unless asked */
+    const char *gemv = getenv("PAGEDGEN_CUDA_GEMV");
+    if (gemv && strcmp(gemv, "on") == 0)
+        cuda_gemm_set_gemv(c->gemm, CUDA_GEMM_GEMV_ON);
+    else if (gemv && strcmp(gemv, "auto") == 0)
+        cuda_gemm_set_gemv(c->gemm, CUDA_GEMM_GEMV_AUTO);
+    else if (gemv && *gemv && strcmp(gemv, "off") != 0) {
+        rc = pg_error_set(err, PG_EINVAL, "cuda executor: PAGEDGEN_CUDA_GEMV=%s: expected off, on or auto",
+                          gemv);
+        goto fail;
+    }
     *out = &c->base;
     return 0;
 fail:

@@ -48,6 +48,18 @@
 /* int32 from the start a step of bucket P uses before the logits rows */
 #define GM_USED(Pm, st, P) (GM_BT(Pm, st) + (size_t)(P) * (size_t)(st))
 
+static cuda_launch_counts counts_sub(cuda_launch_counts a, cuda_launch_counts b)
+{
+    return (cuda_launch_counts){a.kernels - b.kernels, a.gemms - b.gemms, a.copies - b.copies,
+                                a.total - b.total};
+}
+
+static cuda_launch_counts counts_add(cuda_launch_counts a, cuda_launch_counts b)
+{
+    return (cuda_launch_counts){a.kernels + b.kernels, a.gemms + b.gemms, a.copies + b.copies,
+                                a.total + b.total};
+}
+
 static uint64_t graph_generation(const cuda_exec *c)
 {
     return c->graphs->generation + cuda_gemm_buffers_generation(c->gemm);
@@ -143,13 +155,15 @@ int cx_graph_logits(cuda_exec *c, const void *x, const void *w, int32_t L, int32
         if (rc)
             return rc;
     }
-    int rc = cuda_gemm_xwt(c->gemm, g->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
+    const int64_t x_rows = cx_rows_after(c, x, (size_t)H * pgk_dtype_bytes(c->act_dt));
+    int rc = cuda_gemm_xwt_rows(c->gemm, g->logits_d, (int64_t)(g->logits_cap / ((size_t)V * 4u)),
+                                PGK_F32, x, x_rows > L ? x_rows : L, w, c->act_dt, L, V, H, &c->err);
     if (rc)
         return rc;
     /* every row's argmax (cheap: the rows are read once more on the
      * device), for the rows the step wants as ids only; the logits rows are
      * copied after the replay, only those the step returns */
-    if ((rc = pgk_argmax(g->ids_d, g->logits_d, L, V, c->stream, 0, &c->err)))
+    if ((rc = pgk_argmax(g->ids_d, g->logits_d, L, V, &c->lk)))
         return rc;
     void *h = NULL;
     if ((rc = cx_pinned_get(c->stream, &g->ids_h, (size_t)L * 4u, &h, &c->err))) /* allocates only at the warm-up */
@@ -282,8 +296,8 @@ static int graph_capture(cuda_exec *c, graph_bucket *bk, const step_batch *pb,
     cuda_graphs *g = c->graphs;
     CUDA_TRY(&c->err, "cudaStreamBeginCapture",
              cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal));
-    const int sync_each = c->sync_each; /* a synchronization would invalidate the capture */
-    c->sync_each = 0;
+    const int sync_each = c->lk.sync_each; /* a synchronization would invalidate the capture */
+    c->lk.sync_each = 0;
     if (g->fault & CUDA_GRAPH_TEST_FAIL_CAPTURE) {
         /* illegal while capturing: the driver (and the emulator) invalidate
          * the capture, which then fails at its end (a negative control) */
@@ -291,9 +305,11 @@ static int graph_capture(cuda_exec *c, graph_bucket *bk, const step_batch *pb,
         (void)cudaStreamSynchronize(c->stream);
     }
     g->bound = g->capturing = 1;
+    const cuda_launch_counts k0 = cx_counts(c);
     int rc = forward(ctx, pb, NULL);
+    bk->launches = counts_sub(cx_counts(c), k0); /* what each replay runs */
     g->bound = g->capturing = 0;
-    c->sync_each = sync_each;
+    c->lk.sync_each = sync_each;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
     if (rc || e != cudaSuccess) {
@@ -330,8 +346,12 @@ static void graph_fall_back(cuda_exec *c, graph_bucket *bk)
             "(%s); these steps run eagerly\n", (int)bk->size, (int)bk->context, c->err.msg);
 }
 
+/* *replayed: the bucket whose graph the step launched (NULL: eager), and
+ * *mark the counts just before the step's own work (cx_run_step's
+ * last_step: the warm-up and capture are not the step's). */
 static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
-                         exec_forward_fn forward, void *ctx)
+                         exec_forward_fn forward, void *ctx, const graph_bucket **replayed,
+                         cuda_launch_counts *mark)
 {
     cuda_graphs *g = c->graphs;
     if (!g || !graph_eligible(g, b))
@@ -379,6 +399,7 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
         return rc;
     if (!bk->exec && graph_capture(c, bk, &pb, forward, ctx)) {
         graph_fall_back(c, bk);
+        *mark = cx_counts(c);
         return forward(ctx, b, logits_host);
     }
     if (bk->logits_rows != P || bk->logits_V < 1) {
@@ -388,6 +409,8 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
                             "cuda graph: the captured step computed %d logits rows, expected %d",
                             (int)bk->logits_rows, (int)P);
     }
+    *replayed = bk;
+    *mark = cx_counts(c);
     CUDA_TRY(&c->err, "cudaGraphLaunch (decode step)", cudaGraphLaunch(bk->exec, c->stream));
     g->replays++;
     /* the logprob rows, then the S real rows (of the P computed), after the
@@ -401,7 +424,12 @@ int cx_run_step(executor *ex, const step_batch *b, float *logits_host,
                          exec_forward_fn forward, void *ctx)
 {
     cuda_exec *c = cx(ex);
-    int rc = run_step_impl(c, b, logits_host, forward, ctx);
+    const graph_bucket *replayed = NULL;
+    cuda_launch_counts mark = cx_counts(c);
+    int rc = run_step_impl(c, b, logits_host, forward, ctx, &replayed, &mark);
+    c->last_step = counts_sub(cx_counts(c), mark);
+    if (replayed)
+        c->last_step = counts_add(c->last_step, replayed->launches);
     c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
     c->lp_L = 0;
     return rc;

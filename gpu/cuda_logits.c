@@ -61,7 +61,7 @@ int cx_lp_launch(cuda_exec *c, const float *logits_d, int32_t L, int32_t V)
              cudaMemcpyAsync(c->lp_req_d, hq, (size_t)n * sizeof(pgk_lp_req), cudaMemcpyHostToDevice,
                              c->stream));
     if ((rc = cx_pinned_mark(&c->lp_req_h, c->stream, &c->err)) ||
-        (rc = pgk_logprobs(c->lp_out_d, logits_d, V, c->lp_req_d, n, c->stream, c->sync_each, &c->err)))
+        (rc = pgk_logprobs(c->lp_out_d, logits_d, V, c->lp_req_d, n, &c->lk)))
         return rc;
     CUDA_TRY(&c->err, "cudaMemcpyAsync (logprob results)",
              cudaMemcpyAsync(ho, c->lp_out_d, (size_t)n * sizeof(pg_lsm_row), cudaMemcpyDeviceToHost,
@@ -130,6 +130,11 @@ int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinne
     return 0;
 }
 
+static size_t row_f32(int32_t V)
+{
+    return (size_t)V * 4u;
+}
+
 static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const void *w, int32_t L,
                        int32_t V, int32_t H)
 {
@@ -144,7 +149,9 @@ static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const vo
     c->logits_cap = cap;
     if (rc)
         return rc;
-    rc = cuda_gemm_xwt(c->gemm, c->logits_d, PGK_F32, x, w, c->act_dt, L, V, H, &c->err);
+    const int64_t x_rows = cx_rows_after(c, x, (size_t)H * pgk_dtype_bytes(c->act_dt));
+    rc = cuda_gemm_xwt_rows(c->gemm, c->logits_d, (int64_t)(c->logits_cap / row_f32(V)), PGK_F32, x,
+                            x_rows > L ? x_rows : L, w, c->act_dt, L, V, H, &c->err);
     if (rc)
         return rc;
     const int32_t *ids = NULL;
@@ -154,7 +161,7 @@ static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const vo
                          "cudaMalloc (argmax ids)", &c->err);
         c->ids_cap = cap;
         void *hi = NULL;
-        if (rc || (rc = pgk_argmax(c->ids_d, c->logits_d, L, V, c->stream, c->sync_each, &c->err)) ||
+        if (rc || (rc = pgk_argmax(c->ids_d, c->logits_d, L, V, &c->lk)) ||
             (rc = cx_pinned_get(c->stream, &c->ids_h, (size_t)L * 4u, &hi, &c->err))) {
             c->greedy_L = 0;
             return rc;
@@ -245,7 +252,7 @@ int cuda_executor_argmax(executor *ex, int32_t *ids_host, const float *logits, i
     if (rows < 1)
         return pg_error_set(&c->err, PG_EINVAL, "cuda argmax: rows %d < 1", (int)rows);
     CUDA_TRY(&c->err, "cudaMalloc (argmax ids)", cudaMalloc((void **)&ids_d, (size_t)rows * 4u));
-    int rc = pgk_argmax(ids_d, logits, rows, V, c->stream, c->sync_each, &c->err);
+    int rc = pgk_argmax(ids_d, logits, rows, V, &c->lk);
     if (rc == 0) {
         cudaError_t e = cudaMemcpyAsync(ids_host, ids_d, (size_t)rows * 4u, cudaMemcpyDeviceToHost,
                                         c->stream);

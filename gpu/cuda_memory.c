@@ -161,6 +161,40 @@ static const char *kind_name(exec_buf_kind kind)
     return "?";
 }
 
+/* The table of alloc()'s buffers, ascending by address (cx_rows_after):
+ * the index of the last entry at or below a, or n_allocs when none is. */
+static size_t alloc_find(const cuda_exec *c, uintptr_t a)
+{
+    size_t lo = 0, hi = c->n_allocs; /* entries [0, lo) are <= a, [hi, n) above */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->allocs[mid].p <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo == 0 ? c->n_allocs : lo - 1;
+}
+
+/* Adds (p, bytes) to the table; 0 when the host is out of memory. */
+static int alloc_record(cuda_exec *c, void *p, size_t bytes)
+{
+    if (c->n_allocs == c->allocs_cap) {
+        size_t cap = c->allocs_cap ? 2 * c->allocs_cap : 64;
+        cx_alloc_rec *n = realloc(c->allocs, cap * sizeof *n);
+        if (!n)
+            return 0;
+        c->allocs = n;
+        c->allocs_cap = cap;
+    }
+    size_t i = alloc_find(c, (uintptr_t)p);
+    i = i == c->n_allocs ? 0 : i + 1; /* insert after the last entry below p */
+    memmove(&c->allocs[i + 1], &c->allocs[i], (c->n_allocs - i) * sizeof *c->allocs);
+    c->allocs[i] = (cx_alloc_rec){(uintptr_t)p, bytes};
+    c->n_allocs++;
+    return 1;
+}
+
 void *cx_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
 {
     cuda_exec *c = cx(ex);
@@ -189,14 +223,35 @@ void *cx_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
                      cudaGetErrorString(e), (double)f / 1048576.0, (double)t / 1048576.0);
         return NULL;
     }
+    if (!alloc_record(c, p, bytes)) {
+        cudaFree(p);
+        pg_error_set(&c->err, PG_ENOMEM, "cuda alloc: out of host memory (allocation table)");
+        return NULL;
+    }
     return p; /* cudaMalloc memory is at least 256-byte aligned */
 }
 
 void cx_free(executor *ex, void *p)
 {
-    if (p)
-        cudaFree(p);
-    (void)ex;
+    if (!p)
+        return;
+    cuda_exec *c = cx(ex);
+    size_t i = alloc_find(c, (uintptr_t)p);
+    if (i < c->n_allocs && c->allocs[i].p == (uintptr_t)p) {
+        memmove(&c->allocs[i], &c->allocs[i + 1], (c->n_allocs - i - 1) * sizeof *c->allocs);
+        c->n_allocs--;
+    }
+    cudaFree(p);
+}
+
+int64_t cx_rows_after(const cuda_exec *c, const void *p, size_t row_bytes)
+{
+    const uintptr_t a = (uintptr_t)p;
+    size_t i = alloc_find(c, a);
+    if (i >= c->n_allocs || c->allocs[i].p > a || row_bytes == 0)
+        return 0;
+    const uintptr_t end = c->allocs[i].p + c->allocs[i].bytes;
+    return a < end ? (int64_t)((end - a) / row_bytes) : 0;
 }
 
 /* Converts n elements of src (src_dtype, host, maybe unaligned) to dst_dt

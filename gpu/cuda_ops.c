@@ -24,24 +24,30 @@ int cx_embed(executor *ex, void *x, const void *table, int32_t H, int32_t V,
                                 (int)t, (int)V, (int)b->token_ids[t]);
     if (c->graphs && c->graphs->bound)
         c->graphs->vocab = V; /* replays check their token ids against it */
-    return pgk_embed(x, table, c->act_dt, H, V, d, c->stream, c->sync_each, &c->err);
+    return pgk_embed(x, table, c->act_dt, H, V, d, &c->lk);
 }
 
 int cx_rmsnorm(executor *ex, void *out, void *residual, const void *x, const float *w,
                         int32_t rows, int32_t dim, float eps)
 {
     cuda_exec *c = cx(ex);
-    return pgk_rmsnorm(out, residual, x, w, c->act_dt, rows, dim, eps, c->stream, c->sync_each,
-                       &c->err);
+    return pgk_rmsnorm(out, residual, x, w, c->act_dt, rows, dim, eps, &c->lk);
 }
 
 int cx_matmul(executor *ex, void *y, const void *x, const void *w, int32_t M, int32_t N,
                        int32_t K)
 {
     cuda_exec *c = cx(ex);
-    int rc = cuda_gemm_xwt(c->gemm, y, c->act_dt, x, w, c->act_dt, M, N, K, &c->err);
+    /* the rows y and x hold (alloc()'s table): a last partial 128-row chunk
+     * runs in place when both hold its padded rows (cuda_gemm_xwt_rows;
+     * executor.h matmul allows writing y's rows past M) */
+    const size_t eb = pgk_dtype_bytes(c->act_dt);
+    const int64_t y_rows = cx_rows_after(c, y, (size_t)N * eb);
+    const int64_t x_rows = cx_rows_after(c, x, (size_t)K * eb);
+    int rc = cuda_gemm_xwt_rows(c->gemm, y, y_rows > M ? y_rows : M, c->act_dt, x,
+                                x_rows > M ? x_rows : M, w, c->act_dt, M, N, K, &c->err);
     if (rc == 0)
-        rc = pgk_check_launch("matmul (cublasGemmEx)", c->stream, c->sync_each, &c->err);
+        rc = pgk_check_stream("matmul (cublasGemmEx)", &c->lk); /* counted by cuda_gemm */
     return rc;
 }
 
@@ -53,7 +59,7 @@ int cx_rope(executor *ex, void *qkv, const float *inv_freq, int32_t nh, int32_t 
     int rc = cx_step_batch_dev(c, b, "rope", &d);
     if (rc)
         return rc;
-    return pgk_rope(qkv, inv_freq, c->act_dt, nh, nkv, hd, d, c->stream, c->sync_each, &c->err);
+    return pgk_rope(qkv, inv_freq, c->act_dt, nh, nkv, hd, d, &c->lk);
 }
 
 int cx_kv_write(executor *ex, void *k_cache, void *v_cache, const void *qkv, int32_t nh,
@@ -64,8 +70,22 @@ int cx_kv_write(executor *ex, void *k_cache, void *v_cache, const void *qkv, int
     int rc = cx_step_batch_dev(c, b, "kv_write", &d);
     if (rc)
         return rc;
-    return pgk_kv_write(k_cache, v_cache, c->kv_dt, qkv, c->act_dt, nh, nkv, hd, d, c->stream,
-                        c->sync_each, &c->err);
+    return pgk_kv_write(k_cache, v_cache, c->kv_dt, qkv, c->act_dt, nh, nkv, hd, d, &c->lk);
+}
+
+/* bias + q/k norm + rope + kv_write in one launch (gpu/rope_kv.cu; the
+ * four ops above are its twins, executor.h rope_kv) */
+int cx_rope_kv(executor *ex, void *qkv, void *k_cache, void *v_cache, const float *b_qkv,
+               const float *q_w, const float *k_w, float eps, const float *inv_freq, int32_t nh,
+               int32_t nkv, int32_t hd, const step_batch *b)
+{
+    cuda_exec *c = cx(ex);
+    const pgk_batch *d = NULL;
+    int rc = cx_step_batch_dev(c, b, "rope_kv", &d);
+    if (rc)
+        return rc;
+    return pgk_rope_kv(qkv, k_cache, v_cache, c->kv_dt, b_qkv, q_w, k_w, eps, inv_freq, c->act_dt,
+                       nh, nkv, hd, d, &c->lk);
 }
 
 /* Sequences with one query token go to the decode kernel, the others to the
@@ -109,13 +129,13 @@ int cx_attention(executor *ex, void *out, const void *qkv, const void *k_cache,
                 return rc;
         }
         rc = pgk_decode_attention(out, qkv, c->act_dt, k_cache, v_cache, c->kv_dt, nh, nkv, hd,
-                                  scale, b->sliding_window, d, *ws, *ws_floats, c->stream, c->sync_each, &c->err);
+                                  scale, b->sliding_window, d, *ws, *ws_floats, &c->lk);
         if (rc)
             return rc;
     }
     if (d->max_query_len > 1)
         rc = pgk_prefill_attention(out, qkv, c->act_dt, k_cache, v_cache, c->kv_dt, nh, nkv, hd,
-                                   scale, b->sliding_window, d, c->stream, c->sync_each, &c->err);
+                                   scale, b->sliding_window, d, &c->lk);
     return rc;
 }
 
@@ -125,7 +145,7 @@ int cx_add_bias(executor *ex, void *y, const float *bias, int32_t rows, int32_t 
     cuda_exec *c = cx(ex);
     if (rows == 0)
         return 0;
-    return pgk_add_bias(y, bias, c->act_dt, rows, N, c->stream, c->sync_each, &c->err);
+    return pgk_add_bias(y, bias, c->act_dt, rows, N, &c->lk);
 }
 
 int cx_qk_norm(executor *ex, void *qkv, const float *q_w, const float *k_w, int32_t T,
@@ -134,14 +154,13 @@ int cx_qk_norm(executor *ex, void *qkv, const float *q_w, const float *k_w, int3
     cuda_exec *c = cx(ex);
     if (T == 0)
         return 0;
-    return pgk_qk_norm(qkv, q_w, k_w, c->act_dt, T, nh, nkv, hd, eps, c->stream, c->sync_each,
-                       &c->err);
+    return pgk_qk_norm(qkv, q_w, k_w, c->act_dt, T, nh, nkv, hd, eps, &c->lk);
 }
 
 int cx_silu_mul(executor *ex, void *out, const void *gate_up, int32_t T, int32_t I)
 {
     cuda_exec *c = cx(ex);
-    return pgk_silu_mul(out, gate_up, c->act_dt, T, I, c->stream, c->sync_each, &c->err);
+    return pgk_silu_mul(out, gate_up, c->act_dt, T, I, &c->lk);
 }
 
 int cx_gather_rows(executor *ex, void *dst, const void *src, int32_t dim,
@@ -152,7 +171,7 @@ int cx_gather_rows(executor *ex, void *dst, const void *src, int32_t dim,
     int rc = cx_step_batch_dev(c, b, "gather_rows", &d);
     if (rc)
         return rc;
-    return pgk_gather_rows(dst, src, c->act_dt, dim, d, c->stream, c->sync_each, &c->err);
+    return pgk_gather_rows(dst, src, c->act_dt, dim, d, &c->lk);
 }
 
 int cx_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
@@ -203,6 +222,6 @@ int cx_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
     if (rc)
         return rc;
     return pgk_copy_blocks(kv, c->kv_dt, n_planes, plane_elems, block_elems, c->pairs_d, n_pairs,
-                           c->stream, c->sync_each, &c->err);
+                           &c->lk);
 }
 
