@@ -42,9 +42,10 @@
  * pure decode step — every sequence one query token, every one sampling —
  * of at most max_batch sequences; prefill and mixed steps, and decode steps
  * past the bounds, run eagerly. What is captured: the model's whole
- * forward (embed, every layer's norms, GEMMs, rope, kv_write, decode
- * attention and its reduction, the final norm, lm_head, the argmax of each
- * logits row and its copy into pinned memory) for the batch padded to its bucket
+ * forward (embed, every layer's norms, GEMMs, rope_kv (bias, q/k norm,
+ * rope, KV write), decode attention and its reduction, the final norm,
+ * lm_head, the argmax of each logits row and its copy into pinned memory)
+ * for the batch padded to its bucket
  * (cuda_plan_graph_sizes: 1, 2, 4, then multiples of 8 up to max_batch)
  * and for the context tier of its longest sequence (cuda_plan_graph_context:
  * 512, 2048, 8192, ... tokens up to max_seq_len), captured on the first step
