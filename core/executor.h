@@ -106,7 +106,11 @@ typedef struct executor_ops {
     int (*rmsnorm)(executor *ex, void *out, void *residual, const void *x, const float *w,
                    int32_t rows, int32_t dim, float eps);
     /* y = x @ w^T          y [M][N] act, x [M][K] act, w [N][K] wt.
-     * Row m of y must not depend on M or on the other rows. */
+     * Row m of y must not depend on M or on the other rows. Rows of x and
+     * y past M that lie inside their alloc() buffers may be read (x) and
+     * overwritten (y): the CUDA executor computes its fixed 128-row chunks
+     * in place when the buffers hold them (gpu/cuda_gemm.h
+     * cuda_gemm_xwt_rows); callers keep nothing there. */
     int (*matmul)(executor *ex, void *y, const void *x, const void *w,
                   int32_t M, int32_t N, int32_t K);
     /* RoPE in place on the q and k heads of qkv (rotate_half convention:
@@ -199,6 +203,19 @@ typedef struct executor_ops {
      * range (token >= V, k > PG_LSM_MAX_TOP). rows [L] is host memory
      * borrowed until that logits returns; L = 0 clears it. */
     int (*logprob_rows)(executor *ex, pg_lsm_row *rows, int32_t L);
+
+    /* ---- fused ops (optional: NULL where the executor has none, the CPU;
+     * the model then calls the ops they stand for one by one) ------------ */
+    /* What lies between the qkv projection and attention, in one call, with
+     * the results of these ops in this order, bit for bit:
+     *   add_bias(qkv, b_qkv, T, (nh + 2 nkv) hd)    when b_qkv != NULL
+     *   qk_norm(qkv, q_w, k_w, T, nh, nkv, hd, eps)  when q_w != NULL (k_w too)
+     *   rope(qkv, inv_freq, nh, nkv, hd, b)
+     *   kv_write(k_cache, v_cache, qkv, nh, nkv, hd, b)
+     * (CUDA: one kernel, a token's row read once: gpu/rope_kv.cu). */
+    int (*rope_kv)(executor *ex, void *qkv, void *k_cache, void *v_cache, const float *b_qkv,
+                   const float *q_w, const float *k_w, float eps, const float *inv_freq,
+                   int32_t nh, int32_t nkv, int32_t hd, const step_batch *b);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

@@ -527,6 +527,52 @@ void model_set_op_profile(model *m, op_profile *p)
     m->prof = p;
 }
 
+/* Between the qkv projection (timed from *t0 on) and attention: the q|k|v
+ * bias (Qwen2), q/k norms (Qwen3), rope and the KV-cache write — one fused
+ * call where the executor has it (executor.h rope_kv: the same bits), else
+ * the ops one by one. */
+static int qkv_to_cache(model *m, const model_layer *ly, const step_batch *b, void *k_plane,
+                        void *v_plane, double t0, const char **failed)
+{
+    executor *ex = m->ex;
+    const executor_ops *op = ex->op;
+    const int32_t T = b->num_tokens, nh = m->nh, nkv = m->nkv, hd = m->hd;
+    const float eps = m->cfg->rms_norm_eps;
+    int rc;
+    if (op->rope_kv) {
+        prof_end(m, OPP_QKV, t0);
+        *failed = "rope_kv";
+        t0 = prof_begin(m);
+        if ((rc = op->rope_kv(ex, m->qkv, k_plane, v_plane, ly->b_qkv, ly->q_norm, ly->k_norm, eps,
+                              m->inv_freq, nh, nkv, hd, b)))
+            return rc;
+        prof_end(m, OPP_ROPE, t0);
+        return PG_OK;
+    }
+    if (ly->b_qkv) { /* timed with the projection it belongs to */
+        *failed = "qkv bias";
+        if ((rc = op->add_bias(ex, m->qkv, ly->b_qkv, T, m->QKV)))
+            return rc;
+    }
+    prof_end(m, OPP_QKV, t0);
+    t0 = prof_begin(m);
+    if (ly->q_norm) { /* timed with rope: both transform the q and k heads */
+        *failed = "q/k norm";
+        if ((rc = op->qk_norm(ex, m->qkv, ly->q_norm, ly->k_norm, T, nh, nkv, hd, eps)))
+            return rc;
+    }
+    *failed = "rope";
+    if ((rc = op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b)))
+        return rc;
+    prof_end(m, OPP_ROPE, t0);
+    *failed = "kv_write";
+    t0 = prof_begin(m);
+    if ((rc = op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b)))
+        return rc;
+    prof_end(m, OPP_KV_WRITE, t0);
+    return PG_OK;
+}
+
 /* One decoder layer over all T rows. On entry m->x holds the residual
  * stream and, for l > 0, m->proj the previous layer's mlp_out (not yet
  * added); on return the same holds for layer l + 1. *failed names the op
@@ -557,27 +603,8 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->qkv, m->normed, ly->w_qkv, T, m->QKV, H)))
         return rc;
-    if (ly->b_qkv) { /* timed with the projection it belongs to */
-        *failed = "qkv bias";
-        if ((rc = op->add_bias(ex, m->qkv, ly->b_qkv, T, m->QKV)))
-            return rc;
-    }
-    prof_end(m, OPP_QKV, t0);
-    t0 = prof_begin(m);
-    if (ly->q_norm) { /* timed with rope: both transform the q and k heads */
-        *failed = "q/k norm";
-        if ((rc = op->qk_norm(ex, m->qkv, ly->q_norm, ly->k_norm, T, nh, nkv, hd, eps)))
-            return rc;
-    }
-    *failed = "rope";
-    if ((rc = op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b)))
+    if ((rc = qkv_to_cache(m, ly, b, k_plane, v_plane, t0, failed)))
         return rc;
-    prof_end(m, OPP_ROPE, t0);
-    *failed = "kv_write";
-    t0 = prof_begin(m);
-    if ((rc = op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b)))
-        return rc;
-    prof_end(m, OPP_KV_WRITE, t0);
     /* the layer's window (config.h llama_layer_window): the step's own
      * (every layer, the engine frees blocks behind it) or this layer's */
     const int32_t window = llama_layer_window(m->cfg, l);
