@@ -17,6 +17,7 @@
 #include "sampler.h"
 #include "scheduler.h"
 #include "sequence.h"
+#include "step_profile.h"
 #include "tokenizer.h"
 
 /* A compiled constraint shared by the requests that give the same one
@@ -104,6 +105,8 @@ struct engine {
     int32_t n_unfinished;
     engine_stats stats;
     double util_filled_sum, util_alloc_sum;
+    step_profile *sprof;                        /* borrowed, NULL: no step profile */
+    double samp_s;                              /* host sampling time of the step (sprof) */
 };
 
 static double now_ms(void)
@@ -836,7 +839,9 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
                 e->scratch[r->stop_ids[k]] = row[r->stop_ids[k]];
         }
     }
+    double t0 = e->sprof ? step_profile_now() : 0.0;
     rc = sampler_sample(e->ws, &r->sp, e->scratch, vocab, &view, &q->rng, &res);
+    if (e->sprof) e->samp_s += step_profile_now() - t0;
     if (rc)
         return pg_error_set(err, rc, "engine: request %llu sequence %d: %s",
                             (unsigned long long)r->id, (int)q->index,
@@ -956,9 +961,34 @@ static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_
     return PG_OK;
 }
 
+void engine_set_step_profile(engine *e, step_profile *p) { e->sprof = p; }
+
+/* --profile-steps: the time since *t, added to phase ph of this step; *t
+ * moves to now. */
+static void sp_lap(const engine *e, double *ph, step_phase which, double *t)
+{
+    if (!e->sprof) return;
+    double now = step_profile_now();
+    ph[which] += now - *t;
+    *t = now;
+}
+
+/* --profile-steps: a step of sched st with batch b, begun at t_step, whose
+ * phases were ph, into the profile (its executor phases are in sprof->cur). */
+static void sp_step_done(engine *e, const step_batch *b, const double *ph, double t_step)
+{
+    step_profile *p = e->sprof;
+    int k = p->kind;
+    p->steps[k]++;
+    p->seqs[k] += b->num_seqs;
+    p->step_s[k] += step_profile_now() - t_step;
+    for (int i = 0; i < SP_COUNT; i++) p->phase_s[k][i] += ph[i];
+}
+
 int engine_step(engine *e, pg_error *err)
 {
     if (e->n_unfinished == 0) return PG_OK;
+    double ph[SP_COUNT] = {0}, t_step = e->sprof ? step_profile_now() : 0.0, t = t_step;
     sched_step st;
     int rc = scheduler_schedule(e->sched, &st, err);
     if (rc) return rc;
@@ -967,14 +997,15 @@ int engine_step(engine *e, pg_error *err)
     e->stats.prefix_cache_queries += st.prefix_queries;
     e->stats.prefix_cache_hits += st.prefix_hits;
     if (st.n_entries == 0) goto done; /* everything was preempted: readmit next step */
-    double t = now_ms();
+    double t_admit = now_ms();
     for (int32_t i = 0; i < st.n_entries; i++) {
         request *r = request_root(st.entries[i].seq->req);
         if (!r->admitted_once) {
             r->admitted_once = true;
-            r->t_first_admit_ms = t;
+            r->t_first_admit_ms = t_admit;
         }
     }
+    sp_lap(e, ph, SP_SCHEDULE, &t); /* with the admission bookkeeping above */
     step_batch b;
     build_batch(e, &st, &b);
     if (st.n_cow > 0) {
@@ -1004,6 +1035,12 @@ int engine_step(engine *e, pg_error *err)
         }
     }
     if ((rc = mark_logprob_rows(e, &st, &b, err))) return rc;
+    if (e->sprof) {
+        e->sprof->kind = b.num_tokens > b.num_seqs ? OPP_PREFILL : OPP_DECODE;
+        memset(e->sprof->cur, 0, sizeof e->sprof->cur);
+        e->samp_s = 0.0;
+    }
+    sp_lap(e, ph, SP_METADATA, &t);
     if (e->n_prompt_rows == 0 || e->plp_per_step) {
         if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) {
             if (dev_greedy) { /* a forward that failed early leaves no mask pending */
@@ -1015,6 +1052,16 @@ int engine_step(engine *e, pg_error *err)
         if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b.num_logits, e->logits, err))) return rc;
     } else if ((rc = e->be.forward_rows(e->be.ctx, &b, e->slice, e->slice_rows, take_rows, e, err))) {
         return rc;
+    }
+    if (e->sprof) { /* the forward: the executor's phases, the rest is launching */
+        double fwd = 0.0;
+        sp_lap(e, &fwd, 0, &t);
+        const step_phase xs[3] = {SP_H2D, SP_WAIT, SP_D2H};
+        for (int i = 0; i < 3; i++) {
+            ph[xs[i]] += e->sprof->cur[xs[i]];
+            fwd -= e->sprof->cur[xs[i]];
+        }
+        ph[SP_LAUNCH] += fwd;
     }
 
     for (int32_t i = 0; i < st.n_entries; i++) {
@@ -1087,6 +1134,12 @@ int engine_step(engine *e, pg_error *err)
     for (int32_t i = 0; i < n_done; i++) {
         scheduler_remove(e->sched, e->done[i]);
         if ((rc = retire(e, e->done[i], err))) return rc;
+    }
+    if (e->sprof) {
+        sp_lap(e, ph, SP_OUTPUT, &t);
+        ph[SP_SAMPLE] += e->samp_s; /* it ran inside the output loop */
+        ph[SP_OUTPUT] -= e->samp_s;
+        sp_step_done(e, &b, ph, t_step);
     }
 done:
     {

@@ -26,6 +26,7 @@
 #include "cuda_gemm.h"
 #include "cuda_kernels.h"
 #include "cuda_plan.h"
+#include "cuda_step_profile.h"
 #include "dtype.h"
 
 /* Pinned host staging buffer with an event that says when the device has
@@ -90,6 +91,7 @@ typedef struct cuda_exec {
     pinned_buf lp_req_h, lp_out_h;
     size_t logits_copy_bytes;     /* logits the last step copied to the host */
     size_t logits_copy_total;     /* ... every step so far */
+    struct cuda_sprof *sprof;     /* --profile-steps (cuda_step_profile.h), or NULL */
 } cuda_exec;
 
 #define STAGE_BYTES ((size_t)16 << 20)
@@ -310,6 +312,7 @@ static void cuda_destroy(executor *ex)
     if (c->stream)
         cudaStreamSynchronize(c->stream);
     graph_free(c->graphs);
+    cuda_sprof_destroy(c->sprof);
     cuda_gemm_destroy(c->gemm);
     pinned_free(&c->meta_h);
     pinned_free(&c->pairs_h);
@@ -646,7 +649,10 @@ static int cuda_begin_step(executor *ex, const step_batch *b)
     cuda_exec *c = cx(ex);
     if (graph_bound(c)) /* a warm-up or capture of a graphed step */
         return graph_bind_batch(c, b);
-    return begin_step_impl(c, b, 1);
+    const double t0 = step_profile_now();
+    int rc = begin_step_impl(c, b, 1);
+    step_profile_add(cuda_sprof_profile(c->sprof), SP_H2D, t0);
+    return rc;
 }
 
 /* The device copy of b (checks that b is the batch of the last begin_step). */
@@ -695,8 +701,8 @@ static int cuda_matmul(executor *ex, void *y, const void *x, const void *w, int3
 {
     cuda_exec *c = cx(ex);
     int rc = cuda_gemm_xwt(c->gemm, y, c->act_dt, x, w, c->act_dt, M, N, K, &c->err);
-    if (rc == 0)
-        rc = pgk_check_launch("matmul (cublasGemmEx)", c->stream, c->sync_each, &c->err);
+    if (rc == 0) /* cuda_gemm.c counted its calls */
+        rc = pgk_check_error("matmul (cublasGemmEx)", c->stream, c->sync_each, &c->err);
     return rc;
 }
 
@@ -910,7 +916,11 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
         c->logits_copy_bytes += (size_t)(r1 - r) * row_bytes;
         c->logits_copy_total += (size_t)(r1 - r) * row_bytes;
     }
+    step_profile *sp = cuda_sprof_profile(c->sprof);
+    double t0 = step_profile_now();
     CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
+    step_profile_add(sp, SP_WAIT, t0);
+    t0 = step_profile_now();
     const pg_lsm_row *lp_out = lp_n ? c->lp_out_h.h : NULL;
     for (int32_t r = 0, q = 0; r < L; r++) {
         if (lp && lp[r].want) { /* results in the order of the requests (lp_launch) */
@@ -927,6 +937,7 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
                                 "cuda logits: greedy row %d: no token can be sampled: all %d logits "
                                 "are -inf or nan", (int)r, (int)V);
     }
+    step_profile_add(sp, SP_D2H, t0);
     return 0;
 }
 
@@ -1397,9 +1408,11 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     g->cur_context = bk->context;
     g->cur_stride = (bk->context + g->block_size - 1) / g->block_size;
     step_batch pb;
+    const double t0 = step_profile_now();
     graph_fill(g, b, P, &pb);
     if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) && (rc = graph_upload(c, P)))
         return rc;
+    step_profile_add(cuda_sprof_profile(c->sprof), SP_H2D, t0);
     if (!bk->exec && graph_capture(c, bk, &pb, forward, ctx)) {
         graph_fall_back(c, bk);
         return forward(ctx, b, logits_host);
@@ -1425,6 +1438,7 @@ static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
 {
     cuda_exec *c = cx(ex);
     int rc = run_step_impl(c, b, logits_host, forward, ctx);
+    cuda_sprof_step_done(c->sprof, rc);
     c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
     c->lp_L = 0;
     return rc;
@@ -1613,6 +1627,20 @@ int cuda_executor_argmax(executor *ex, int32_t *ids_host, const float *logits, i
     return rc;
 }
 
+/* --profile-steps (executor.h set_step_profile, op_mark; cuda_step_profile.h) */
+static void cuda_set_step_profile(executor *ex, step_profile *p)
+{
+    cuda_exec *c = cx(ex);
+    if (cuda_sprof_set(&c->sprof, p) != 0)
+        fprintf(stderr, "pagedgen: warning: cuda: out of memory for the step profile\n");
+}
+
+static void cuda_op_mark(executor *ex, int op)
+{
+    cuda_exec *c = cx(ex);
+    cuda_sprof_mark(c->sprof, op, c->stream, graph_bound(c));
+}
+
 static const executor_ops cuda_ops = {
     .destroy = cuda_destroy,
     .last_error = cuda_last_error,
@@ -1638,6 +1666,8 @@ static const executor_ops cuda_ops = {
     .run_step = cuda_run_step,
     .greedy_rows = cuda_executor_greedy_next_step,
     .logprob_rows = cuda_executor_logprob_rows,
+    .set_step_profile = cuda_set_step_profile,
+    .op_mark = cuda_op_mark,
 };
 
 int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error *err)

@@ -133,6 +133,7 @@ static int gemm_call(cuda_gemm *g, void *y, int y_dt, const void *x, const void 
                      int32_t M, int32_t N, int32_t K, pg_error *err)
 {
     const float alpha = 1.0f, beta = 0.0f;
+    pgk_count_launches(1); /* --profile-steps' launch count (cuda_kernels.h) */
     /* y^T[N][M] (col-major) = op_T(w) [N][K] . x^T [K][M]; see the top comment */
     cublasStatus_t s = cublasGemmEx(g->handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha,
                                     w, gemm_type(in_dt), K,

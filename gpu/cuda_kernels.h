@@ -44,6 +44,16 @@ const char *pgk_dtype_name(int dt);
 /* Checks cudaGetLastError after a launch of `kernel` (and synchronizes when
  * sync_each); 0 or PG_EDEVICE with the message. */
 int pgk_check_launch(const char *kernel, cudaStream_t st, int sync_each, pg_error *err);
+/* pgk_check_launch without counting a launch (after cuBLAS calls, which
+ * cuda_gemm.c counts itself). */
+int pgk_check_error(const char *kernel, cudaStream_t st, int sync_each, pg_error *err);
+/* Launches so far in this process: one per pgk_check_launch (every kernel
+ * of gpu/) and one per cublasGemmEx call (cuda_gemm.c: a fixed-rows
+ * product of M rows is ceil(M / 128) calls). The process's one counter (one
+ * device, one executor: cuda_executor.h); --profile-steps reads it as a
+ * difference around a forward. */
+uint64_t pgk_launches(void);
+void pgk_count_launches(unsigned n);
 
 /* Step metadata on the device (copied by begin_step, which checked it:
  * positions[t] = seq_lens[s] - q_len(s) + i for the i-th token of sequence s,
