@@ -793,6 +793,8 @@ static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_
  * releases q's blocks when it finishes. */
 static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
 {
+    /* --profile-steps: the row's copy, its grammar mask and the sampler */
+    const double t_samp = e->sprof ? step_profile_now() : 0.0;
     request *r = q->req;
     int32_t vocab = e->be.vocab_size;
     memcpy(e->scratch, row, (size_t)vocab * sizeof *row);
@@ -839,9 +841,8 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
                 e->scratch[r->stop_ids[k]] = row[r->stop_ids[k]];
         }
     }
-    double t0 = e->sprof ? step_profile_now() : 0.0;
     rc = sampler_sample(e->ws, &r->sp, e->scratch, vocab, &view, &q->rng, &res);
-    if (e->sprof) e->samp_s += step_profile_now() - t0;
+    if (e->sprof) e->samp_s += step_profile_now() - t_samp;
     if (rc)
         return pg_error_set(err, rc, "engine: request %llu sequence %d: %s",
                             (unsigned long long)r->id, (int)q->index,
@@ -973,8 +974,9 @@ static void sp_lap(const engine *e, double *ph, step_phase which, double *t)
     *t = now;
 }
 
-/* --profile-steps: a step of sched st with batch b, begun at t_step, whose
- * phases were ph, into the profile (its executor phases are in sprof->cur). */
+/* --profile-steps: a step with batch b, begun at t_step, whose phases
+ * were ph (the executor's taken from sprof->cur already), into the
+ * profile. */
 static void sp_step_done(engine *e, const step_batch *b, const double *ph, double t_step)
 {
     step_profile *p = e->sprof;
