@@ -66,10 +66,13 @@ void step_profile_print(const step_profile *p, FILE *f, const char *prefix)
             for (int op = 0; op < OPP_COUNT; op++) {
                 const double ms = p->op_dev_ms[k][op] / m;
                 /* embed and the head run once a step, the others once a layer */
-                const int per_layer = op != OPP_EMBED && op != OPP_HEAD;
-                fprintf(f, "%s    %-22s %10.1f us/step %10.2f us/layer %6.1f%%\n", prefix,
-                        op_profile_name((op_profile_op)op), ms * 1e3,
-                        per_layer ? ms * 1e3 / nl : ms * 1e3, dev > 0.0 ? 100.0 * ms * m / dev : 0.0);
+                const double share = dev > 0.0 ? 100.0 * ms * m / dev : 0.0;
+                if (op != OPP_EMBED && op != OPP_HEAD)
+                    fprintf(f, "%s    %-22s %10.1f us/step %10.2f us/layer %6.1f%%\n", prefix,
+                            op_profile_name((op_profile_op)op), ms * 1e3, ms * 1e3 / nl, share);
+                else
+                    fprintf(f, "%s    %-22s %10.1f us/step %19s %6.1f%%\n", prefix,
+                            op_profile_name((op_profile_op)op), ms * 1e3, "once a step", share);
             }
         }
     }

@@ -186,7 +186,7 @@ def parse_profile(err, what):
         if m and cur is not None:
             cur["op_steps"] = int(m.group(1))
             continue
-        m = re.match(r"    (\S.*?) +([\d.]+) us/step +([\d.]+) us/layer +([\d.]+)%$", line)
+        m = re.match(r"    (\S.*?) +([\d.]+) us/step +(?:[\d.]+ us/layer|once a step) +([\d.]+)%$", line)
         if m and cur is not None:
             cur["ops"][m.group(1)] = float(m.group(2))
             continue
