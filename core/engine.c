@@ -17,6 +17,7 @@
 #include "sampler.h"
 #include "scheduler.h"
 #include "sequence.h"
+#include "step_profile.h"
 #include "tokenizer.h"
 
 /* A compiled constraint shared by the requests that give the same one
@@ -67,7 +68,14 @@ struct engine {
                                                    or no backend forward_rows */
     float *slice;                               /* [slice_rows][vocab] forward_rows slices */
     int32_t slice_rows;
-    int32_t *block_tables;                      /* [max_seqs][max_blocks] */
+    int32_t *block_tables;                      /* [max_seqs][max_blocks], rows at bt_stride */
+    /* the block table rows kept from step to step (build_batch): row i holds
+     * the first row_n[i] entries of table row_tab[i] at its version row_ver[i],
+     * so a sequence in the same row again gets only its new entries */
+    int32_t bt_stride;                          /* entries per row now; 0: no row valid */
+    int32_t *row_tab;                           /* [max_seqs] kv_pool table handle, -1: none */
+    uint32_t *row_ver;                          /* [max_seqs] */
+    int32_t *row_n;                             /* [max_seqs] */
     uint64_t *seq_ids;                          /* [max_seqs] */
     request **done;                             /* [max_seqs] retiring this step */
     float *logits;                              /* [max_seqs][vocab] sampling rows */
@@ -97,6 +105,8 @@ struct engine {
     int32_t n_unfinished;
     engine_stats stats;
     double util_filled_sum, util_alloc_sum;
+    step_profile *sprof;                        /* borrowed, NULL: no step profile */
+    double samp_s;                              /* host sampling time of the step (sprof) */
 };
 
 static double now_ms(void)
@@ -198,6 +208,9 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     if (e->slice_rows > e->max_seqs) e->slice_rows = e->max_seqs;
     if (!e->plp_per_step) e->slice = malloc((size_t)e->slice_rows * V * sizeof(float));
     e->block_tables = malloc(S * (size_t)e->max_blocks * sizeof(int32_t));
+    e->row_tab = malloc(S * sizeof(int32_t));
+    e->row_ver = malloc(S * sizeof(uint32_t));
+    e->row_n = malloc(S * sizeof(int32_t));
     e->seq_ids = malloc(S * sizeof(uint64_t));
     e->done = malloc(S * sizeof(request *));
     e->logits = malloc(S * V * sizeof(float));
@@ -208,7 +221,8 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     if (backend->logprob_rows) e->lp_rows = calloc(T, sizeof *e->lp_rows);
     if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
-        (!e->plp_per_step && !e->slice) || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
+        (!e->plp_per_step && !e->slice) || !e->block_tables || !e->row_tab || !e->row_ver ||
+        !e->row_n || !e->seq_ids || !e->done || !e->logits ||
         !e->scratch || !e->greedy || !e->greedy_ids || !e->samp_lrow ||
         (backend->logprob_rows && !e->lp_rows)) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
@@ -333,6 +347,9 @@ void engine_destroy(engine *e)
     free(e->row_pos);
     free(e->slice);
     free(e->block_tables);
+    free(e->row_tab);
+    free(e->row_ver);
+    free(e->row_n);
     free(e->seq_ids);
     free(e->done);
     free(e->logits);
@@ -678,16 +695,46 @@ static int take_rows(void *ctx, int32_t first, int32_t n, const float *logits, p
     return PG_OK;
 }
 
+/* Block table entries per row: the step's longest table rounded up to
+ * ENGINE_BT_STRIDE_STEP entries (at most max_blocks), so the row layout
+ * stays put while contexts grow (it changes once per 512 tokens of the
+ * longest context at block size 16) and rows can be updated in place. */
+#define ENGINE_BT_STRIDE_STEP 32
+
+/* Row i of the step's block tables for sequence q, whose table now needs
+ * nblk entries: only the entries past those the row already holds when it
+ * held q's table last step at the same version (decode: none, or one new
+ * block every block_size steps), else the whole row. vLLM v1 keeps its
+ * block table rows the same way (vllm/v1/worker/block_table.py append_row). */
+static void table_row(engine *e, int32_t i, const sequence *q, const int32_t *blocks, int32_t nblk)
+{
+    uint32_t ver = kv_pool_table_version(e->pool, q->table);
+    int32_t from = 0;
+    if (e->row_tab[i] == q->table && e->row_ver[i] == ver && e->row_n[i] <= nblk) from = e->row_n[i];
+    if (nblk > from)
+        memcpy(&e->block_tables[(size_t)i * (size_t)e->bt_stride + (size_t)from], blocks + from,
+               (size_t)(nblk - from) * sizeof *blocks);
+    e->row_tab[i] = q->table;
+    e->row_ver[i] = ver;
+    e->row_n[i] = nblk;
+}
+
 /* Fills the step_batch from the schedule. */
 static void build_batch(engine *e, const sched_step *st, step_batch *b)
 {
     int32_t bs = e->p.block_size;
-    int32_t t = 0, n_logits = 0, stride = 1, max_seq = 0, max_q = 0, n_samples = 0;
+    int32_t t = 0, n_logits = 0, need = 1, max_seq = 0, max_q = 0, n_samples = 0;
     int32_t n_prompt_rows = 0;
     for (int32_t i = 0; i < st->n_entries; i++) {
         const sequence *q = st->entries[i].seq;
         int32_t len = q->num_computed + st->entries[i].n_new;
-        if (ceil_div(len, bs) > stride) stride = ceil_div(len, bs);
+        if (ceil_div(len, bs) > need) need = ceil_div(len, bs);
+    }
+    int32_t stride = ceil_div(need, ENGINE_BT_STRIDE_STEP) * ENGINE_BT_STRIDE_STEP;
+    if (stride > e->max_blocks) stride = e->max_blocks;
+    if (stride != e->bt_stride) { /* a new row layout: every row from scratch */
+        e->bt_stride = stride;
+        for (int32_t i = 0; i < e->max_seqs; i++) e->row_tab[i] = -1;
     }
     e->query_start[0] = 0;
     for (int32_t i = 0; i < st->n_entries; i++) {
@@ -704,8 +751,7 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
         }
         e->query_start[i + 1] = t;
         e->seq_lens[i] = len;
-        memcpy(&e->block_tables[(size_t)i * (size_t)stride], blocks,
-               (size_t)ceil_div(len, bs) * sizeof *blocks);
+        table_row(e, i, q, blocks, ceil_div(len, bs));
         e->seq_ids[i] = (q->req->id << 8) | (uint64_t)q->index;
         if (len > max_seq) max_seq = len;
         if (en->n_new > max_q) max_q = en->n_new;
@@ -747,6 +793,8 @@ static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_
  * releases q's blocks when it finishes. */
 static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
 {
+    /* --profile-steps: the row's copy, its grammar mask and the sampler */
+    const double t_samp = e->sprof ? step_profile_now() : 0.0;
     request *r = q->req;
     int32_t vocab = e->be.vocab_size;
     memcpy(e->scratch, row, (size_t)vocab * sizeof *row);
@@ -794,6 +842,7 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         }
     }
     rc = sampler_sample(e->ws, &r->sp, e->scratch, vocab, &view, &q->rng, &res);
+    if (e->sprof) e->samp_s += step_profile_now() - t_samp;
     if (rc)
         return pg_error_set(err, rc, "engine: request %llu sequence %d: %s",
                             (unsigned long long)r->id, (int)q->index,
@@ -913,9 +962,35 @@ static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_
     return PG_OK;
 }
 
+void engine_set_step_profile(engine *e, step_profile *p) { e->sprof = p; }
+
+/* --profile-steps: the time since *t, added to phase ph of this step; *t
+ * moves to now. */
+static void sp_lap(const engine *e, double *ph, step_phase which, double *t)
+{
+    if (!e->sprof) return;
+    double now = step_profile_now();
+    ph[which] += now - *t;
+    *t = now;
+}
+
+/* --profile-steps: a step with batch b, begun at t_step, whose phases
+ * were ph (the executor's taken from sprof->cur already), into the
+ * profile. */
+static void sp_step_done(engine *e, const step_batch *b, const double *ph, double t_step)
+{
+    step_profile *p = e->sprof;
+    int k = p->kind;
+    p->steps[k]++;
+    p->seqs[k] += b->num_seqs;
+    p->step_s[k] += step_profile_now() - t_step;
+    for (int i = 0; i < SP_COUNT; i++) p->phase_s[k][i] += ph[i];
+}
+
 int engine_step(engine *e, pg_error *err)
 {
     if (e->n_unfinished == 0) return PG_OK;
+    double ph[SP_COUNT] = {0}, t_step = e->sprof ? step_profile_now() : 0.0, t = t_step;
     sched_step st;
     int rc = scheduler_schedule(e->sched, &st, err);
     if (rc) return rc;
@@ -924,14 +999,15 @@ int engine_step(engine *e, pg_error *err)
     e->stats.prefix_cache_queries += st.prefix_queries;
     e->stats.prefix_cache_hits += st.prefix_hits;
     if (st.n_entries == 0) goto done; /* everything was preempted: readmit next step */
-    double t = now_ms();
+    double t_admit = now_ms();
     for (int32_t i = 0; i < st.n_entries; i++) {
         request *r = request_root(st.entries[i].seq->req);
         if (!r->admitted_once) {
             r->admitted_once = true;
-            r->t_first_admit_ms = t;
+            r->t_first_admit_ms = t_admit;
         }
     }
+    sp_lap(e, ph, SP_SCHEDULE, &t); /* with the admission bookkeeping above */
     step_batch b;
     build_batch(e, &st, &b);
     if (st.n_cow > 0) {
@@ -961,6 +1037,12 @@ int engine_step(engine *e, pg_error *err)
         }
     }
     if ((rc = mark_logprob_rows(e, &st, &b, err))) return rc;
+    if (e->sprof) {
+        e->sprof->kind = b.num_tokens > b.num_seqs ? OPP_PREFILL : OPP_DECODE;
+        memset(e->sprof->cur, 0, sizeof e->sprof->cur);
+        e->samp_s = 0.0;
+    }
+    sp_lap(e, ph, SP_METADATA, &t);
     if (e->n_prompt_rows == 0 || e->plp_per_step) {
         if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) {
             if (dev_greedy) { /* a forward that failed early leaves no mask pending */
@@ -972,6 +1054,16 @@ int engine_step(engine *e, pg_error *err)
         if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b.num_logits, e->logits, err))) return rc;
     } else if ((rc = e->be.forward_rows(e->be.ctx, &b, e->slice, e->slice_rows, take_rows, e, err))) {
         return rc;
+    }
+    if (e->sprof) { /* the forward: the executor's phases, the rest is launching */
+        double fwd = 0.0;
+        sp_lap(e, &fwd, 0, &t);
+        const step_phase xs[3] = {SP_H2D, SP_WAIT, SP_D2H};
+        for (int i = 0; i < 3; i++) {
+            ph[xs[i]] += e->sprof->cur[xs[i]];
+            fwd -= e->sprof->cur[xs[i]];
+        }
+        ph[SP_LAUNCH] += fwd;
     }
 
     for (int32_t i = 0; i < st.n_entries; i++) {
@@ -1044,6 +1136,12 @@ int engine_step(engine *e, pg_error *err)
     for (int32_t i = 0; i < n_done; i++) {
         scheduler_remove(e->sched, e->done[i]);
         if ((rc = retire(e, e->done[i], err))) return rc;
+    }
+    if (e->sprof) {
+        sp_lap(e, ph, SP_OUTPUT, &t);
+        ph[SP_SAMPLE] += e->samp_s; /* it ran inside the output loop */
+        ph[SP_OUTPUT] -= e->samp_s;
+        sp_step_done(e, &b, ph, t_step);
     }
 done:
     {

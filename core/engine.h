@@ -312,6 +312,14 @@ void engine_abort_all(engine *e);
 /* Fills *s: the counters, and the pool and queue state now. */
 void engine_get_stats(const engine *e, engine_stats *s);
 
+/* --profile-steps: times every later step's phases into p (step_profile.h;
+ * borrowed, NULL stops): schedule, metadata, the forward (split by what the
+ * executor reports into p->cur), sample, output. The backend's executor
+ * and model are given p by the caller (model_set_step_profile). Steps
+ * that run nothing (all preempted) are not counted. */
+typedef struct step_profile step_profile; /* core/step_profile.h */
+void engine_set_step_profile(engine *e, step_profile *p);
+
 /* ---- introspection (tests, fake backends, metrics) ----------------------- */
 typedef struct kv_pool kv_pool; /* core/kv_pool.h */
 /* The block pool (borrowed; valid until engine_destroy). */

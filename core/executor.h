@@ -53,6 +53,7 @@
 #include "step_batch.h"
 
 typedef struct executor executor;
+typedef struct step_profile step_profile; /* core/step_profile.h */
 
 typedef enum exec_buf_kind {
     EXEC_ACT = 0,  /* activations: ex->act_bytes per element */
@@ -216,6 +217,24 @@ typedef struct executor_ops {
     int (*rope_kv)(executor *ex, void *qkv, void *k_cache, void *v_cache, const float *b_qkv,
                    const float *q_w, const float *k_w, float eps, const float *inv_freq,
                    int32_t nh, int32_t nkv, int32_t hd, const step_batch *b);
+
+    /* ---- step profile (optional: NULL on the CPU, --profile-steps) ------ */
+    /* Borrows p (NULL stops) until the next call: every later step adds
+     * its host phases to p->cur (SP_H2D: checking, packing and queueing
+     * the step's metadata; SP_WAIT: waiting for the device; SP_D2H: copies
+     * out of pinned memory into the caller's buffers), and a step whose
+     * forward runs op by op outside a graph capture times each op on the
+     * device between the op_mark calls into p->op_dev_ms[p->kind] (and
+     * p->op_steps), a graph replay counts in p->graph_steps, and a forward
+     * run op by op (eager, a graph's warm-up or capture) leaves its kernel
+     * launches in p->launches[p->kind]. Timing adds synchronization: only
+     * for profiling. */
+    void (*set_step_profile)(executor *ex, step_profile *p);
+    /* Called by the forward (core/model.c) with op = -1 right before its
+     * first op, and with op = OPP_* (op_profile.h) right after each op's
+     * calls: the device time between two marks is the op's. Ignored
+     * without a step profile. */
+    void (*op_mark)(executor *ex, int op);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

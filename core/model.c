@@ -83,6 +83,7 @@ struct model {
     void *rows_out;               /* [Smax][H] act    final-normed rows */
 
     op_profile *prof;             /* borrowed, NULL: no timing (model_set_op_profile) */
+    int op_marks;                 /* the executor times ops on the device (model_set_step_profile) */
     int prof_kind;                /* OPP_PREFILL or OPP_DECODE: the step being run */
     /* logprob rows of the next forward (model_logprob_rows; borrowed) */
     pg_lsm_row *lp_rows;          /* [lp_L] */
@@ -520,6 +521,8 @@ static void prof_end(model *m, op_profile_op op, double t0)
 {
     if (m->prof)
         m->prof->seconds[m->prof_kind][op] += op_profile_now() - t0;
+    if (m->op_marks)
+        m->ex->op->op_mark(m->ex, (int)op);
 }
 
 void model_set_op_profile(model *m, op_profile *p)
@@ -570,6 +573,18 @@ static int qkv_to_cache(model *m, const model_layer *ly, const step_batch *b, vo
     if ((rc = op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b)))
         return rc;
     prof_end(m, OPP_KV_WRITE, t0);
+    return PG_OK;
+}
+
+int model_set_step_profile(model *m, step_profile *p)
+{
+    executor *ex = m->ex;
+    if (!ex->op->set_step_profile || !ex->op->op_mark) {
+        m->op_marks = 0;
+        return p ? PG_EUNSUPPORTED : PG_OK;
+    }
+    ex->op->set_step_profile(ex, p);
+    m->op_marks = p != NULL;
     return PG_OK;
 }
 
@@ -736,6 +751,8 @@ static int forward_ops(model *m, const step_batch *b, rows_out *ro, pg_error *er
         m->prof->tokens[m->prof_kind] += b->num_tokens;
     }
     rc = ex->op->begin_step(ex, b);
+    if (!rc && m->op_marks) /* after the metadata copy: the ops' device time only */
+        ex->op->op_mark(ex, -1);
     if (!rc) {
         failed = "embed";
         const double t0 = prof_begin(m);

@@ -111,6 +111,15 @@ bool model_has_lm_head(const model *m);
  * return (the CPU); on CUDA the ops are asynchronous. */
 void model_set_op_profile(model *m, op_profile *p);
 
+/* --profile-steps: hands p (step_profile.h; borrowed, NULL stops) to the
+ * executor's set_step_profile and marks every op of every later forward
+ * (executor op_mark), so the executor reports its host phases of a step
+ * and times each op on the device (CUDA, eager steps). PG_EUNSUPPORTED
+ * (nothing set) when the executor has no step profile (the CPU: the
+ * engine's phases still run; its forward is all "launch"). */
+typedef struct step_profile step_profile;
+int model_set_step_profile(model *m, step_profile *p);
+
 /* The engine backend over this model (borrows m). */
 engine_backend model_backend(model *m);
 

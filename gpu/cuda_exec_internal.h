@@ -27,6 +27,7 @@
 #include "cuda_executor.h"
 #include "cuda_gemm.h"
 #include "cuda_kernels.h"
+#include "cuda_step_profile.h"
 
 /* Pinned host staging buffer with an event that says when the device has
  * finished reading it (host -> device copies are asynchronous). */
@@ -103,6 +104,7 @@ typedef struct cuda_exec {
     size_t n_allocs, allocs_cap;
     /* what run_step launched (cuda_executor_launch_counts) */
     cuda_launch_counts last_step;
+    struct cuda_sprof *sprof;     /* --profile-steps (cuda_step_profile.h), or NULL */
 } cuda_exec;
 
 #define STAGE_BYTES ((size_t)16 << 20)

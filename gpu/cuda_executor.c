@@ -52,6 +52,7 @@ static void cuda_destroy(executor *ex)
     if (c->stream)
         cudaStreamSynchronize(c->stream);
     cx_graph_free(c->graphs);
+    cuda_sprof_destroy(c->sprof);
     cuda_gemm_destroy(c->gemm);
     cx_pinned_free(&c->meta_h);
     cx_pinned_free(&c->pairs_h);
@@ -97,6 +98,20 @@ cuda_launch_counts cx_counts(const cuda_exec *c)
 
 static const executor_ops cuda_ops;
 
+/* --profile-steps (executor.h set_step_profile, op_mark; cuda_step_profile.h) */
+static void cx_set_step_profile(executor *ex, step_profile *p)
+{
+    cuda_exec *c = cx(ex);
+    if (cuda_sprof_set(&c->sprof, p) != 0)
+        fprintf(stderr, "pagedgen: warning: cuda: out of memory for the step profile\n");
+}
+
+static void cx_op_mark(executor *ex, int op)
+{
+    cuda_exec *c = cx(ex);
+    cuda_sprof_mark(c->sprof, op, c->stream, cx_graph_bound(c), cx_counts(c).total);
+}
+
 cuda_exec *cx_as_cuda(executor *ex)
 {
     return ex && ex->op == &cuda_ops ? cx(ex) : NULL;
@@ -128,6 +143,8 @@ static const executor_ops cuda_ops = {
     .greedy_rows = cuda_executor_greedy_next_step,
     .logprob_rows = cuda_executor_logprob_rows,
     .rope_kv = cx_rope_kv,
+    .set_step_profile = cx_set_step_profile,
+    .op_mark = cx_op_mark,
 };
 
 void cuda_executor_launch_counts(executor *ex, cuda_launch_counts *total,

@@ -394,9 +394,11 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     g->cur_context = bk->context;
     g->cur_stride = (bk->context + g->block_size - 1) / g->block_size;
     step_batch pb;
+    const double t0 = step_profile_now();
     graph_fill(g, b, P, &pb);
     if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) && (rc = graph_upload(c, P)))
         return rc;
+    step_profile_add(cuda_sprof_profile(c->sprof), SP_H2D, t0);
     if (!bk->exec && graph_capture(c, bk, &pb, forward, ctx)) {
         graph_fall_back(c, bk);
         *mark = cx_counts(c);
@@ -430,6 +432,7 @@ int cx_run_step(executor *ex, const step_batch *b, float *logits_host,
     c->last_step = counts_sub(cx_counts(c), mark);
     if (replayed)
         c->last_step = counts_add(c->last_step, replayed->launches);
+    cuda_sprof_step_done(c->sprof, rc);
     c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
     c->lp_L = 0;
     return rc;

@@ -110,7 +110,11 @@ int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinne
         c->logits_copy_bytes += (size_t)(r1 - r) * row_bytes;
         c->logits_copy_total += (size_t)(r1 - r) * row_bytes;
     }
+    step_profile *sp = cuda_sprof_profile(c->sprof);
+    double t0 = step_profile_now();
     CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
+    step_profile_add(sp, SP_WAIT, t0);
+    t0 = step_profile_now();
     const pg_lsm_row *lp_out = lp_n ? c->lp_out_h.h : NULL;
     for (int32_t r = 0, q = 0; r < L; r++) {
         if (lp && lp[r].want) { /* results in the order of the requests (cx_lp_launch) */
@@ -127,6 +131,7 @@ int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinne
                                 "cuda logits: greedy row %d: no token can be sampled: all %d logits "
                                 "are -inf or nan", (int)r, (int)V);
     }
+    step_profile_add(sp, SP_D2H, t0);
     return 0;
 }
 

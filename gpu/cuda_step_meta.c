@@ -131,7 +131,10 @@ int cx_begin_step(executor *ex, const step_batch *b)
     cuda_exec *c = cx(ex);
     if (cx_graph_bound(c)) /* a warm-up or capture of a graphed step */
         return cx_graph_bind_batch(c, b);
-    return cx_begin_step_impl(c, b, 1);
+    const double t0 = step_profile_now();
+    int rc = cx_begin_step_impl(c, b, 1);
+    step_profile_add(cuda_sprof_profile(c->sprof), SP_H2D, t0);
+    return rc;
 }
 
 /* The device copy of b (checks that b is the batch of the last begin_step). */
