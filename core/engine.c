@@ -14,6 +14,7 @@
 #include "kv_pool.h"
 #include "pg_logsoftmax.h"
 #include "pooling.h"
+#include "sample_rows.h"
 #include "sampler.h"
 #include "scheduler.h"
 #include "sequence.h"
@@ -75,6 +76,10 @@ struct engine {
     /* the step's sampling rows taken on the device (backend greedy_rows) */
     uint8_t *greedy;                            /* [max_seqs] 1: plain greedy row */
     int32_t *greedy_ids;                        /* [max_seqs] their ids */
+    /* the step's sampling rows sampled on the device (backend sample_rows):
+     * dsamp[r] = 1 + the row's index in srows, 0 = not there */
+    int32_t *dsamp;                             /* [max_seqs] */
+    sample_rows *srows;
     /* the step's logits rows whose logprobs the backend takes itself
      * (backend logprob_rows): prompt-logprob rows and greedy rows with
      * logprobs; NULL when the backend has none */
@@ -204,12 +209,14 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->scratch = malloc(V * sizeof(float));
     e->greedy = malloc(S);
     e->greedy_ids = malloc(S * sizeof(int32_t));
+    e->dsamp = calloc(S, sizeof(int32_t));
+    e->srows = sample_rows_create((int32_t)S);
     e->samp_lrow = malloc(S * sizeof(int32_t));
     if (backend->logprob_rows) e->lp_rows = calloc(T, sizeof *e->lp_rows);
     if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
         (!e->plp_per_step && !e->slice) || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
-        !e->scratch || !e->greedy || !e->greedy_ids || !e->samp_lrow ||
+        !e->scratch || !e->greedy || !e->greedy_ids || !e->dsamp || !e->srows || !e->samp_lrow ||
         (backend->logprob_rows && !e->lp_rows)) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
                           "%zu sequences, vocab %zu)", T, S, V);
@@ -338,6 +345,8 @@ void engine_destroy(engine *e)
     free(e->logits);
     free(e->scratch);
     free(e->greedy);
+    free(e->dsamp);
+    sample_rows_destroy(e->srows);
     free(e->greedy_ids);
     free(e->samp_lrow);
     free(e->lp_rows);
@@ -829,6 +838,53 @@ static bool seq_greedy_logprobs(const sequence *q)
     return sampler_plain_argmax(&sp, &view);
 }
 
+/* True when q's next token may be sampled where its logits are (engine_backend
+ * sample_rows): what sample_seq would do with the row is sampler_sample
+ * alone — no grammar mask, no logprobs — on one sequence (a fresh fork
+ * samples several from one row: the host). */
+static bool seq_device_sampled(const sequence *q)
+{
+    const request *r = q->req;
+    return !r->gram && r->n == 1 && r->sp.logprobs < 0;
+}
+
+/* Hands the step's device-sampled rows to the backend (sample_rows): every
+ * sampling row of a seq_device_sampled sequence not already taken as plain
+ * greedy (e->greedy when dev_greedy). Only when every logits row samples
+ * (no prompt logprobs). Sets *on when it handed any over. */
+static int mark_sample_rows(engine *e, const sched_step *st, const step_batch *b, bool dev_greedy,
+                            bool *on, pg_error *err)
+{
+    *on = false;
+    if (!e->be.sample_rows || e->n_prompt_rows != 0 || b->num_logits == 0) return PG_OK;
+    sample_rows_reset(e->srows, b->num_logits);
+    int32_t n = 0;
+    for (int32_t i = 0, row = 0; i < st->n_entries; i++) {
+        if (!entry_samples(&st->entries[i])) continue;
+        const int32_t s = row++;
+        sequence *q = st->entries[i].seq;
+        e->dsamp[s] = 0;
+        if ((dev_greedy && e->greedy[s]) || !seq_device_sampled(q)) continue;
+        const request *r = q->req;
+        int32_t n_out = q->n_tokens - r->n_prompt;
+        sampler_seq_view view = {
+            .prompt_ids = r->prompt, .n_prompt = r->n_prompt,
+            .output_ids = q->tokens + r->n_prompt, .n_output = n_out,
+            .banned_ids = n_out < r->sp.min_tokens ? r->banned : NULL,
+            .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
+        };
+        int32_t k = sample_rows_add(e->srows, e->ws, &r->sp, &view, &q->rng, s, err);
+        if (k < 0) return pg_error_wrap(err, k, "engine: request %llu", (unsigned long long)r->id);
+        e->dsamp[s] = k + 1;
+        n++;
+    }
+    if (n == 0) return PG_OK;
+    int rc = e->be.sample_rows(e->be.ctx, sample_rows_batch(e->srows), err);
+    if (rc) return rc;
+    *on = true;
+    return PG_OK;
+}
+
 /* Marks the step's rows the backend takes the logprobs of (logprob_rows):
  * every prompt-logprob row (scoring the next prompt token) and the
  * sampling rows of seq_greedy_logprobs sequences (their argmax). Sets
@@ -960,13 +1016,15 @@ int engine_step(engine *e, pg_error *err)
             dev_greedy = true;
         }
     }
+    bool dev_sample = false;
+    if ((rc = mark_sample_rows(e, &st, &b, dev_greedy, &dev_sample, err))) return rc;
     if ((rc = mark_logprob_rows(e, &st, &b, err))) return rc;
     if (e->n_prompt_rows == 0 || e->plp_per_step) {
         if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) {
-            if (dev_greedy) { /* a forward that failed early leaves no mask pending */
-                pg_error ignored;
+            pg_error ignored;
+            if (dev_greedy) /* a forward that failed early leaves no mask pending */
                 (void)e->be.greedy_rows(e->be.ctx, NULL, 0, NULL, &ignored);
-            }
+            if (dev_sample) (void)e->be.sample_rows(e->be.ctx, NULL, &ignored);
             return rc;
         }
         if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b.num_logits, e->logits, err))) return rc;
@@ -1014,6 +1072,19 @@ int engine_step(engine *e, pg_error *err)
         if (e->lp_active && e->lp_rows[e->samp_lrow[row]].want) {
             row++; /* never a fresh fork: seq_greedy_logprobs leaves n > 1 to the host */
             if ((rc = sample_from_lp(e, q, &e->lp_rows[e->samp_lrow[row - 1]], err))) return rc;
+            continue;
+        }
+        if (dev_sample && e->dsamp[row]) {
+            /* sampled where the logits are: the token the sampler would give,
+             * one draw taken unless greedy (never a fresh fork) */
+            sampler_result res = {.token_id = sample_rows_id(e->srows, e->dsamp[row] - 1)};
+            row++;
+            if (res.token_id < 0)
+                return pg_error_set(err, PG_EINVAL, "engine: request %llu sequence %d: sampler: no token "
+                                    "can be sampled: all %d logits are -inf, nan or banned",
+                                    (unsigned long long)r->id, (int)q->index, (int)e->be.vocab_size);
+            if (!sampler_row_greedy(&r->sp)) q->rng.counter++;
+            if ((rc = accept_sampled(e, q, &res, err))) return rc;
             continue;
         }
         if (dev_greedy && e->greedy[row]) {

@@ -26,6 +26,7 @@
 #include "cuda_gemm.h"
 #include "cuda_kernels.h"
 #include "cuda_plan.h"
+#include "cuda_sample_rows.h"
 #include "dtype.h"
 
 /* Pinned host staging buffer with an event that says when the device has
@@ -81,6 +82,9 @@ typedef struct cuda_exec {
      * on the device (pgk_logprobs), the rows not copied. lp_L = 0: none
      * pending. Borrowed from the caller. */
     pg_lsm_row *lp_rows;          /* [lp_L] */
+    /* sampled rows of the next logits (cuda_executor_sample_rows,
+     * cuda_sample_rows.h) */
+    cuda_smp smp;
     int32_t lp_L;
     int32_t lp_n;                 /* requests launched for the logits being copied out */
     pgk_lp_req *lp_req_d;         /* [lp_n] device */
@@ -317,6 +321,7 @@ static void cuda_destroy(executor *ex)
     pinned_free(&c->ids_h);
     pinned_free(&c->lp_req_h);
     pinned_free(&c->lp_out_h);
+    cuda_smp_free(&c->smp);
     pinned_free(&c->stage[0]);
     pinned_free(&c->stage[1]);
     if (c->meta_d)
@@ -898,10 +903,11 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
         return pg_error_wrap(&c->err, rc, "cuda logits");
     float *h = hv;
     for (int32_t r = 0, r1; r < L; r = r1) {
-        for (r1 = r; r1 < L && !(gm && gm[r1]) && !(lp && lp[r1].want); r1++)
+        for (r1 = r; r1 < L && !(gm && gm[r1]) && !(lp && lp[r1].want) && !cuda_smp_marked(&c->smp, r1);
+             r1++)
             ;
         if (r1 == r) {
-            r1 = r + 1; /* a greedy or logprob row: not copied */
+            r1 = r + 1; /* a greedy, logprob or sampled row: not copied */
             continue;
         }
         CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
@@ -917,6 +923,8 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
             lp[r] = lp_out[q++];
             continue;
         }
+        if (cuda_smp_marked(&c->smp, r))
+            continue; /* its id comes with cuda_smp_finish */
         if (!(gm && gm[r])) {
             memcpy(logits_host + (size_t)r * V, h + (size_t)r * V, row_bytes);
             continue;
@@ -927,6 +935,7 @@ static int logits_out(cuda_exec *c, float *logits_host, const float *logits_d, p
                                 "cuda logits: greedy row %d: no token can be sampled: all %d logits "
                                 "are -inf or nan", (int)r, (int)V);
     }
+    cuda_smp_finish(&c->smp);
     return 0;
 }
 
@@ -967,6 +976,8 @@ static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const vo
         c->lp_L = 0;
         return rc;
     }
+    if ((rc = cuda_smp_launch(&c->smp, c->stream, c->logits_d, L, V, c->sync_each, &c->err)))
+        return rc;
     return logits_out(c, logits_host, c->logits_d, &c->logits_h, ids, L, V);
 }
 
@@ -978,6 +989,7 @@ static int cuda_logits(executor *ex, float *logits_host, const void *x, const vo
     if (!graph_bound(c)) { /* a mask is for one step, whatever happened (a graph's is the replay's) */
         c->greedy_L = 0;
         c->lp_L = 0;
+        cuda_smp_clear(&c->smp);
     }
     return rc;
 }
@@ -1415,7 +1427,8 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     g->replays++;
     /* the logprob rows, then the S real rows (of the P computed), after the
      * replay (stream order) */
-    if ((rc = lp_launch(c, g->logits_d, S, bk->logits_V)))
+    if ((rc = lp_launch(c, g->logits_d, S, bk->logits_V)) ||
+        (rc = cuda_smp_launch(&c->smp, c->stream, g->logits_d, S, bk->logits_V, c->sync_each, &c->err)))
         return rc;
     return logits_out(c, logits_host, g->logits_d, &g->logits_h, g->ids_h.h, S, bk->logits_V);
 }
@@ -1427,6 +1440,7 @@ static int cuda_run_step(executor *ex, const step_batch *b, float *logits_host,
     int rc = run_step_impl(c, b, logits_host, forward, ctx);
     c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
     c->lp_L = 0;
+    cuda_smp_clear(&c->smp);
     return rc;
 }
 
@@ -1538,6 +1552,12 @@ int cuda_executor_logprob_rows(executor *ex, pg_lsm_row *rows, int32_t L)
     return 0;
 }
 
+int cuda_executor_sample_rows(executor *ex, const pg_smp_batch *req)
+{
+    cuda_exec *c = as_cuda(ex);
+    return c ? cuda_smp_set(&c->smp, req, &c->err) : PG_EINVAL;
+}
+
 int cuda_executor_logprobs(executor *ex, pg_lsm_row *rows_host, const float *logits, int32_t n,
                            int32_t V)
 {
@@ -1638,6 +1658,7 @@ static const executor_ops cuda_ops = {
     .run_step = cuda_run_step,
     .greedy_rows = cuda_executor_greedy_next_step,
     .logprob_rows = cuda_executor_logprob_rows,
+    .sample_rows = cuda_executor_sample_rows,
 };
 
 int cuda_executor_create(executor **out, const cuda_executor_params *p, pg_error *err)
