@@ -752,6 +752,26 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
 
 static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_error *err);
 
+/* q's structured-output mask for its next token into e->gmask: tokens that
+ * keep the automaton alive, with budgeted ends (grammar_mask_budget: after
+ * this token, keep room to finish the text in single-byte tokens plus one
+ * for eos, so max_tokens never cuts a constrained text short). Returns how
+ * many are allowed (0: nothing can follow), -1 when out of memory; *can_end:
+ * the text so far is a complete match. */
+static int32_t seq_grammar_mask(engine *e, sequence *q, bool *can_end)
+{
+    request *r = q->req;
+    int32_t n_out = q->n_tokens - r->n_prompt;
+    int32_t cnt = grammar_mask_cached(r->gcache, &q->gst, e->gmask);
+    if (cnt < 0) return -1;
+    *can_end = grammar_can_end(r->gram, &q->gst);
+    if (!r->sp.ignore_eos) {
+        int32_t left = r->max_output - n_out - 1;
+        cnt = grammar_mask_budget(r->gram, e->gvocab, &q->gst, e->gmask, left - 1, *can_end);
+    }
+    return cnt;
+}
+
 /* Samples the next token of q from a logits row and applies the stop rules;
  * releases q's blocks when it finishes. */
 static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
@@ -772,17 +792,10 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         /* structured outputs: tokens that kill the automaton get -inf before
          * anything else (penalties, temperature, top-k/p, min-p, greedy);
          * eos and stop ids only where the text so far is a complete match */
-        int32_t cnt = grammar_mask_cached(r->gcache, &q->gst, e->gmask);
+        bool can_end;
+        int32_t cnt = seq_grammar_mask(e, q, &can_end);
         if (cnt < 0)
             return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
-        bool can_end = grammar_can_end(r->gram, &q->gst);
-        if (!r->sp.ignore_eos) {
-            /* budgeted ends (grammar_mask_budget): after this token, keep
-             * room to finish the text in single-byte tokens plus one for
-             * eos, so max_tokens never cuts a constrained text short */
-            int32_t left = r->max_output - n_out - 1;
-            cnt = grammar_mask_budget(r->gram, e->gvocab, &q->gst, e->gmask, left - 1, can_end);
-        }
         if (cnt == 0) {
             /* nothing can follow: end here (as sampling the one allowed eos
              * would), or a dead end the vocabulary cannot spell (abort) */
@@ -839,13 +852,13 @@ static bool seq_greedy_logprobs(const sequence *q)
 }
 
 /* True when q's next token may be sampled where its logits are (engine_backend
- * sample_rows): what sample_seq would do with the row is sampler_sample
- * alone — no grammar mask, no logprobs — on one sequence (a fresh fork
- * samples several from one row: the host). */
+ * sample_rows): what sample_seq would do with the row is its grammar mask
+ * and sampler_sample — no logprobs — on one sequence (a fresh fork samples
+ * several from one row: the host). */
 static bool seq_device_sampled(const sequence *q)
 {
     const request *r = q->req;
-    return !r->gram && r->n == 1 && r->sp.logprobs < 0;
+    return r->n == 1 && r->sp.logprobs < 0;
 }
 
 /* Hands the step's device-sampled rows to the backend (sample_rows): every
@@ -873,8 +886,25 @@ static int mark_sample_rows(engine *e, const sched_step *st, const step_batch *b
             .banned_ids = n_out < r->sp.min_tokens ? r->banned : NULL,
             .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
         };
+        bool can_end = false;
+        if (r->gram && (size_t)e->n_eos + r->sp.n_stop_token_ids > 64) continue; /* (term below) */
+        if (r->gram) { /* its mask goes with it (sample_seq's, computed here) */
+            int32_t cnt = seq_grammar_mask(e, q, &can_end);
+            if (cnt < 0) return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
+            if (cnt == 0) continue; /* nothing can follow: sample_seq ends it */
+        }
         int32_t k = sample_rows_add(e->srows, e->ws, &r->sp, &view, &q->rng, s, err);
         if (k < 0) return pg_error_wrap(err, k, "engine: request %llu", (unsigned long long)r->id);
+        if (r->gram) {
+            /* eos and stop ids let in where the text may end, as sample_seq does */
+            int32_t term[64], n_term = 0;
+            for (int32_t j = 0; can_end && !r->sp.ignore_eos && j < e->n_eos && n_term < 64; j++)
+                term[n_term++] = e->eos[j];
+            for (size_t j = 0; can_end && j < r->sp.n_stop_token_ids && n_term < 64; j++)
+                term[n_term++] = r->stop_ids[j];
+            int rc = sample_rows_set_mask(e->srows, k, e->gmask, e->be.vocab_size, term, n_term, err);
+            if (rc) return rc;
+        }
         e->dsamp[s] = k + 1;
         n++;
     }
@@ -1084,6 +1114,8 @@ int engine_step(engine *e, pg_error *err)
                                     "can be sampled: all %d logits are -inf, nan or banned",
                                     (unsigned long long)r->id, (int)q->index, (int)e->be.vocab_size);
             if (!sampler_row_greedy(&r->sp)) q->rng.counter++;
+            if (r->gram) /* accept_sampled checks the token against the mask */
+                sample_rows_mask_of(e->srows, e->dsamp[row - 1] - 1, e->gmask, e->be.vocab_size);
             if ((rc = accept_sampled(e, q, &res, err))) return rc;
             continue;
         }

@@ -90,9 +90,10 @@ typedef struct engine_backend {
      * req->rows[q].row are not written to logits and req->ids[q] gets the
      * token sampled from them (common/pg_sample.h: the token the engine's
      * sampler gives, bit for bit; model_sample_rows). The engine hands
-     * over the rows of single-sequence requests without logprobs or a
-     * grammar that are not plain greedy (those go to greedy_rows); no row
-     * is marked greedy or logprob as well. req is borrowed until the
+     * over the rows of single-sequence requests without logprobs that are
+     * not plain greedy (those go to greedy_rows), a grammar row with its
+     * mask (eos / stop ids let in where the text may end); no row is
+     * marked greedy or logprob as well. req is borrowed until the
      * forward returns; NULL clears it. NULL turns the path off. */
     int (*sample_rows)(void *ctx, const pg_smp_batch *req, pg_error *err);
 } engine_backend;

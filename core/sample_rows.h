@@ -31,6 +31,18 @@ int32_t sample_rows_add(sample_rows *s, sampler_workspace *ws, const sampling_pa
                         const sampler_seq_view *seq, const sampler_rng *rng, int32_t row,
                         pg_error *err);
 
+/* Row q's grammar mask (step 0): mask [ceil(V/64)] 64-bit words (bit v:
+ * token v allowed, grammar.h's layout) with the terminators term[n_term]
+ * (eos / stop ids let in where the text may end) allowed as well; the
+ * terminators not in mask are remembered for sample_rows_mask_of. Returns
+ * 0, or PG_ENOMEM (err set). */
+int sample_rows_set_mask(sample_rows *s, int32_t q, const uint64_t *mask, int32_t V,
+                         const int32_t *term, int32_t n_term, pg_error *err);
+
+/* Row q's mask as given to sample_rows_set_mask (without the added
+ * terminators) into out [ceil(V/64)]. */
+void sample_rows_mask_of(const sample_rows *s, int32_t q, uint64_t *out, int32_t V);
+
 /* The batch to hand over (n = the rows added; ids written into it). */
 const pg_smp_batch *sample_rows_batch(const sample_rows *s);
 
