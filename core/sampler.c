@@ -90,7 +90,7 @@ struct sampler_workspace {
     float *sel;           /* [vocab] scratch for top-k */
     uint64_t *w;          /* [vocab] step 7's weights */
     uint64_t *csum;       /* [vocab / SAMPLER_CHUNK + 1] their chunk sums */
-    uint64_t hist[2048];  /* top-p's radix select */
+    uint64_t hist[4 * 2048]; /* top-p's radix select (four interleaved histograms) */
     sampler_cand *cand;   /* [vocab] top-p candidates */
     int32_t *counts;      /* [vocab] output-token counts; all 0 between calls */
     uint8_t *seen;        /* [vocab] prompt|output membership; all 0 between calls */
@@ -426,56 +426,65 @@ static int sampler_cand_cmp(const void *pa, const void *pb)
  * >= cw = (total - need) / (2 vocab), can be in that prefix: every other
  * token weighs < cw, so together < (total - need) / 2, and the tokens
  * x >= x_c (themselves a prefix of the order) weigh > need. Those
- * candidates are sorted when few; otherwise three passes of a radix select
- * on their keys (11, 11, 10 bits) with the weight of each bucket narrow
- * them to one key, whose tokens are taken in ascending id order. All sums
- * are integers, exact: the same cut as a full sort. */
-static void sampler_top_p_cut(sampler_workspace *ws, const float *x, int32_t vocab, uint64_t total,
-                              uint64_t need, uint32_t *cut_key, int32_t *cut_id)
+ * candidates are sorted when few; otherwise passes of a radix select on
+ * their keys (digits of up to 11 bits, from the highest bit where the keys
+ * differ; kmax: the row's largest key) with the weight of each bucket
+ * narrow them down to a few, or to one key, whose tokens are then taken in
+ * ascending id order. All sums are integers, exact: the same cut as a full
+ * sort. */
+static void sampler_top_p_cut(sampler_workspace *ws, const float *x, int32_t vocab, uint32_t kmax,
+                              uint64_t total, uint64_t need, uint32_t *cut_key, int32_t *cut_id)
 {
     const uint64_t *w = ws->w;
     const uint64_t cw = (total - need) / (2u * (uint64_t)vocab);
     uint32_t kc = 0xffffffffu;
-    for (int32_t i = 0; i < vocab; i++) {
+    for (int32_t i = 0; i < vocab; i++) { /* integer compares only: vectorized */
         uint32_t k = pg_smp_key(x[i]);
-        if (w[i] >= cw && x[i] > -INFINITY && k < kc)
-            kc = k;
+        bool c = (w[i] >= cw) & (k > PG_SMP_KEY_NEG_INF) & (k < kc);
+        kc = c ? k : kc;
     }
     sampler_cand *cand = ws->cand;
     int32_t n = 0;
-    for (int32_t i = 0; i < vocab; i++) {
+    for (int32_t i = 0; i < vocab; i++) { /* branch-free: the pattern is random */
         uint32_t k = pg_smp_key(x[i]);
-        if (k >= kc) {
-            cand[n].key = k;
-            cand[n].id = i;
-            n++;
-        }
+        cand[n].key = k;
+        cand[n].id = i;
+        n += k >= kc;
     }
     uint64_t rem = need;
-    if (n > SAMPLER_SORT_MAX) {
-        static const int shift[3] = {21, 10, 0};
-        static const uint32_t mask[3] = {0x7ffu, 0x7ffu, 0x3ffu};
-        uint64_t *hist = ws->hist;
-        for (int pass = 0; pass < 3 && n > SAMPLER_SORT_MAX; pass++) {
-            const int sh = shift[pass];
-            const uint32_t mk = mask[pass];
-            memset(hist, 0, (mk + 1) * sizeof *hist);
-            for (int32_t j = 0; j < n; j++)
-                hist[(cand[j].key >> sh) & mk] += w[cand[j].id];
-            uint64_t acc = 0;
-            uint32_t b = mk;
-            for (;; b--) { /* from the largest keys down; the candidates reach rem */
-                if (acc + hist[b] >= rem || b == 0)
-                    break;
-                acc += hist[b];
-            }
-            rem -= acc;
-            int32_t m = 0;
-            for (int32_t j = 0; j < n; j++)
-                if (((cand[j].key >> sh) & mk) == b)
-                    cand[m++] = cand[j]; /* stays in ascending id order */
-            n = m;
+    /* the candidates' keys lie in [kc, kmax]: they share every bit above
+     * the highest one where kc and kmax differ, so the digits start there
+     * (flat rows' keys differ in their low bits only) */
+    int hb = kmax == kc ? 0 : 32 - __builtin_clz(kmax ^ kc);
+    while (hb > 0 && n > SAMPLER_SORT_MAX) {
+        const int sh = hb > 11 ? hb - 11 : 0;
+        const uint32_t mk = (1u << (hb - sh)) - 1u;
+        /* four interleaved histograms: a run of equal digits is not one
+         * chain of dependent adds */
+        uint64_t *h = ws->hist;
+        memset(h, 0, 4 * (mk + 1) * sizeof *h);
+        int32_t j = 0;
+        for (; j + 4 <= n; j += 4)
+            for (int u = 0; u < 4; u++)
+                h[u * 2048 + ((cand[j + u].key >> sh) & mk)] += w[cand[j + u].id];
+        for (; j < n; j++)
+            h[(cand[j].key >> sh) & mk] += w[cand[j].id];
+        uint64_t acc = 0;
+        uint32_t b = mk;
+        for (;; b--) { /* from the largest keys down; the candidates reach rem */
+            const uint64_t hb4 = h[b] + h[2048 + b] + h[4096 + b] + h[6144 + b];
+            if (acc + hb4 >= rem || b == 0)
+                break;
+            acc += hb4;
         }
+        rem -= acc;
+        int32_t m = 0;
+        for (j = 0; j < n; j++) { /* stays in ascending id order; branch-free */
+            cand[m] = cand[j];
+            m += ((cand[j].key >> sh) & mk) == b;
+        }
+        n = m;
+        hb = sh;
     }
     /* a few candidates, or one key in ascending id order: the order's walk */
     qsort(cand, (size_t)n, sizeof *cand, sampler_cand_cmp);
@@ -535,19 +544,19 @@ static int32_t sampler_random(sampler_workspace *ws, const sampling_params *p, f
     if (p->top_p < 1.0f) { /* step 8 */
         uint32_t ck;
         int32_t cid;
-        sampler_top_p_cut(ws, x, vocab, total, pg_smp_need(p->top_p, total), &ck, &cid);
+        sampler_top_p_cut(ws, x, vocab, kmax, total, pg_smp_need(p->top_p, total), &ck, &cid);
         total = 0;
         for (int32_t c = 0; c < n_chunks; c++) {
             const int32_t c0 = c * SAMPLER_CHUNK;
             const int32_t c1 = c0 + SAMPLER_CHUNK < vocab ? c0 + SAMPLER_CHUNK : vocab;
             uint64_t s = 0;
-            for (int32_t i = c0; i < c1; i++) {
+            for (int32_t i = c0; i < c1; i++) { /* bit masks, no branch */
                 uint32_t k = pg_smp_key(x[i]);
-                bool keep = k > ck || (k == ck && i <= cid);
-                uint64_t wi = keep ? w[i] : 0;
+                uint32_t keep = 0u - (uint32_t)((k > ck) | ((k == ck) & (i <= cid)));
+                uint64_t wi = w[i] & (uint64_t)(int64_t)(int32_t)keep;
                 w[i] = wi;
-                if (!keep)
-                    x[i] = -INFINITY; /* the kept set stays visible in the row */
+                /* the kept set stays visible in the row */
+                x[i] = pg_smp_ffrom((pg_smp_fbits(x[i]) & keep) | (0xff800000u & ~keep));
                 s += wi;
             }
             csum[c] = s;

@@ -144,7 +144,10 @@ static int32_t ref_sample(const sampling_params *p, float *x, int32_t V, const s
             cum += w[o[keep++].id];
             if (cum >= need) break;
         }
-        for (int32_t j = keep; j < n; j++) w[o[j].id] = 0;
+        for (int32_t j = keep; j < n; j++) {
+            w[o[j].id] = 0;
+            x[o[j].id] = -INFINITY;
+        }
         for (int32_t v = 0; v < V; v++)
             if (!(x[v] > -INFINITY)) w[v] = 0;
         total = cum;
@@ -240,6 +243,30 @@ static void test_twin(void **state)
             assert_true(rng.counter == ref_counter);
         }
     }
+    /* top-p on flat and tie-heavy rows of the full vocabulary: most tokens
+     * are candidates, the radix select's path */
+    static const float tps[] = {0.95f, 0.5f, 0.999f, 0.05f};
+    for (int kind = 0; kind < 8; kind += 4)
+        for (size_t t = 0; t < sizeof tps / sizeof *tps; t++, n_cases++) {
+            random_row(&r, row, VMAX, kind);
+            sampling_params p = sampling_params_default();
+            p.temperature = 0.8f;
+            p.top_p = tps[t];
+            sampler_rng rng = sampler_rng_init(77, (int32_t)t);
+            uint64_t ref_counter = rng.counter;
+            memcpy(a, row, (size_t)VMAX * sizeof *a);
+            memcpy(b, row, (size_t)VMAX * sizeof *b);
+            int32_t want = ref_sample(&p, a, VMAX, &(sampler_seq_view){0}, rng.key, &ref_counter);
+            sampler_result res = {0};
+            assert_int_equal(sampler_sample(ws, &p, b, VMAX, NULL, &rng, &res), PG_OK);
+            if (res.token_id != want)
+                fail_msg("flat row (kind %d), top_p %g: sampler %d, twin %d", kind, (double)tps[t],
+                         (int)res.token_id, (int)want);
+            for (int32_t v = 0; v < VMAX; v++) /* the kept set, visible in both rows */
+                if ((a[v] > -INFINITY) != (b[v] > -INFINITY))
+                    fail_msg("flat row (kind %d), top_p %g: id %d kept by one only", kind, (double)tps[t],
+                             (int)v);
+        }
     printf("%d rows: the sampler and its twin agree\n", n_cases);
     sampler_workspace_destroy(ws);
     free(row);
