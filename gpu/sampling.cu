@@ -249,24 +249,28 @@ sample_kernel(int32_t *__restrict__ ids, float *__restrict__ logits, int32_t V,
         }
         ck = prefix;
         const uint64_t rem = s_rem;
-        /* the ties at ck, tile by tile in id order: the first whose
-         * running sum reaches rem */
+        /* the ties at ck in id order: thread t's chunk [u0, u1) of the ids,
+         * the chunks' sums scanned, the one chunk where the running sum
+         * reaches rem walked (one scan, not one per tile of ids) */
         if (t == 0)
             s_found = -1;
-        __syncthreads();
-        uint64_t base = 0;
-        for (int32_t v0 = 0; v0 < V; v0 += SMP_THREADS) {
-            const int32_t v = v0 + t;
-            const uint64_t wv = v < V && x[v] > -INFINITY && pg_smp_key(x[v]) == ck
-                                    ? pg_smp_weight(x[v] - m) : 0;
-            const uint64_t ex = smp_excl_scan(wv, s_u64);
-            if (wv > 0 && base + ex < rem && base + ex + wv >= rem)
-                s_found = v; /* one thread at most: the running sum crosses rem once */
-            const uint64_t tile = smp_sum<uint64_t>(wv, s_u64);
-            base += tile;
-            if (s_found >= 0)
-                break; /* uniform: s_found was written before smp_sum's barriers */
+        const int32_t U = (V + SMP_THREADS - 1) / SMP_THREADS;
+        const int32_t u0 = t * U < V ? t * U : V, u1 = u0 + U < V ? u0 + U : V;
+        uint64_t us = 0;
+        for (int32_t v = u0; v < u1; v++)
+            us += x[v] > -INFINITY && pg_smp_key(x[v]) == ck ? pg_smp_weight(x[v] - m) : 0;
+        const uint64_t ub = smp_excl_scan(us, s_u64); /* its barriers order s_found's start */
+        if (us > 0 && ub < rem && ub + us >= rem) { /* one thread: the running sum crosses rem once */
+            uint64_t cum = ub;
+            for (int32_t v = u0; v < u1; v++) {
+                cum += x[v] > -INFINITY && pg_smp_key(x[v]) == ck ? pg_smp_weight(x[v] - m) : 0;
+                if (cum >= rem) {
+                    s_found = v;
+                    break;
+                }
+            }
         }
+        __syncthreads();
         cid = s_found >= 0 ? s_found : V; /* not reached: the candidates reach rem */
         __syncthreads();
     }
