@@ -14,6 +14,7 @@
 #include "kv_pool.h"
 #include "pg_logsoftmax.h"
 #include "pooling.h"
+#include "sample_rows.h"
 #include "sampler.h"
 #include "scheduler.h"
 #include "sequence.h"
@@ -83,6 +84,10 @@ struct engine {
     /* the step's sampling rows taken on the device (backend greedy_rows) */
     uint8_t *greedy;                            /* [max_seqs] 1: plain greedy row */
     int32_t *greedy_ids;                        /* [max_seqs] their ids */
+    /* the step's sampling rows sampled on the device (backend sample_rows):
+     * dsamp[r] = 1 + the row's index in srows, 0 = not there */
+    int32_t *dsamp;                             /* [max_seqs] */
+    sample_rows *srows;
     /* the step's logits rows whose logprobs the backend takes itself
      * (backend logprob_rows): prompt-logprob rows and greedy rows with
      * logprobs; NULL when the backend has none */
@@ -217,13 +222,15 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->scratch = malloc(V * sizeof(float));
     e->greedy = malloc(S);
     e->greedy_ids = malloc(S * sizeof(int32_t));
+    e->dsamp = calloc(S, sizeof(int32_t));
+    e->srows = sample_rows_create((int32_t)S);
     e->samp_lrow = malloc(S * sizeof(int32_t));
     if (backend->logprob_rows) e->lp_rows = calloc(T, sizeof *e->lp_rows);
     if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
         (!e->plp_per_step && !e->slice) || !e->block_tables || !e->row_tab || !e->row_ver ||
         !e->row_n || !e->seq_ids || !e->done || !e->logits ||
-        !e->scratch || !e->greedy || !e->greedy_ids || !e->samp_lrow ||
+        !e->scratch || !e->greedy || !e->greedy_ids || !e->dsamp || !e->srows || !e->samp_lrow ||
         (backend->logprob_rows && !e->lp_rows)) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
                           "%zu sequences, vocab %zu)", T, S, V);
@@ -355,6 +362,8 @@ void engine_destroy(engine *e)
     free(e->logits);
     free(e->scratch);
     free(e->greedy);
+    free(e->dsamp);
+    sample_rows_destroy(e->srows);
     free(e->greedy_ids);
     free(e->samp_lrow);
     free(e->lp_rows);
@@ -789,6 +798,26 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
 
 static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_error *err);
 
+/* q's structured-output mask for its next token into e->gmask: tokens that
+ * keep the automaton alive, with budgeted ends (grammar_mask_budget: after
+ * this token, keep room to finish the text in single-byte tokens plus one
+ * for eos, so max_tokens never cuts a constrained text short). Returns how
+ * many are allowed (0: nothing can follow), -1 when out of memory; *can_end:
+ * the text so far is a complete match. */
+static int32_t seq_grammar_mask(engine *e, sequence *q, bool *can_end)
+{
+    request *r = q->req;
+    int32_t n_out = q->n_tokens - r->n_prompt;
+    int32_t cnt = grammar_mask_cached(r->gcache, &q->gst, e->gmask);
+    if (cnt < 0) return -1;
+    *can_end = grammar_can_end(r->gram, &q->gst);
+    if (!r->sp.ignore_eos) {
+        int32_t left = r->max_output - n_out - 1;
+        cnt = grammar_mask_budget(r->gram, e->gvocab, &q->gst, e->gmask, left - 1, *can_end);
+    }
+    return cnt;
+}
+
 /* Samples the next token of q from a logits row and applies the stop rules;
  * releases q's blocks when it finishes. */
 static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
@@ -811,17 +840,10 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         /* structured outputs: tokens that kill the automaton get -inf before
          * anything else (penalties, temperature, top-k/p, min-p, greedy);
          * eos and stop ids only where the text so far is a complete match */
-        int32_t cnt = grammar_mask_cached(r->gcache, &q->gst, e->gmask);
+        bool can_end;
+        int32_t cnt = seq_grammar_mask(e, q, &can_end);
         if (cnt < 0)
             return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
-        bool can_end = grammar_can_end(r->gram, &q->gst);
-        if (!r->sp.ignore_eos) {
-            /* budgeted ends (grammar_mask_budget): after this token, keep
-             * room to finish the text in single-byte tokens plus one for
-             * eos, so max_tokens never cuts a constrained text short */
-            int32_t left = r->max_output - n_out - 1;
-            cnt = grammar_mask_budget(r->gram, e->gvocab, &q->gst, e->gmask, left - 1, can_end);
-        }
         if (cnt == 0) {
             /* nothing can follow: end here (as sampling the one allowed eos
              * would), or a dead end the vocabulary cannot spell (abort) */
@@ -876,6 +898,70 @@ static bool seq_greedy_logprobs(const sequence *q)
     sampling_params sp = r->sp;
     sp.logprobs = -1; /* the logprobs come from the raw row: they do not change the token */
     return sampler_plain_argmax(&sp, &view);
+}
+
+/* True when q's next token may be sampled where its logits are (engine_backend
+ * sample_rows): what sample_seq would do with the row is its grammar mask
+ * and sampler_sample — no logprobs — on one sequence (a fresh fork samples
+ * several from one row: the host). */
+static bool seq_device_sampled(const sequence *q)
+{
+    const request *r = q->req;
+    return r->n == 1 && r->sp.logprobs < 0;
+}
+
+/* Hands the step's device-sampled rows to the backend (sample_rows): every
+ * sampling row of a seq_device_sampled sequence not already taken as plain
+ * greedy (e->greedy when dev_greedy). Only when every logits row samples
+ * (no prompt logprobs). Sets *on when it handed any over. */
+static int mark_sample_rows(engine *e, const sched_step *st, const step_batch *b, bool dev_greedy,
+                            bool *on, pg_error *err)
+{
+    *on = false;
+    if (!e->be.sample_rows || e->n_prompt_rows != 0 || b->num_logits == 0) return PG_OK;
+    sample_rows_reset(e->srows, b->num_logits);
+    int32_t n = 0;
+    for (int32_t i = 0, row = 0; i < st->n_entries; i++) {
+        if (!entry_samples(&st->entries[i])) continue;
+        const int32_t s = row++;
+        sequence *q = st->entries[i].seq;
+        e->dsamp[s] = 0;
+        if ((dev_greedy && e->greedy[s]) || !seq_device_sampled(q)) continue;
+        const request *r = q->req;
+        int32_t n_out = q->n_tokens - r->n_prompt;
+        sampler_seq_view view = {
+            .prompt_ids = r->prompt, .n_prompt = r->n_prompt,
+            .output_ids = q->tokens + r->n_prompt, .n_output = n_out,
+            .banned_ids = n_out < r->sp.min_tokens ? r->banned : NULL,
+            .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
+        };
+        bool can_end = false;
+        if (r->gram && (size_t)e->n_eos + r->sp.n_stop_token_ids > 64) continue; /* (term below) */
+        if (r->gram) { /* its mask goes with it (sample_seq's, computed here) */
+            int32_t cnt = seq_grammar_mask(e, q, &can_end);
+            if (cnt < 0) return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
+            if (cnt == 0) continue; /* nothing can follow: sample_seq ends it */
+        }
+        int32_t k = sample_rows_add(e->srows, e->ws, &r->sp, &view, &q->rng, s, err);
+        if (k < 0) return pg_error_wrap(err, k, "engine: request %llu", (unsigned long long)r->id);
+        if (r->gram) {
+            /* eos and stop ids let in where the text may end, as sample_seq does */
+            int32_t term[64], n_term = 0;
+            for (int32_t j = 0; can_end && !r->sp.ignore_eos && j < e->n_eos && n_term < 64; j++)
+                term[n_term++] = e->eos[j];
+            for (size_t j = 0; can_end && j < r->sp.n_stop_token_ids && n_term < 64; j++)
+                term[n_term++] = r->stop_ids[j];
+            int rc = sample_rows_set_mask(e->srows, k, e->gmask, e->be.vocab_size, term, n_term, err);
+            if (rc) return rc;
+        }
+        e->dsamp[s] = k + 1;
+        n++;
+    }
+    if (n == 0) return PG_OK;
+    int rc = e->be.sample_rows(e->be.ctx, sample_rows_batch(e->srows), err);
+    if (rc) return rc;
+    *on = true;
+    return PG_OK;
 }
 
 /* Marks the step's rows the backend takes the logprobs of (logprob_rows):
@@ -1036,6 +1122,8 @@ int engine_step(engine *e, pg_error *err)
             dev_greedy = true;
         }
     }
+    bool dev_sample = false;
+    if ((rc = mark_sample_rows(e, &st, &b, dev_greedy, &dev_sample, err))) return rc;
     if ((rc = mark_logprob_rows(e, &st, &b, err))) return rc;
     if (e->sprof) {
         e->sprof->kind = b.num_tokens > b.num_seqs ? OPP_PREFILL : OPP_DECODE;
@@ -1045,10 +1133,10 @@ int engine_step(engine *e, pg_error *err)
     sp_lap(e, ph, SP_METADATA, &t);
     if (e->n_prompt_rows == 0 || e->plp_per_step) {
         if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) {
-            if (dev_greedy) { /* a forward that failed early leaves no mask pending */
-                pg_error ignored;
+            pg_error ignored;
+            if (dev_greedy) /* a forward that failed early leaves no mask pending */
                 (void)e->be.greedy_rows(e->be.ctx, NULL, 0, NULL, &ignored);
-            }
+            if (dev_sample) (void)e->be.sample_rows(e->be.ctx, NULL, &ignored);
             return rc;
         }
         if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b.num_logits, e->logits, err))) return rc;
@@ -1106,6 +1194,21 @@ int engine_step(engine *e, pg_error *err)
         if (e->lp_active && e->lp_rows[e->samp_lrow[row]].want) {
             row++; /* never a fresh fork: seq_greedy_logprobs leaves n > 1 to the host */
             if ((rc = sample_from_lp(e, q, &e->lp_rows[e->samp_lrow[row - 1]], err))) return rc;
+            continue;
+        }
+        if (dev_sample && e->dsamp[row]) {
+            /* sampled where the logits are: the token the sampler would give,
+             * one draw taken unless greedy (never a fresh fork) */
+            sampler_result res = {.token_id = sample_rows_id(e->srows, e->dsamp[row] - 1)};
+            row++;
+            if (res.token_id < 0)
+                return pg_error_set(err, PG_EINVAL, "engine: request %llu sequence %d: sampler: no token "
+                                    "can be sampled: all %d logits are -inf, nan or banned",
+                                    (unsigned long long)r->id, (int)q->index, (int)e->be.vocab_size);
+            if (!sampler_row_greedy(&r->sp)) q->rng.counter++;
+            if (r->gram) /* accept_sampled checks the token against the mask */
+                sample_rows_mask_of(e->srows, e->dsamp[row - 1] - 1, e->gmask, e->be.vocab_size);
+            if ((rc = accept_sampled(e, q, &res, err))) return rc;
             continue;
         }
         if (dev_greedy && e->greedy[row]) {

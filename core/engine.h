@@ -18,6 +18,7 @@
 
 #include "pg_error.h"
 #include "pg_logsoftmax.h"
+#include "pg_sample.h"
 #include "sampling_params.h"
 #include "step_batch.h"
 
@@ -83,6 +84,18 @@ typedef struct engine_backend {
      * plain (token -1: the argmax). No row is marked greedy as well. rows
      * is borrowed until the forward returns. NULL turns the path off. */
     int (*logprob_rows)(void *ctx, pg_lsm_row *rows, int32_t L, pg_error *err);
+    /* Optional (NULL: every sampled row comes back and the engine's sampler
+     * reads it, the CPU): called right before a forward whose b->num_logits
+     * = req->L rows are all sampling rows; for that forward only, rows
+     * req->rows[q].row are not written to logits and req->ids[q] gets the
+     * token sampled from them (common/pg_sample.h: the token the engine's
+     * sampler gives, bit for bit; model_sample_rows). The engine hands
+     * over the rows of single-sequence requests without logprobs that are
+     * not plain greedy (those go to greedy_rows), a grammar row with its
+     * mask (eos / stop ids let in where the text may end); no row is
+     * marked greedy or logprob as well. req is borrowed until the
+     * forward returns; NULL clears it. NULL turns the path off. */
+    int (*sample_rows)(void *ctx, const pg_smp_batch *req, pg_error *err);
 } engine_backend;
 
 typedef enum kv_layout {

@@ -50,6 +50,7 @@
 #include "dtype.h"
 #include "pg_error.h"
 #include "pg_logsoftmax.h"
+#include "pg_sample.h"
 #include "step_batch.h"
 
 typedef struct executor executor;
@@ -235,6 +236,20 @@ typedef struct executor_ops {
      * calls: the device time between two marks is the op's. Ignored
      * without a step profile. */
     void (*op_mark)(executor *ex, int op);
+
+    /* Sampled rows of the next logits (optional: NULL on the CPU, where the
+     * engine's sampler reads every row): for the next run_step, or the next
+     * logits op outside one (consumed by it, even one that fails), every
+     * row req->rows[q].row of its logits_host is NOT written; req->ids[q]
+     * gets the token sampled from it instead, by common/pg_sample.h's
+     * definition (steps 0-9: the grammar mask, penalties, banned ids,
+     * temperature, min-p, top-k, top-p, the draw): the token core/sampler.c
+     * gives for the same row, bit for bit, so its V floats never leave the
+     * device. A row is not also marked greedy or logprob. The logits fail
+     * with PG_EINVAL when req->L is not their number of rows or a row is
+     * out of range. req and what it points to are host memory borrowed
+     * until that logits returns; NULL clears a pending request. */
+    int (*sample_rows)(executor *ex, const pg_smp_batch *req);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

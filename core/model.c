@@ -900,6 +900,18 @@ int model_greedy_rows(model *m, const uint8_t *greedy, int32_t L, int32_t *ids, 
     return PG_OK;
 }
 
+int model_sample_rows(model *m, const pg_smp_batch *req, pg_error *err)
+{
+    executor *ex = m->ex;
+    if (!ex->op->sample_rows)
+        return pg_error_set(err, PG_EUNSUPPORTED, "model sample_rows: the %s executor has no "
+                            "device-side sampled rows", ex->name);
+    int rc = ex->op->sample_rows(ex, req);
+    if (rc)
+        return op_failed(m, rc, "sample_rows", -1, err);
+    return PG_OK;
+}
+
 int model_logprob_rows(model *m, pg_lsm_row *rows, int32_t L, pg_error *err)
 {
     if (!m->ex->op->logprob_rows)
@@ -985,6 +997,11 @@ static int backend_logprob_rows(void *ctx, pg_lsm_row *rows, int32_t L, pg_error
     return model_logprob_rows(ctx, rows, L, err);
 }
 
+static int backend_sample_rows(void *ctx, const pg_smp_batch *req, pg_error *err)
+{
+    return model_sample_rows(ctx, req, err);
+}
+
 static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs,
                                pg_error *err)
 {
@@ -1010,6 +1027,8 @@ engine_backend model_backend(model *m)
         .greedy_rows = m->ex->op->greedy_rows ? backend_greedy_rows : NULL,
         /* likewise logprob rows */
         .logprob_rows = m->ex->op->logprob_rows ? backend_logprob_rows : NULL,
+        /* likewise sampled rows */
+        .sample_rows = m->ex->op->sample_rows ? backend_sample_rows : NULL,
     };
     return be;
 }

@@ -27,6 +27,7 @@
 #include "cuda_executor.h"
 #include "cuda_gemm.h"
 #include "cuda_kernels.h"
+#include "cuda_sample_rows.h"
 #include "cuda_step_profile.h"
 
 /* Pinned host staging buffer with an event that says when the device has
@@ -88,6 +89,9 @@ typedef struct cuda_exec {
      * on the device (pgk_logprobs), the rows not copied. lp_L = 0: none
      * pending. Borrowed from the caller. */
     pg_lsm_row *lp_rows;          /* [lp_L] */
+    /* sampled rows of the next logits (cuda_executor_sample_rows,
+     * cuda_sample_rows.h) */
+    cuda_smp smp;
     int32_t lp_L;
     int32_t lp_n;                 /* requests launched for the logits being copied out */
     pgk_lp_req *lp_req_d;         /* [lp_n] device */

@@ -59,6 +59,7 @@ static void cuda_destroy(executor *ex)
     cx_pinned_free(&c->logits_h);
     cx_pinned_free(&c->ids_h);
     cx_pinned_free(&c->lp_req_h);
+    cuda_smp_free(&c->smp);
     cx_pinned_free(&c->lp_out_h);
     cx_pinned_free(&c->stage[0]);
     cx_pinned_free(&c->stage[1]);
@@ -142,6 +143,7 @@ static const executor_ops cuda_ops = {
     .run_step = cx_run_step,
     .greedy_rows = cuda_executor_greedy_next_step,
     .logprob_rows = cuda_executor_logprob_rows,
+    .sample_rows = cuda_executor_sample_rows,
     .rope_kv = cx_rope_kv,
     .set_step_profile = cx_set_step_profile,
     .op_mark = cx_op_mark,

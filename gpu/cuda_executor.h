@@ -167,6 +167,10 @@ int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t 
  * [-1, V) or k outside [0, PG_LSM_MAX_TOP]. L = 0 clears it. PG_EINVAL
  * when ex is not a cuda executor. The executor table's logprob_rows. */
 int cuda_executor_logprob_rows(executor *ex, pg_lsm_row *rows, int32_t L);
+/* Sampled rows of the next logits on the device (gpu/sampling.cu,
+ * cuda_sample_rows.h); PG_EINVAL when ex is not a cuda executor or req is
+ * malformed. The executor table's sample_rows (executor.h). */
+int cuda_executor_sample_rows(executor *ex, const pg_smp_batch *req);
 
 /* pgk_logprobs over the f32 rows of a device buffer logits [n][V] (from
  * alloc(EXEC_F32)): rows_host[r] (token, k in; want set to 1) gets row r's

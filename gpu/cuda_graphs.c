@@ -417,7 +417,8 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     g->replays++;
     /* the logprob rows, then the S real rows (of the P computed), after the
      * replay (stream order) */
-    if ((rc = cx_lp_launch(c, g->logits_d, S, bk->logits_V)))
+    if ((rc = cx_lp_launch(c, g->logits_d, S, bk->logits_V)) ||
+        (rc = cuda_smp_launch(&c->smp, g->logits_d, S, bk->logits_V, &c->lk)))
         return rc;
     return cx_logits_out(c, logits_host, g->logits_d, &g->logits_h, g->ids_h.h, S, bk->logits_V);
 }
@@ -435,6 +436,7 @@ int cx_run_step(executor *ex, const step_batch *b, float *logits_host,
     cuda_sprof_step_done(c->sprof, rc);
     c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
     c->lp_L = 0;
+    cuda_smp_clear(&c->smp);
     return rc;
 }
 

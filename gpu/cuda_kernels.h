@@ -32,6 +32,7 @@ extern "C" {
 
 #include "pg_error.h" /* plain C: given C linkage inside the .cu files */
 #include "pg_logsoftmax.h"
+#include "pg_sample.h"
 
 typedef enum pgk_dtype {
     PGK_BF16 = 0,
@@ -173,6 +174,18 @@ typedef struct pgk_lp_req {
  * host's pg_lsm_row_eval. One block per request. */
 int pgk_logprobs(pg_lsm_row *out, const float *logits, int32_t V, const pgk_lp_req *d_req,
                  int32_t n, pgk_launch *lk);
+
+/* Sampling on the device: ids[q] (device) = the token of sampled row
+ * rows[q] (device, q < n) of logits [.][V] (f32, device), by
+ * common/pg_sample.h's definition (steps 0-9), bit for bit core/sampler.c's
+ * sampler_sample; -1 when no token can be sampled (every logit -inf, NaN,
+ * banned or masked). The rows are rewritten in place (their logits after
+ * steps 0-6). Device arrays indexed by pg_smp_row: pen_ids / pen_cnt (the
+ * distinct ids of prompt and output, each with its output count), ban_ids,
+ * mask (32-bit words, bit v = token v allowed). One block per row. */
+int pgk_sample(int32_t *ids, float *logits, int32_t V, const pg_smp_row *rows, int32_t n,
+               const int32_t *pen_ids, const int32_t *pen_cnt, const int32_t *ban_ids,
+               const uint32_t *mask, pgk_launch *lk);
 
 #ifdef __cplusplus
 }

@@ -98,10 +98,11 @@ int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinne
         return pg_error_wrap(&c->err, rc, "cuda logits");
     float *h = hv;
     for (int32_t r = 0, r1; r < L; r = r1) {
-        for (r1 = r; r1 < L && !(gm && gm[r1]) && !(lp && lp[r1].want); r1++)
+        for (r1 = r; r1 < L && !(gm && gm[r1]) && !(lp && lp[r1].want) && !cuda_smp_marked(&c->smp, r1);
+             r1++)
             ;
         if (r1 == r) {
-            r1 = r + 1; /* a greedy or logprob row: not copied */
+            r1 = r + 1; /* a greedy, logprob or sampled row: not copied */
             continue;
         }
         CUDA_TRY(&c->err, "cudaMemcpyAsync (logits)",
@@ -121,6 +122,8 @@ int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinne
             lp[r] = lp_out[q++];
             continue;
         }
+        if (cuda_smp_marked(&c->smp, r))
+            continue; /* its id comes with cuda_smp_finish */
         if (!(gm && gm[r])) {
             memcpy(logits_host + (size_t)r * V, h + (size_t)r * V, row_bytes);
             continue;
@@ -131,6 +134,7 @@ int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinne
                                 "cuda logits: greedy row %d: no token can be sampled: all %d logits "
                                 "are -inf or nan", (int)r, (int)V);
     }
+    cuda_smp_finish(&c->smp);
     step_profile_add(sp, SP_D2H, t0);
     return 0;
 }
@@ -179,6 +183,8 @@ static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const vo
         c->lp_L = 0;
         return rc;
     }
+    if ((rc = cuda_smp_launch(&c->smp, c->logits_d, L, V, &c->lk)))
+        return rc;
     return cx_logits_out(c, logits_host, c->logits_d, &c->logits_h, ids, L, V);
 }
 
@@ -190,6 +196,7 @@ int cx_logits(executor *ex, float *logits_host, const void *x, const void *w, in
     if (!cx_graph_bound(c)) { /* a mask is for one step, whatever happened (a graph's is the replay's) */
         c->greedy_L = 0;
         c->lp_L = 0;
+        cuda_smp_clear(&c->smp);
     }
     return rc;
 }
@@ -221,6 +228,12 @@ int cuda_executor_logprob_rows(executor *ex, pg_lsm_row *rows, int32_t L)
     c->lp_rows = rows;
     c->lp_L = L;
     return 0;
+}
+
+int cuda_executor_sample_rows(executor *ex, const pg_smp_batch *req)
+{
+    cuda_exec *c = cx_as_cuda(ex);
+    return c ? cuda_smp_set(&c->smp, req, &c->err) : PG_EINVAL;
 }
 
 int cuda_executor_logprobs(executor *ex, pg_lsm_row *rows_host, const float *logits, int32_t n,

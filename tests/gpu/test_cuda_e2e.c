@@ -566,13 +566,15 @@ typedef struct dg_out {
     long replays;
 } dg_out;
 
-static void dg_run(fixture *f, bool device_greedy, dg_out *out)
+/* device_sample: sampled rows on the device too (be.sample_rows);
+ * graphs: CUDA graphs of decode steps (else eager). */
+static void dg_run_with(fixture *f, bool device_greedy, bool device_sample, bool graphs, dg_out *out)
 {
     const run_cfg *c = &cfgs[3]; /* batch, bs 16, graphs of up to 8 */
     model_params mp = pg_golden_model_params(&c->pool);
     executor *ex = make_cuda(0);
     pg_error err;
-    if (cuda_executor_set_graphs(ex, c->graph_batch, f->cfg.max_position_embeddings, &err))
+    if (graphs && cuda_executor_set_graphs(ex, c->graph_batch, f->cfg.max_position_embeddings, &err))
         fail_msg("cuda_executor_set_graphs: %s", err.msg);
     model *m = open_model(f, ex, &mp);
     engine_params ep = pg_golden_engine_params(f, &c->pool);
@@ -580,6 +582,9 @@ static void dg_run(fixture *f, bool device_greedy, dg_out *out)
     assert_non_null(be.greedy_rows); /* the CUDA executor has the path */
     if (!device_greedy)
         be.greedy_rows = NULL;
+    assert_non_null(be.sample_rows);
+    if (!device_sample)
+        be.sample_rows = NULL;
     engine *e = NULL;
     if (engine_create(&e, &ep, &be, NULL, &err))
         fail_msg("engine_create: %s", err.msg);
@@ -625,6 +630,11 @@ static void dg_run(fixture *f, bool device_greedy, dg_out *out)
     ex->op->destroy(ex);
 }
 
+static void dg_run(fixture *f, bool device_greedy, dg_out *out)
+{
+    dg_run_with(f, device_greedy, false, true, out);
+}
+
 static void test_device_greedy(void **state)
 {
     fixture *f = *state;
@@ -649,6 +659,41 @@ static void test_device_greedy(void **state)
     /* the plain greedy rows' logits stayed on the device: at least one row
      * of V f32 per token they generated past the first step */
     assert_true(on.copied + (size_t)f->cfg.vocab_size * 4u <= off.copied);
+}
+
+/* ---- device sampled rows ------------------------------------------------ */
+
+/* dg_params's requests with every row taken on the device (plain greedy:
+ * the argmax; greedy with logprobs: the logprob rows; sampled and greedy
+ * with a penalty and banned ids: gpu/sampling.cu), with graphs and eager,
+ * against the sampled rows on the host: the same ids and logprobs bit for
+ * bit, and not one logits byte copied to the host. */
+static void test_device_sampled(void **state)
+{
+    fixture *f = *state;
+    assert_true(f->n_g >= 6);
+    dg_out g = {0}, e = {0}, h = {0};
+    dg_run_with(f, true, true, true, &g);
+    dg_run_with(f, true, true, false, &e);
+    dg_run_with(f, true, false, true, &h);
+    printf("    [device sampled] logits copied to the host: %zu bytes (graphs), %zu (eager), %zu with the "
+           "host sampling; %ld graph replays\n", g.copied, e.copied, h.copied, g.replays);
+    assert_true(g.replays > 0 && e.replays == 0);
+    for (int i = 0; i < f->n_g; i++) {
+        assert_int_equal(g.n[i], h.n[i]);
+        assert_int_equal(e.n[i], h.n[i]);
+        assert_memory_equal(g.ids[i], h.ids[i], (size_t)h.n[i] * sizeof(int32_t));
+        assert_memory_equal(e.ids[i], h.ids[i], (size_t)h.n[i] * sizeof(int32_t));
+        assert_int_equal(g.lp[i] != NULL, h.lp[i] != NULL);
+        if (h.lp[i]) {
+            assert_memory_equal(g.lp[i], h.lp[i], (size_t)h.n[i] * sizeof(float));
+            assert_memory_equal(e.lp[i], h.lp[i], (size_t)h.n[i] * sizeof(float));
+        }
+        free(g.ids[i]), free(e.ids[i]), free(h.ids[i]);
+        free(g.lp[i]), free(e.lp[i]), free(h.lp[i]);
+    }
+    assert_true(g.copied == 0 && e.copied == 0);
+    assert_true(h.copied >= (size_t)f->cfg.vocab_size * 4u); /* the host's sampled rows came back */
 }
 
 /* ---- device logprob rows ------------------------------------------------ */
@@ -883,6 +928,7 @@ int main(void)
         cmocka_unit_test(test_greedy_f32),
         cmocka_unit_test(test_greedy_bf16),
         cmocka_unit_test(test_device_greedy),
+        cmocka_unit_test(test_device_sampled),
         cmocka_unit_test(test_device_logprobs),
         cmocka_unit_test(test_embeddings),
     };
