@@ -292,12 +292,14 @@ static void read_worker(void *ctx, int32_t w, int32_t nw)
     read_job *j = ctx;
     int64_t lo, hi;
     cpu_pool_range((int64_t)j->n, w, nw, 4096, &lo, &hi);
-    float acc[16] = {0};
-    for (int64_t i = lo; i + 16 <= hi; i += 16)
-        for (int l = 0; l < 16; l++)
+    /* 64 independent lanes (four vectors of 16): one chain of vector adds
+     * would bound a single core below its memory rate */
+    float acc[64] = {0};
+    for (int64_t i = lo; i + 64 <= hi; i += 64)
+        for (int l = 0; l < 64; l++)
             acc[l] += j->a[i + l];
     float s = 0.0f;
-    for (int l = 0; l < 16; l++)
+    for (int l = 0; l < 64; l++)
         s += acc[l];
     if (w < 64)
         j->sums[w] = s;
