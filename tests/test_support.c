@@ -1,6 +1,7 @@
 /* test_support: see test_support.h. */
 #include "test_support.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,4 +109,22 @@ void pg_test_fill_uniform(pg_test_rng *r, float *x, size_t n, float lo, float hi
 {
     for (size_t i = 0; i < n; i++)
         x[i] = pg_test_rng_uniform(r, lo, hi);
+}
+
+void pg_test_logits_row(pg_test_rng *r, float *x, int32_t V, int kind)
+{
+    float scale = kind % 3 == 0 ? 0.05f : (kind % 3 == 1 ? 2.0f : 8.0f);
+    for (int32_t v = 0; v < V; v++) {
+        float u = pg_test_rng_uniform(r, -1.0f, 1.0f) + pg_test_rng_uniform(r, -1.0f, 1.0f);
+        x[v] = u * scale;
+        if (kind & 4)
+            x[v] = roundf(x[v] * 4.0f) * 0.25f; /* ties */
+    }
+    if (kind & 8) {
+        for (int k = 0; k < 1 + V / 50; k++)
+            x[pg_test_rng_int(r, 0, V - 1)] = -INFINITY;
+        x[pg_test_rng_int(r, 0, V - 1)] = NAN;
+        if (kind & 16)
+            x[pg_test_rng_int(r, 0, V - 1)] = INFINITY;
+    }
 }

@@ -32,5 +32,9 @@ uint64_t pg_test_rng_next(pg_test_rng *r);
 float pg_test_rng_uniform(pg_test_rng *r, float lo, float hi); /* [lo, hi) */
 int pg_test_rng_int(pg_test_rng *r, int lo, int hi);            /* [lo, hi] */
 void pg_test_fill_uniform(pg_test_rng *r, float *x, size_t n, float lo, float hi);
+/* A random logits row x [V] for sampler tests, by kind's bits: kind % 3
+ * picks the scale (flat 0.05, 2, peaked 8), & 4 quantizes to quarters (ties),
+ * & 8 adds a few -inf and one NaN, & 16 (with 8) one +inf. */
+void pg_test_logits_row(pg_test_rng *r, float *x, int32_t V, int kind);
 
 #endif /* PG_TEST_SUPPORT_H */

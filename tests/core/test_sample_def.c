@@ -163,23 +163,6 @@ static int32_t ref_sample(const sampling_params *p, float *x, int32_t V, const s
     return tok;
 }
 
-/* A random row of V: flat (scale 0.05) or peaked (scale 8), values
- * quantized to make ties sometimes, a few -inf / NaN / +inf. */
-static void random_row(pg_test_rng *r, float *x, int32_t V, int kind)
-{
-    float scale = kind % 3 == 0 ? 0.05f : (kind % 3 == 1 ? 2.0f : 8.0f);
-    for (int32_t v = 0; v < V; v++) {
-        float u = pg_test_rng_uniform(r, -1.0f, 1.0f) + pg_test_rng_uniform(r, -1.0f, 1.0f);
-        x[v] = u * scale;
-        if (kind & 4) x[v] = roundf(x[v] * 4.0f) * 0.25f; /* ties */
-    }
-    if (kind & 8) {
-        for (int k = 0; k < 1 + V / 50; k++) x[pg_test_rng_int(r, 0, V - 1)] = -INFINITY;
-        x[pg_test_rng_int(r, 0, V - 1)] = NAN;
-        if (kind & 16) x[pg_test_rng_int(r, 0, V - 1)] = INFINITY;
-    }
-}
-
 static void random_params(pg_test_rng *r, sampling_params *p, int32_t V)
 {
     *p = sampling_params_default();
@@ -213,7 +196,7 @@ static void test_twin(void **state)
         const int32_t V = sizes[si];
         const int cases = V >= 100000 ? 12 : 60;
         for (int c = 0; c < cases; c++, n_cases++) {
-            random_row(&r, row, V, c);
+            pg_test_logits_row(&r, row, V, c);
             sampling_params p;
             random_params(&r, &p, V);
             sampler_seq_view s = {.prompt_ids = prompt, .n_prompt = pg_test_rng_int(&r, 0, 64),
@@ -248,7 +231,7 @@ static void test_twin(void **state)
     static const float tps[] = {0.95f, 0.5f, 0.999f, 0.05f};
     for (int kind = 0; kind < 8; kind += 4)
         for (size_t t = 0; t < sizeof tps / sizeof *tps; t++, n_cases++) {
-            random_row(&r, row, VMAX, kind);
+            pg_test_logits_row(&r, row, VMAX, kind);
             sampling_params p = sampling_params_default();
             p.temperature = 0.8f;
             p.top_p = tps[t];

@@ -37,21 +37,6 @@ int main(void)
 #include "sampling_params.h"
 #include "test_support.h"
 
-static void random_row(pg_test_rng *r, float *x, int32_t V, int kind)
-{
-    float scale = kind % 3 == 0 ? 0.05f : (kind % 3 == 1 ? 2.0f : 8.0f);
-    for (int32_t v = 0; v < V; v++) {
-        float u = pg_test_rng_uniform(r, -1.0f, 1.0f) + pg_test_rng_uniform(r, -1.0f, 1.0f);
-        x[v] = u * scale;
-        if (kind & 4) x[v] = roundf(x[v] * 4.0f) * 0.25f; /* ties */
-    }
-    if (kind & 8) {
-        for (int k = 0; k < 1 + V / 50; k++) x[pg_test_rng_int(r, 0, V - 1)] = -INFINITY;
-        x[pg_test_rng_int(r, 0, V - 1)] = NAN;
-        if (kind & 16) x[pg_test_rng_int(r, 0, V - 1)] = INFINITY;
-    }
-}
-
 static void random_params(pg_test_rng *r, sampling_params *p, int32_t V)
 {
     *p = sampling_params_default();
@@ -108,7 +93,7 @@ static void test_device_equals_host(void **state)
         assert_non_null(ws);
         for (int32_t q = 0; q < R; q++) {
             float *x = lg + (size_t)q * V;
-            random_row(&r, x, V, q + (int)iv);
+            pg_test_logits_row(&r, x, V, q + (int)iv);
             random_params(&r, &sp[q], V);
             int32_t *pq = prompt + q * HIST, *oq = output + q * HIST, *bq = banned + q * BANS;
             for (int i = 0; i < HIST; i++) {
