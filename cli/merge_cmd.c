@@ -295,7 +295,10 @@ int cli_merge_walk(merge_state *ms, cli_format fmt, int out_fd, int64_t *request
         int ll = snprintf(lk, sizeof lk, "L:%lld", (long long)line_no);
         merge_shard *s = &ms->sh[index % ms->n];
         const char *shown = req ? req + 2 : "-";
-        int prior = ms->kept ? cli_resume_lookup(ms->kept, req, req_len, line_no) : CLI_RESUME_NEW;
+        /* a record in its stream first: a line whose id an earlier line also
+         * has is kept by that id, yet gets its own error record */
+        bool here = s->path && answers(s, req, req_len, lk, (size_t)ll);
+        int prior = !here && ms->kept ? cli_resume_lookup(ms->kept, req, req_len, line_no) : CLI_RESUME_NEW;
         if (prior != CLI_RESUME_NEW) {
             ms->skipped++; /* answered by an earlier run: its stream has no record for it */
             ms->skipped_errors += prior == CLI_RESUME_ERROR;
@@ -303,7 +306,7 @@ int cli_merge_walk(merge_state *ms, cli_format fmt, int out_fd, int64_t *request
             ms->missing++;
             say(ms, "missing: id %s (line %lld): its %s %lld was not given", shown, (long long)line_no, unit,
                 (long long)(index % ms->n));
-        } else if (!answers(s, req, req_len, lk, (size_t)ll)) {
+        } else if (!here) {
             ms->missing++;
             say(ms, "missing: id %s (line %lld): no record in %s %lld's output at this point", shown,
                 (long long)line_no, unit, (long long)(index % ms->n));

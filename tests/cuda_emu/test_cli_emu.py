@@ -169,7 +169,8 @@ def case_graphs_256x8():
 
 def multi_lines():
     """24 requests: greedy token-id prompts (some with an id), text prompts,
-    a seeded sampled line and a malformed line (an error record)."""
+    a seeded sampled line, a malformed line and a duplicate id (two error
+    records)."""
     lines = []
     for i in range(24):
         if i == 5:
@@ -177,6 +178,8 @@ def multi_lines():
         elif i == 11:
             lines.append(json.dumps({"id": "sampled", "prompt": "Once upon a time", "max_tokens": 4,
                                      "temperature": 0.8, "seed": 7}) + "\n")
+        elif i == 16:  # the id of line 3 again: an error record (worker 1 of 3; line 3 is worker 2's)
+            lines.append(json.dumps({"id": "t2", "prompt": "The dog", "max_tokens": 2, "temperature": 0}) + "\n")
         elif i % 4 == 2:
             lines.append(json.dumps({"id": f"t{i}", "prompt": "The cat sat", "max_tokens": 2 + i % 3,
                                      "temperature": 0}) + "\n")
@@ -204,10 +207,10 @@ def case_multi_device():
             f.writelines(multi_lines())
         base = ["-m", MODEL, "-i", path] + MULTI_BASE
         rc, ref, err, t1 = run(base + ["--device", "cuda"])
-        check(rc == 1, f"one device: expected exit 1 (one error record), got {rc}: {err.decode()[-1500:]}")
+        check(rc == 1, f"one device: expected exit 1 (error records), got {rc}: {err.decode()[-1500:]}")
         recs = [json.loads(l) for l in ref.splitlines()]
-        check(len(recs) == 24 and sum(1 for r in recs if r.get("error")) == 1,
-              f"one device: expected 24 records, one error: {ref[:600]!r}")
+        check(len(recs) == 24 and sum(1 for r in recs if r.get("error")) == 2,
+              f"one device: expected 24 records, two errors: {ref[:600]!r}")
         out = os.path.join(tmp, "out2.jsonl")
         rc, _, err, t2 = run(base + ["--device", "cuda:0,1", "-o", out], env_set={"EMU_DEVICE_COUNT": "2"})
         check(rc == 1, f"cuda:0,1: expected exit 1, got {rc}: {err.decode()[-1500:]}")
@@ -217,7 +220,7 @@ def case_multi_device():
         for d in ("cuda:0", "cuda:1"):
             check(f"pagedgen: {d}: device cuda:{d[5:]}" in e or f"pagedgen: {d}: " in e,
                   f"cuda:0,1: no log line of {d}: {e[-1500:]}")
-        check("cuda:0,1: total: 24 requests on 2 devices: 24 records written (1 error records)" in e,
+        check("cuda:0,1: total: 24 requests on 2 devices: 24 records written (2 error records)" in e,
               f"cuda:0,1: no total line: {e[-1500:]}")
         rc, got, err, t3 = run(base + ["--device", "cuda:0,1,2"], env_set={"EMU_DEVICE_COUNT": "3"})
         check(rc == 1 and got == ref, f"cuda:0,1,2 (exit {rc}) differs from one device at {diff_at(ref, got)}: "
@@ -261,7 +264,8 @@ def case_multi_device_fail():
         want = [l for i, l in enumerate(ref.splitlines(keepends=True)) if i % 3 != 1]
         got = open(out, "rb").read()
         check(got == b"".join(want), f"a failing device: the other workers' records: {diff_at(b''.join(want), got)}")
-        # --resume with the same list: the 8 missing records are appended in input order
+        # --resume with the same list: the 8 missing records are appended in input order (line 17, whose
+        # id line 3's kept record has, gets its error record from worker 1)
         rc, _, err, _ = run(base + ["--device", "cuda:0,1,2", "-o", out, "--resume"], env_set={"EMU_DEVICE_COUNT": "3"})
         e = err.decode()
         check(rc == 1, f"--resume: expected exit 1 (the error record), got {rc}: {e[-1500:]}")
