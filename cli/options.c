@@ -1149,6 +1149,8 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
         if (!o->model_dir || !o->ppl_file)
             return pg_error_set(err, PG_EINVAL, "perplexity: -m MODEL_DIR and -f TEXT are required "
                                 "(see --help)");
+        if (o->n_devices > 1 || o->devices_all)
+            return pg_error_set(err, PG_EINVAL, "perplexity: --device %s: one device (cuda:N)", o->device_arg);
         int rc = cli_options_check_dtypes(o, o->device, err);
         if (rc != PG_OK)
             return rc;

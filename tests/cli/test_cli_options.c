@@ -280,6 +280,10 @@ static void test_device_lists(void **state)
     assert_non_null(strstr(err.msg, "give -i FILE"));
     assert_int_equal(parse(&o, &err, 9, "-m", "d", "-i", "f", "--device", "cuda:all", "--shard", "0/2"), PG_EINVAL);
     assert_non_null(strstr(err.msg, "--shard"));
+    assert_int_equal(parse(&o, &err, 8, "perplexity", "-m", "d", "-f", "t", "--device", "cuda:0,1"), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "one device"));
+    assert_int_equal(parse(&o, &err, 8, "perplexity", "-m", "d", "-f", "t", "--device", "cuda:1"), PG_OK);
+    assert_int_equal(o.cuda_device, 1);
 }
 
 static void test_usage_errors(void **state)
