@@ -31,7 +31,7 @@ static void say(merge_state *ms, const char *fmt, ...)
     ;
 static void say(merge_state *ms, const char *fmt, ...)
 {
-    if (ms->listed++ >= MERGE_LIST_MAX)
+    if ((ms->hush && *ms->hush) || ms->listed++ >= MERGE_LIST_MAX)
         return;
     va_list ap;
     va_start(ap, fmt);

@@ -14,6 +14,7 @@
 #ifndef PG_CLI_MERGE_WALK_H
 #define PG_CLI_MERGE_WALK_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +50,8 @@ typedef struct merge_state {
     bool cut_partial;     /* a partial last line ends its stream (a worker that died writing
                            * it) instead of failing the walk (a shard that did not finish) */
     const cli_resume *kept; /* requests answered in it expect no record (NULL: none) */
+    const volatile sig_atomic_t *hush; /* when set and non-zero, problems are counted, not listed
+                                        * (an interrupted multi-device run: every later request is missing) */
     int64_t missing, duplicate, extra, listed, skipped, skipped_errors; /* skipped: kept answers */
     int64_t written, written_errors; /* records written, of which error records */
     pg_error err;

@@ -167,10 +167,11 @@ static void *relay_main(void *arg)
 /* The workers' pids for the forwarding handler: like signals.c's flag,
  * process-wide because a signal handler has nowhere else to look. */
 static pid_t fwd_pids[CLI_MAX_DEVICES];
-static volatile sig_atomic_t fwd_n;
+static volatile sig_atomic_t fwd_n, fwd_stopped;
 
 static void forward_signal(int sig)
 {
+    fwd_stopped = 1;
     for (sig_atomic_t k = 0; k < fwd_n; k++)
         kill(fwd_pids[k], sig); /* async-signal-safe */
 }
@@ -334,6 +335,7 @@ int cli_run_multi_device(const cli_options *o)
     ms.label = o->device_arg;
     ms.unit = "device worker";
     ms.cut_partial = true;
+    ms.hush = &fwd_stopped; /* after Ctrl-C the missing requests are counted, not listed */
     cli_format fmt;
     cli_resume *kept = NULL;
     md_worker ws[CLI_MAX_DEVICES];
