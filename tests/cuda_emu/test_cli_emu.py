@@ -29,6 +29,9 @@ Cases:
                 fails (EMU_FAIL_DEVICE) is named, the other workers' records
                 are written in input order, and --resume with the same list
                 completes the file to the single-device records
+  multi_device_interrupt  SIGINT to the first process of cuda:0,1 reaches
+                the workers: exit 130, the records written are the
+                single-device ones in order, --resume completes them
 
 The two graphs_* cases are expected to FAIL until issue 24 item 1 is fixed
 (gpu/cuda_gemm.c grow(): the GEMM padding buffers are grown inside a graph
@@ -273,6 +276,55 @@ def case_multi_device_fail():
               f"--resume: {e[-1500:]}")
         missing = [l for i, l in enumerate(ref.splitlines(keepends=True)) if i % 3 == 1]
         check(open(out, "rb").read() == b"".join(want + missing), "--resume: not the kept records + the missing ones")
+
+
+def case_multi_device_interrupt():
+    """SIGINT to the first process only (it passes it on to the workers):
+    exit 130, the records written are the single-device records in input
+    order with gaps, and --resume with the list completes them."""
+    import signal
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "in.jsonl")
+        with open(path, "w") as f:
+            for i in range(12):
+                f.write(json.dumps({"prompt": "Once upon a time", "max_tokens": 48 + i, "temperature": 0,
+                                    "ignore_eos": True}) + "\n")
+        base = ["-m", MODEL, "-i", path, "--max-num-seqs", "2", "--enforce-eager"]
+        rc, ref, err, _ = run(base + ["--device", "cuda"])
+        check(rc == 0, f"one device: exit {rc}: {err.decode()[-1000:]}")
+        ref_lines = ref.splitlines(keepends=True)
+        out = os.path.join(tmp, "out.jsonl")
+        env = dict(os.environ, EMU_DEVICE_COUNT="2")
+        p = subprocess.Popen([EXE] + base + ["--device", "cuda:0,1", "-o", out, "--log-interval", "0.2"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        seen, log = set(), []
+        for line in p.stderr:  # both workers have finished a request (their progress lines say "N/6 requests")
+            log.append(line)
+            for d in (b"cuda:0", b"cuda:1"):
+                pre = b"pagedgen: " + d + b": "
+                if line.startswith(pre) and b"requests (" in line and line[len(pre):].split(b"/")[0].isdigit() \
+                        and int(line[len(pre):].split(b"/")[0]) >= 1:
+                    seen.add(d)
+            if len(seen) == 2:
+                break
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        rc = p.wait()
+        e = b"".join(log).decode() + rest.decode()
+        # (each worker has 4 or more requests of about 50 tokens left, two at a time: the signal comes first)
+        check(rc == 130, f"SIGINT: expected exit 130, got {rc}: {e[-1500:]}")
+        check("missing:" not in e and "requests have no record: rerun with --resume" in e,
+              f"SIGINT: expected the missing requests counted, not listed: {e[-1500:]}")
+        got = open(out, "rb").read().splitlines(keepends=True)
+        it = iter(ref_lines)
+        check(all(any(g == r for r in it) for g in got),
+              "SIGINT: the records written are not the single-device records in input order")
+        rc, _, err, _ = run(base + ["--device", "cuda:0,1", "-o", out, "--resume"], env_set={"EMU_DEVICE_COUNT": "2"})
+        check(rc == 0, f"--resume after SIGINT: exit {rc}: {err.decode()[-1000:]}")
+        done = open(out, "rb").read().splitlines(keepends=True)
+        check(done[:len(got)] == got and sorted(done) == sorted(ref_lines),
+              "--resume after SIGINT: not the kept records + the missing ones = the single-device records")
+        print(f"interrupted with {len(got)} of 12 records written; resumed to 12")
 
 
 def main():
