@@ -126,6 +126,7 @@ static int add_requests(engine *e, const bench_workload *w, const bench_run_para
         sp.n = rp->n > 0 ? rp->n : 1;
         sp.max_tokens = w->output_len[i];
         sp.temperature = rp->temperature;
+        if (rp->top_p > 0.0f) sp.top_p = rp->top_p;
         sp.seed = rp->seed + (uint64_t)i;
         sp.ignore_eos = true;
         sp.prompt_logprobs = rp->prompt_logprobs;

@@ -72,6 +72,7 @@ typedef struct bench_run_params {
     const int32_t *prompt_logprobs_from; /* [requests] sampling_params.prompt_logprobs_from
                                         of each request; NULL: 0 (every prompt token) */
     float temperature;               /* 0 = greedy */
+    float top_p;                     /* 0 (default) or 1: off */
     uint64_t seed;
     /* Request 0 is added alone and stepped until its prompt is computed, and
      * only then are the others added (timing covers all of it). With a shared

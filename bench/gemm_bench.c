@@ -1,7 +1,7 @@
 /* gemm_bench: the CPU executor's GEMM (cpu/cpu_gemm.c) against OpenBLAS on
  * the 110m model's shapes, with the machine's ceiling beside the figures.
  *
- *   gemm_bench [threads] [modes [cputime] | ms=M1,M2,... [cputime]]
+ *   gemm_bench [threads] [modes [cputime] | ms=M1,M2,... [cputime] | decode [rounds [cputime]]]
  *       threads: default all online cores, for both; modes: the ceiling and
  *       the modes section only (also spelled int8 or --bf16-mode, the
  *       names it had before its two halves were merged); cputime (threads
@@ -10,7 +10,9 @@
  *       processes do not inflate; ms=...: the main table only, at these
  *       batches (e.g. ms=1,4,16,64,128,512), without the modes section
  *       (with cputime, threads = 1: cpu_gemm and sgemm timed in interleaved
- *       rounds in the thread's CPU time)
+ *       rounds in the thread's CPU time); decode: the batch-1 decode step
+ *       section only (decode_section below; rounds: default 20; cputime,
+ *       threads = 1: timed in the thread's CPU time, the read bandwidth too)
  *
  * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
  * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
@@ -255,6 +257,173 @@ static void modes_section(cpu_pool *pool, double peak, uint64_t *seed, clockid_t
     }
 }
 
+/* The decode section (`gemm_bench T decode`, issue 34): one batch-1 decode
+ * step's matmuls of the 110m model (12 layers x qkv, o, gate_up, down, then
+ * lm_head: 49 products at M = 1, the weights as the engine stores them, 85M
+ * + 24.6M elements, far larger than any cache) through the pool as the
+ * engine runs them, for each storage type and mode, on the best variant and
+ * on the avx2 one, timed in interleaved rounds (best step of each); the
+ * weight bytes a step reads over its time against the machine's read
+ * bandwidth measured in the same run (a sum over 512 MiB, as
+ * bench_machine.c's): the batch-1 roof of the storage section with
+ * attention, norms and the engine's own work left out. */
+typedef struct decode_mat {
+    int N, K;
+    float *w;
+    void *w_i8;
+    uint16_t *w_bf16;
+} decode_mat;
+
+typedef struct decode_impl {
+    const char *name;
+    cpu_matmul_precision p;
+    cpu_wt wt;
+    cpu_gemm_variant v;
+} decode_impl;
+
+typedef struct read_job {
+    const float *a;
+    size_t n;
+    float sums[64];
+} read_job;
+
+static void read_worker(void *ctx, int32_t w, int32_t nw)
+{
+    read_job *j = ctx;
+    int64_t lo, hi;
+    cpu_pool_range((int64_t)j->n, w, nw, 4096, &lo, &hi);
+    /* 64 independent lanes (four vectors of 16): one chain of vector adds
+     * would bound a single core below its memory rate */
+    float acc[64] = {0};
+    for (int64_t i = lo; i + 64 <= hi; i += 64)
+        for (int l = 0; l < 64; l++)
+            acc[l] += j->a[i + l];
+    float s = 0.0f;
+    for (int l = 0; l < 64; l++)
+        s += acc[l];
+    if (w < 64)
+        j->sums[w] = s;
+}
+
+/* GB/s of a parallel sum over 512 MiB on clock c, best of 5 */
+static double read_gbs(cpu_pool *pool, clockid_t c)
+{
+    const size_t n = (size_t)128 << 20;
+    float *a = aligned_alloc(64, n * sizeof(float));
+    if (!a)
+        return 0.0;
+    for (size_t i = 0; i < n; i++)
+        a[i] = 1.0f;
+    read_job j = {a, n, {0}};
+    double best = 0.0;
+    for (int r = 0; r < 5; r++) {
+        const double t0 = clock_s(c);
+        cpu_pool_run(pool, 0, read_worker, &j);
+        const double g = (double)n * sizeof(float) / (clock_s(c) - t0) * 1e-9;
+        best = g > best ? g : best;
+    }
+    free(a);
+    return best;
+}
+
+static void decode_step(const decode_impl *im, cpu_pool *pool, const decode_mat *mats, int n_mats, float *y,
+                        const float *x, void *scratch)
+{
+    for (int i = 0; i < n_mats; i++) {
+        const decode_mat *m = &mats[i];
+        const void *w = im->wt == CPU_WT_F32 ? (const void *)m->w : im->wt == CPU_WT_BF16 ? (const void *)m->w_bf16
+                                                                                          : m->w_i8;
+        cpu_gemm_mode(im->p, im->v, im->wt, pool, y, m->N, x, w, 1, m->N, m->K, scratch);
+    }
+}
+
+static void decode_section(cpu_pool *pool, uint64_t *seed, int rounds, clockid_t c)
+{
+    enum { D_L = 12, D_H = 768, D_I = 2048, D_V = 32000 };
+    decode_mat mats[4 * D_L + 1];
+    int n_mats = 0;
+    for (int l = 0; l < D_L; l++) {
+        const int shp[4][2] = {{3 * D_H, D_H}, {D_H, D_H}, {2 * D_I, D_H}, {D_H, D_I}};
+        for (int s = 0; s < 4; s++)
+            mats[n_mats++] = (decode_mat){shp[s][0], shp[s][1], NULL, NULL, NULL};
+    }
+    mats[n_mats++] = (decode_mat){D_V, D_H, NULL, NULL, NULL};
+    double bytes[CPU_WT_COUNT] = {0};
+    for (int i = 0; i < n_mats; i++) {
+        decode_mat *m = &mats[i];
+        const size_t e = (size_t)m->N * (size_t)m->K;
+        m->w = rand_buf(e, seed);
+        m->w_i8 = aligned_alloc(64, (cpu_wt_bytes(CPU_WT_I8, e) + 63) / 64 * 64);
+        m->w_bf16 = aligned_alloc(64, (e * sizeof(uint16_t) + 63) / 64 * 64);
+        if (!m->w_i8 || !m->w_bf16) {
+            fprintf(stderr, "gemm_bench: out of memory\n");
+            exit(1);
+        }
+        cpu_wt_store(CPU_WT_I8, m->w_i8, 0, m->w, ST_F32, e);
+        cpu_bf16_round_rows(m->w_bf16, m->w, (int64_t)e);
+        for (int t = 0; t < CPU_WT_COUNT; t++)
+            bytes[t] += (double)cpu_wt_bytes((cpu_wt)t, e);
+    }
+    float *x = rand_buf(D_I, seed), *y = rand_buf(D_V, seed);
+    void *scratch = aligned_alloc(64, 4096 * 4);
+    const decode_impl impls[] = {
+        {"f32", CPU_MATMUL_EXACT, CPU_WT_F32, CPU_GEMM_AUTO},
+        {"bf16", CPU_MATMUL_EXACT, CPU_WT_BF16, CPU_GEMM_AUTO},
+        {"int8", CPU_MATMUL_EXACT, CPU_WT_I8, CPU_GEMM_AUTO},
+        {"bf16 mode", CPU_MATMUL_BF16, CPU_WT_BF16, CPU_GEMM_AUTO},
+        {"int8 mode", CPU_MATMUL_INT8, CPU_WT_I8, CPU_GEMM_AUTO},
+        {"f32", CPU_MATMUL_EXACT, CPU_WT_F32, CPU_GEMM_AVX2},
+        {"bf16", CPU_MATMUL_EXACT, CPU_WT_BF16, CPU_GEMM_AVX2},
+        {"int8", CPU_MATMUL_EXACT, CPU_WT_I8, CPU_GEMM_AVX2},
+        {"bf16 mode", CPU_MATMUL_BF16, CPU_WT_BF16, CPU_GEMM_AVX2},
+        {"int8 mode", CPU_MATMUL_INT8, CPU_WT_I8, CPU_GEMM_AVX2},
+    };
+    enum { N_IMPL = sizeof impls / sizeof impls[0] };
+    int avail[N_IMPL];
+    double best[N_IMPL];
+    for (int k = 0; k < N_IMPL; k++) {
+        avail[k] = cpu_gemm_variant_available(impls[k].v) &&
+                   (impls[k].v == CPU_GEMM_AUTO || cpu_gemm_variant_best() != CPU_GEMM_AVX2);
+        best[k] = 1e30;
+        if (avail[k])
+            decode_step(&impls[k], pool, mats, n_mats, y, x, scratch); /* warm-up */
+    }
+    const double bw_before = read_gbs(pool, c);
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < N_IMPL; k++) {
+            if (!avail[k])
+                continue;
+            const double t0 = clock_s(c);
+            decode_step(&impls[k], pool, mats, n_mats, y, x, scratch);
+            const double t = clock_s(c) - t0;
+            best[k] = t < best[k] ? t : best[k];
+        }
+    const double bw_after = read_gbs(pool, c), bw = bw_before > bw_after ? bw_before : bw_after;
+    printf("\nbatch-1 decode step (issue 34): the 49 matmuls of the 110m model at M = 1, %d threads, best of %d "
+           "interleaved rounds%s; read bandwidth %.1f GB/s (sum over 512 MiB, best before / after: %.1f / %.1f)\n",
+           cpu_pool_size(pool), rounds, c == CLOCK_THREAD_CPUTIME_ID ? ", thread CPU time" : "", bw, bw_before,
+           bw_after);
+    printf("%-10s %-8s %-10s | %9s %9s %8s %7s\n", "weights", "variant", "kernel", "step us", "MB", "GB/s", "%roof");
+    for (int k = 0; k < N_IMPL; k++) {
+        if (!avail[k])
+            continue;
+        const decode_impl *im = &impls[k];
+        const char *kern = cpu_gemm_mode_kernel_name(im->p, im->v);
+        const double b = bytes[im->wt];
+        printf("%-10s %-8s %-10s | %9.1f %9.1f %8.1f %6.0f%%\n", im->name,
+               cpu_gemm_variant_name(im->v == CPU_GEMM_AUTO ? cpu_gemm_variant_best() : im->v),
+               kern ? kern : "?", best[k] * 1e6, b * 1e-6, b / best[k] * 1e-9, 100.0 * b / best[k] * 1e-9 / bw);
+    }
+    for (int i = 0; i < n_mats; i++) {
+        free(mats[i].w);
+        free(mats[i].w_i8);
+        free(mats[i].w_bf16);
+    }
+    free(x);
+    free(y);
+    free(scratch);
+}
+
 int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -263,6 +432,24 @@ int main(int argc, char **argv)
     const int modes_only = argc > 2 && (strcmp(argv[2], "modes") == 0 || strcmp(argv[2], "int8") == 0 ||
                                         strcmp(argv[2], "--bf16-mode") == 0);
     const int ms_only = argc > 2 && strncmp(argv[2], "ms=", 3) == 0;
+    if (argc > 2 && strcmp(argv[2], "decode") == 0) { /* no ceiling: the read bandwidth is its own */
+        cpu_pool *dp = NULL;
+        if (cpu_pool_create(&dp, threads, NULL) != 0) {
+            fprintf(stderr, "gemm_bench: cannot start %d threads\n", threads);
+            return 1;
+        }
+        uint64_t dseed = 12345;
+        /* decode [rounds] [cputime] (cputime: 1 thread, its CPU time) */
+        const int rounds = argc > 3 ? atoi(argv[3]) : 20;
+        const int dcpu = argc > 4 && strcmp(argv[4], "cputime") == 0;
+        if (dcpu && threads != 1) {
+            fprintf(stderr, "gemm_bench: decode cputime: expected 1 thread, got %d\n", threads);
+            return 1;
+        }
+        decode_section(dp, &dseed, rounds > 0 ? rounds : 20, dcpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC);
+        cpu_pool_destroy(dp);
+        return 0;
+    }
     const int cputime = (modes_only || ms_only) && argc > 3 && strcmp(argv[3], "cputime") == 0;
     int Ms[16] = {1, 8, 32, 64, 128, 256}, n_ms = 6;
     if (ms_only) {

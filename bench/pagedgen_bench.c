@@ -18,6 +18,11 @@
  *   scoring     Issue 21: prompt logprobs in the prefill pass vs one row a
  *               step vs plain prefill: 16 x 256, one 512-token request, and a
  *               4-way multiple-choice workload (bench_sec_scoring.c).
+ *   host        Issue 30: the engine's host share of a decode step at the 1.1B
+ *               shape over a no-arithmetic backend, batch 1, 64, 256
+ *               (bench_sec_host.c).
+ *   sampling    Issue 30: greedy vs temperature 0.8 (and + top_p 0.95) generated
+ *               tok/s at V = 151,936 on one thread (bench_sec_sampling.c).
  *
  * The engine is driven directly (prompts as token ids, EOS ignored, greedy
  * unless said otherwise, fixed seeds, a warm-up run per model). Figures go
@@ -70,7 +75,7 @@ static int mkdir_p(const char *path)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage|scoring]\n"
+    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage|scoring|host|sampling]\n"
                "                      [--model-dir DIR] [--threads N] [--out DIR] [--shared DIR]\n"
                "                      [--git-commit SHA] [--batches 1,8,...] [--skip-ceilings]\n"
                "  --model-dir  folder with the synthetic models 15m, 110m, gqa-110m (default\n"
@@ -177,14 +182,14 @@ int main(int argc, char **argv)
         return 2;
     }
     static const char *const sections[] = {"machine", "throughput", "paged", "scaling", "prefix", "storage",
-                                           "scoring"};
+                                           "scoring", "host", "sampling"};
     if (c.only) {
         bool known = false;
         for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
             known = known || strcmp(c.only, sections[i]) == 0;
         if (!known) {
             fprintf(stderr, "pagedgen_bench: --only: expected machine, throughput, paged, "
-                            "scaling, prefix, storage or scoring, got '%s'\n", c.only);
+                            "scaling, prefix, storage, scoring, host or sampling, got '%s'\n", c.only);
             return 2;
         }
     }
@@ -237,9 +242,10 @@ int main(int argc, char **argv)
     static int (*const section_fn[])(bench_ctx *) = {NULL, bench_section_throughput,
                                                      bench_section_paged, bench_section_scaling,
                                                      bench_section_prefix, bench_section_storage,
-                                                     bench_section_scoring};
-    double section_s[7] = {0};
-    for (size_t i = 1; i < 7 && rc == 0; i++) {
+                                                     bench_section_scoring, bench_section_host,
+                                                     bench_section_sampling};
+    double section_s[8] = {0};
+    for (size_t i = 1; i < 8 && rc == 0; i++) {
         if (!bench_section_on(&c, sections[i]))
             continue;
         double ts = bench_now_s();
@@ -248,7 +254,7 @@ int main(int argc, char **argv)
         printf("  (%s: %.1f s)\n", sections[i], section_s[i]);
     }
     bench_json_obj(c.j, "section_seconds");
-    for (size_t i = 1; i < 7; i++)
+    for (size_t i = 1; i < 8; i++)
         if (section_s[i] > 0.0)
             bench_json_num(c.j, sections[i], section_s[i]);
     bench_json_end(c.j);

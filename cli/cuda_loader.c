@@ -51,7 +51,7 @@ static int check_table(const cuda_module *m, const char *path, pg_error *err)
         return pg_error_set(err, PG_EFORMAT, "cuda module '%s': expected pagedgen %s, got %s", path,
                             PAGEDGEN_VERSION, m->version ? m->version : "(none)");
     if (!m->device_count || !m->executor_params_default || !m->executor_create || !m->executor_set_graphs ||
-        !m->executor_graph_stats)
+        !m->executor_graph_stats || !m->executor_launch_counts)
         return pg_error_set(err, PG_EFORMAT, "cuda module '%s': expected every entry of the table, got a NULL",
                             path);
     return PG_OK;

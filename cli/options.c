@@ -19,7 +19,7 @@ enum {
     OPT_GPU_UTIL, OPT_KV_DTYPE, OPT_DTYPE, OPT_CUDA_DEVICE, OPT_FAST_GEMM, OPT_ENFORCE_EAGER,
     OPT_CHAT_TEMPLATE, OPT_CHAT_DATE,
     OPT_SERVED_MODEL_NAME, OPT_STRICT, OPT_TRUNCATE_MAX_TOKENS,
-    OPT_QUANT, OPT_PROFILE_OPS, OPT_POOLING,
+    OPT_QUANT, OPT_PROFILE_OPS, OPT_PROFILE_STEPS, OPT_POOLING,
     OPT_GENERATION_CONFIG, OPT_REASONING_PARSER,
     OPT_PLP_PER_STEP, OPT_PPL_CTX, OPT_PPL_BATCH, OPT_MATMUL_PRECISION,
 };
@@ -74,6 +74,7 @@ static const struct option generate_opts[] = {
     {"resume", no_argument, NULL, OPT_RESUME},
     {"metrics", no_argument, NULL, OPT_METRICS},
     {"profile-ops", no_argument, NULL, OPT_PROFILE_OPS},
+    {"profile-steps", no_argument, NULL, OPT_PROFILE_STEPS},
     {"quiet", no_argument, NULL, 'q'},
     {"log-interval", required_argument, NULL, OPT_LOG_INTERVAL},
     {"shard", required_argument, NULL, OPT_SHARD},
@@ -281,6 +282,11 @@ static const char *const generate_help[] = {
 "      --profile-ops          cpu: time every op of the forward and print, after the\n"
 "                             summary, each op's share of the prefill and of the\n"
 "                             decode steps on stderr [default: off]\n"
+"      --profile-steps        time every engine step's phases (schedule, metadata,\n"
+"                             h2d copy, launch, wait for device, d2h copy, sample,\n"
+"                             output) and, on cuda in eager steps, each op's device\n"
+"                             time (events); print them and the kernel launches per\n"
+"                             decode step after the summary on stderr [default: off]\n"
 "  -q, --quiet                no progress and no summary on stderr [default: off]\n"
 "      --log-interval SEC     progress line period when stderr is not a terminal\n"
 "                             [default: 10]\n"
@@ -953,6 +959,7 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
     case OPT_RESUME: o->resume = true; break;
     case OPT_METRICS: o->metrics = true; break;
     case OPT_PROFILE_OPS: o->profile_ops = true; break;
+    case OPT_PROFILE_STEPS: o->profile_steps = true; break;
     case 'q': o->quiet = true; break;
     case OPT_LOG_INTERVAL:
         rc = cli_parse_double(arg, 0.05, 86400.0, "--log-interval", &o->log_interval_s, err);

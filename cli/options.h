@@ -156,6 +156,8 @@ typedef struct cli_options {
     /* output and run control */
     bool include_prompt, unordered, resume, metrics, quiet;
     bool profile_ops;              /* --profile-ops: per-op times on stderr (cpu) */
+    bool profile_steps;            /* --profile-steps: step phases, device op times and
+                                      launches per decode step on stderr (core/step_profile.h) */
     double log_interval_s;         /* non-TTY progress line period; 10 */
     int32_t shard_k, shard_n;      /* 0/1 = everything */
     bool shard_given;              /* --shard given (K/N or auto): the output gets a marker */

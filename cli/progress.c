@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -131,6 +132,17 @@ void cli_progress_summary(cli_progress *p, const cli_progress_counts *c, const e
         (unsigned long long)s->prompt_tokens, (unsigned long long)s->generated_tokens,
         (double)s->prompt_tokens / el, (double)s->generated_tokens / el,
         (double)(c->ok + c->failed) / el);
+    /* the process's CPU time (loading included): a large system share is
+     * the kernel's work for us (first touch of fresh pages: zeroing the
+     * weights' and the KV cache's memory; huge-page compaction), which a
+     * user should see beside the throughput */
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        const double user = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6;
+        const double sys = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+        say(p, "pagedgen: cpu time: %.2f s user, %.2f s system (%.1f%% system), %.2f cores busy on average\n",
+            user, sys, user + sys > 0 ? 100.0 * sys / (user + sys) : 0.0, (user + sys) / el);
+    }
     double peak = s->num_blocks > 0 ? 100.0 * s->blocks_in_use_peak / s->num_blocks : 0.0;
     say(p, "pagedgen: kv cache: %d blocks, peak %d in use (%.1f%%), utilization %.1f%% (mean filled "
         "slots of allocated blocks) | peak running %d | preemptions %llu | cow copies %llu\n",

@@ -37,6 +37,7 @@
 #include "safetensors.h"
 #include "shard.h"
 #include "st_pooling.h"
+#include "step_profile.h"
 #include "tokenizer.h"
 
 typedef struct run_state {
@@ -72,6 +73,7 @@ typedef struct run_state {
     int exit_code;        /* a fatal code once set (IO, MODEL) */
     pg_error err;
     op_profile prof;              /* --profile-ops: the model's op times */
+    step_profile sprof;           /* --profile-steps: the engine's step phases */
     /* embedding lines: the model folder's sentence-transformers files and
      * the pooling they (or --pooling, or vLLM's default) give */
     st_pooling_config stp;
@@ -774,6 +776,11 @@ static int load_model(run_state *s)
         fail(s, CLI_EXIT_MODEL, "engine");
         return -1;
     }
+    if (o->profile_steps) { /* the cpu executor reports no phases of its own: that is fine */
+        step_profile_init(&s->sprof, s->cfg.num_hidden_layers);
+        engine_set_step_profile(s->eng, &s->sprof);
+        (void)model_set_step_profile(s->mdl, &s->sprof);
+    }
     if (!o->quiet) {
         int64_t tokens = (int64_t)plan.num_blocks * o->block_size;
         double mib = (double)plan.num_blocks * (double)plan.bytes_per_block / 1048576.0;
@@ -1143,6 +1150,8 @@ int cli_run_generate(const cli_options *opts)
     cli_progress_summary(s->progress, &s->counts, &stats, interrupted);
     if (o->profile_ops) /* asked for by name: printed under --quiet too */
         op_profile_print(&s->prof, stderr, "pagedgen: ");
+    if (o->profile_steps)
+        step_profile_print(&s->sprof, stderr, "pagedgen: ");
     if (interrupted && s->exit_code == CLI_EXIT_OK)
         s->exit_code = CLI_EXIT_INTERRUPTED;
     if (s->exit_code == CLI_EXIT_OK && s->shard_marker)

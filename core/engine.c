@@ -14,9 +14,11 @@
 #include "kv_pool.h"
 #include "pg_logsoftmax.h"
 #include "pooling.h"
+#include "sample_rows.h"
 #include "sampler.h"
 #include "scheduler.h"
 #include "sequence.h"
+#include "step_profile.h"
 #include "tokenizer.h"
 
 /* A compiled constraint shared by the requests that give the same one
@@ -67,7 +69,14 @@ struct engine {
                                                    or no backend forward_rows */
     float *slice;                               /* [slice_rows][vocab] forward_rows slices */
     int32_t slice_rows;
-    int32_t *block_tables;                      /* [max_seqs][max_blocks] */
+    int32_t *block_tables;                      /* [max_seqs][max_blocks], rows at bt_stride */
+    /* the block table rows kept from step to step (build_batch): row i holds
+     * the first row_n[i] entries of table row_tab[i] at its version row_ver[i],
+     * so a sequence in the same row again gets only its new entries */
+    int32_t bt_stride;                          /* entries per row now; 0: no row valid */
+    int32_t *row_tab;                           /* [max_seqs] kv_pool table handle, -1: none */
+    uint32_t *row_ver;                          /* [max_seqs] */
+    int32_t *row_n;                             /* [max_seqs] */
     uint64_t *seq_ids;                          /* [max_seqs] */
     request **done;                             /* [max_seqs] retiring this step */
     float *logits;                              /* [max_seqs][vocab] sampling rows */
@@ -75,6 +84,10 @@ struct engine {
     /* the step's sampling rows taken on the device (backend greedy_rows) */
     uint8_t *greedy;                            /* [max_seqs] 1: plain greedy row */
     int32_t *greedy_ids;                        /* [max_seqs] their ids */
+    /* the step's sampling rows sampled on the device (backend sample_rows):
+     * dsamp[r] = 1 + the row's index in srows, 0 = not there */
+    int32_t *dsamp;                             /* [max_seqs] */
+    sample_rows *srows;
     /* the step's logits rows whose logprobs the backend takes itself
      * (backend logprob_rows): prompt-logprob rows and greedy rows with
      * logprobs; NULL when the backend has none */
@@ -97,6 +110,8 @@ struct engine {
     int32_t n_unfinished;
     engine_stats stats;
     double util_filled_sum, util_alloc_sum;
+    step_profile *sprof;                        /* borrowed, NULL: no step profile */
+    double samp_s;                              /* host sampling time of the step (sprof) */
 };
 
 static double now_ms(void)
@@ -198,18 +213,24 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     if (e->slice_rows > e->max_seqs) e->slice_rows = e->max_seqs;
     if (!e->plp_per_step) e->slice = malloc((size_t)e->slice_rows * V * sizeof(float));
     e->block_tables = malloc(S * (size_t)e->max_blocks * sizeof(int32_t));
+    e->row_tab = malloc(S * sizeof(int32_t));
+    e->row_ver = malloc(S * sizeof(uint32_t));
+    e->row_n = malloc(S * sizeof(int32_t));
     e->seq_ids = malloc(S * sizeof(uint64_t));
     e->done = malloc(S * sizeof(request *));
     e->logits = malloc(S * V * sizeof(float));
     e->scratch = malloc(V * sizeof(float));
     e->greedy = malloc(S);
     e->greedy_ids = malloc(S * sizeof(int32_t));
+    e->dsamp = calloc(S, sizeof(int32_t));
+    e->srows = sample_rows_create((int32_t)S);
     e->samp_lrow = malloc(S * sizeof(int32_t));
     if (backend->logprob_rows) e->lp_rows = calloc(T, sizeof *e->lp_rows);
     if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
-        (!e->plp_per_step && !e->slice) || !e->block_tables || !e->seq_ids || !e->done || !e->logits ||
-        !e->scratch || !e->greedy || !e->greedy_ids || !e->samp_lrow ||
+        (!e->plp_per_step && !e->slice) || !e->block_tables || !e->row_tab || !e->row_ver ||
+        !e->row_n || !e->seq_ids || !e->done || !e->logits ||
+        !e->scratch || !e->greedy || !e->greedy_ids || !e->dsamp || !e->srows || !e->samp_lrow ||
         (backend->logprob_rows && !e->lp_rows)) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
                           "%zu sequences, vocab %zu)", T, S, V);
@@ -333,11 +354,16 @@ void engine_destroy(engine *e)
     free(e->row_pos);
     free(e->slice);
     free(e->block_tables);
+    free(e->row_tab);
+    free(e->row_ver);
+    free(e->row_n);
     free(e->seq_ids);
     free(e->done);
     free(e->logits);
     free(e->scratch);
     free(e->greedy);
+    free(e->dsamp);
+    sample_rows_destroy(e->srows);
     free(e->greedy_ids);
     free(e->samp_lrow);
     free(e->lp_rows);
@@ -678,16 +704,46 @@ static int take_rows(void *ctx, int32_t first, int32_t n, const float *logits, p
     return PG_OK;
 }
 
+/* Block table entries per row: the step's longest table rounded up to
+ * ENGINE_BT_STRIDE_STEP entries (at most max_blocks), so the row layout
+ * stays put while contexts grow (it changes once per 512 tokens of the
+ * longest context at block size 16) and rows can be updated in place. */
+#define ENGINE_BT_STRIDE_STEP 32
+
+/* Row i of the step's block tables for sequence q, whose table now needs
+ * nblk entries: only the entries past those the row already holds when it
+ * held q's table last step at the same version (decode: none, or one new
+ * block every block_size steps), else the whole row. vLLM v1 keeps its
+ * block table rows the same way (vllm/v1/worker/block_table.py append_row). */
+static void table_row(engine *e, int32_t i, const sequence *q, const int32_t *blocks, int32_t nblk)
+{
+    uint32_t ver = kv_pool_table_version(e->pool, q->table);
+    int32_t from = 0;
+    if (e->row_tab[i] == q->table && e->row_ver[i] == ver && e->row_n[i] <= nblk) from = e->row_n[i];
+    if (nblk > from)
+        memcpy(&e->block_tables[(size_t)i * (size_t)e->bt_stride + (size_t)from], blocks + from,
+               (size_t)(nblk - from) * sizeof *blocks);
+    e->row_tab[i] = q->table;
+    e->row_ver[i] = ver;
+    e->row_n[i] = nblk;
+}
+
 /* Fills the step_batch from the schedule. */
 static void build_batch(engine *e, const sched_step *st, step_batch *b)
 {
     int32_t bs = e->p.block_size;
-    int32_t t = 0, n_logits = 0, stride = 1, max_seq = 0, max_q = 0, n_samples = 0;
+    int32_t t = 0, n_logits = 0, need = 1, max_seq = 0, max_q = 0, n_samples = 0;
     int32_t n_prompt_rows = 0;
     for (int32_t i = 0; i < st->n_entries; i++) {
         const sequence *q = st->entries[i].seq;
         int32_t len = q->num_computed + st->entries[i].n_new;
-        if (ceil_div(len, bs) > stride) stride = ceil_div(len, bs);
+        if (ceil_div(len, bs) > need) need = ceil_div(len, bs);
+    }
+    int32_t stride = ceil_div(need, ENGINE_BT_STRIDE_STEP) * ENGINE_BT_STRIDE_STEP;
+    if (stride > e->max_blocks) stride = e->max_blocks;
+    if (stride != e->bt_stride) { /* a new row layout: every row from scratch */
+        e->bt_stride = stride;
+        for (int32_t i = 0; i < e->max_seqs; i++) e->row_tab[i] = -1;
     }
     e->query_start[0] = 0;
     for (int32_t i = 0; i < st->n_entries; i++) {
@@ -704,8 +760,7 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
         }
         e->query_start[i + 1] = t;
         e->seq_lens[i] = len;
-        memcpy(&e->block_tables[(size_t)i * (size_t)stride], blocks,
-               (size_t)ceil_div(len, bs) * sizeof *blocks);
+        table_row(e, i, q, blocks, ceil_div(len, bs));
         e->seq_ids[i] = (q->req->id << 8) | (uint64_t)q->index;
         if (len > max_seq) max_seq = len;
         if (en->n_new > max_q) max_q = en->n_new;
@@ -743,10 +798,32 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
 
 static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_error *err);
 
+/* q's structured-output mask for its next token into e->gmask: tokens that
+ * keep the automaton alive, with budgeted ends (grammar_mask_budget: after
+ * this token, keep room to finish the text in single-byte tokens plus one
+ * for eos, so max_tokens never cuts a constrained text short). Returns how
+ * many are allowed (0: nothing can follow), -1 when out of memory; *can_end:
+ * the text so far is a complete match. */
+static int32_t seq_grammar_mask(engine *e, sequence *q, bool *can_end)
+{
+    request *r = q->req;
+    int32_t n_out = q->n_tokens - r->n_prompt;
+    int32_t cnt = grammar_mask_cached(r->gcache, &q->gst, e->gmask);
+    if (cnt < 0) return -1;
+    *can_end = grammar_can_end(r->gram, &q->gst);
+    if (!r->sp.ignore_eos) {
+        int32_t left = r->max_output - n_out - 1;
+        cnt = grammar_mask_budget(r->gram, e->gvocab, &q->gst, e->gmask, left - 1, *can_end);
+    }
+    return cnt;
+}
+
 /* Samples the next token of q from a logits row and applies the stop rules;
  * releases q's blocks when it finishes. */
 static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
 {
+    /* --profile-steps: the row's copy, its grammar mask and the sampler */
+    const double t_samp = e->sprof ? step_profile_now() : 0.0;
     request *r = q->req;
     int32_t vocab = e->be.vocab_size;
     memcpy(e->scratch, row, (size_t)vocab * sizeof *row);
@@ -763,17 +840,10 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         /* structured outputs: tokens that kill the automaton get -inf before
          * anything else (penalties, temperature, top-k/p, min-p, greedy);
          * eos and stop ids only where the text so far is a complete match */
-        int32_t cnt = grammar_mask_cached(r->gcache, &q->gst, e->gmask);
+        bool can_end;
+        int32_t cnt = seq_grammar_mask(e, q, &can_end);
         if (cnt < 0)
             return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
-        bool can_end = grammar_can_end(r->gram, &q->gst);
-        if (!r->sp.ignore_eos) {
-            /* budgeted ends (grammar_mask_budget): after this token, keep
-             * room to finish the text in single-byte tokens plus one for
-             * eos, so max_tokens never cuts a constrained text short */
-            int32_t left = r->max_output - n_out - 1;
-            cnt = grammar_mask_budget(r->gram, e->gvocab, &q->gst, e->gmask, left - 1, can_end);
-        }
         if (cnt == 0) {
             /* nothing can follow: end here (as sampling the one allowed eos
              * would), or a dead end the vocabulary cannot spell (abort) */
@@ -794,6 +864,7 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
         }
     }
     rc = sampler_sample(e->ws, &r->sp, e->scratch, vocab, &view, &q->rng, &res);
+    if (e->sprof) e->samp_s += step_profile_now() - t_samp;
     if (rc)
         return pg_error_set(err, rc, "engine: request %llu sequence %d: %s",
                             (unsigned long long)r->id, (int)q->index,
@@ -827,6 +898,70 @@ static bool seq_greedy_logprobs(const sequence *q)
     sampling_params sp = r->sp;
     sp.logprobs = -1; /* the logprobs come from the raw row: they do not change the token */
     return sampler_plain_argmax(&sp, &view);
+}
+
+/* True when q's next token may be sampled where its logits are (engine_backend
+ * sample_rows): what sample_seq would do with the row is its grammar mask
+ * and sampler_sample — no logprobs — on one sequence (a fresh fork samples
+ * several from one row: the host). */
+static bool seq_device_sampled(const sequence *q)
+{
+    const request *r = q->req;
+    return r->n == 1 && r->sp.logprobs < 0;
+}
+
+/* Hands the step's device-sampled rows to the backend (sample_rows): every
+ * sampling row of a seq_device_sampled sequence not already taken as plain
+ * greedy (e->greedy when dev_greedy). Only when every logits row samples
+ * (no prompt logprobs). Sets *on when it handed any over. */
+static int mark_sample_rows(engine *e, const sched_step *st, const step_batch *b, bool dev_greedy,
+                            bool *on, pg_error *err)
+{
+    *on = false;
+    if (!e->be.sample_rows || e->n_prompt_rows != 0 || b->num_logits == 0) return PG_OK;
+    sample_rows_reset(e->srows, b->num_logits);
+    int32_t n = 0;
+    for (int32_t i = 0, row = 0; i < st->n_entries; i++) {
+        if (!entry_samples(&st->entries[i])) continue;
+        const int32_t s = row++;
+        sequence *q = st->entries[i].seq;
+        e->dsamp[s] = 0;
+        if ((dev_greedy && e->greedy[s]) || !seq_device_sampled(q)) continue;
+        const request *r = q->req;
+        int32_t n_out = q->n_tokens - r->n_prompt;
+        sampler_seq_view view = {
+            .prompt_ids = r->prompt, .n_prompt = r->n_prompt,
+            .output_ids = q->tokens + r->n_prompt, .n_output = n_out,
+            .banned_ids = n_out < r->sp.min_tokens ? r->banned : NULL,
+            .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
+        };
+        bool can_end = false;
+        if (r->gram && (size_t)e->n_eos + r->sp.n_stop_token_ids > 64) continue; /* (term below) */
+        if (r->gram) { /* its mask goes with it (sample_seq's, computed here) */
+            int32_t cnt = seq_grammar_mask(e, q, &can_end);
+            if (cnt < 0) return pg_error_set(err, PG_ENOMEM, "engine: out of memory for a token mask");
+            if (cnt == 0) continue; /* nothing can follow: sample_seq ends it */
+        }
+        int32_t k = sample_rows_add(e->srows, e->ws, &r->sp, &view, &q->rng, s, err);
+        if (k < 0) return pg_error_wrap(err, k, "engine: request %llu", (unsigned long long)r->id);
+        if (r->gram) {
+            /* eos and stop ids let in where the text may end, as sample_seq does */
+            int32_t term[64], n_term = 0;
+            for (int32_t j = 0; can_end && !r->sp.ignore_eos && j < e->n_eos && n_term < 64; j++)
+                term[n_term++] = e->eos[j];
+            for (size_t j = 0; can_end && j < r->sp.n_stop_token_ids && n_term < 64; j++)
+                term[n_term++] = r->stop_ids[j];
+            int rc = sample_rows_set_mask(e->srows, k, e->gmask, e->be.vocab_size, term, n_term, err);
+            if (rc) return rc;
+        }
+        e->dsamp[s] = k + 1;
+        n++;
+    }
+    if (n == 0) return PG_OK;
+    int rc = e->be.sample_rows(e->be.ctx, sample_rows_batch(e->srows), err);
+    if (rc) return rc;
+    *on = true;
+    return PG_OK;
 }
 
 /* Marks the step's rows the backend takes the logprobs of (logprob_rows):
@@ -913,9 +1048,35 @@ static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_
     return PG_OK;
 }
 
+void engine_set_step_profile(engine *e, step_profile *p) { e->sprof = p; }
+
+/* --profile-steps: the time since *t, added to phase ph of this step; *t
+ * moves to now. */
+static void sp_lap(const engine *e, double *ph, step_phase which, double *t)
+{
+    if (!e->sprof) return;
+    double now = step_profile_now();
+    ph[which] += now - *t;
+    *t = now;
+}
+
+/* --profile-steps: a step with batch b, begun at t_step, whose phases
+ * were ph (the executor's taken from sprof->cur already), into the
+ * profile. */
+static void sp_step_done(engine *e, const step_batch *b, const double *ph, double t_step)
+{
+    step_profile *p = e->sprof;
+    int k = p->kind;
+    p->steps[k]++;
+    p->seqs[k] += b->num_seqs;
+    p->step_s[k] += step_profile_now() - t_step;
+    for (int i = 0; i < SP_COUNT; i++) p->phase_s[k][i] += ph[i];
+}
+
 int engine_step(engine *e, pg_error *err)
 {
     if (e->n_unfinished == 0) return PG_OK;
+    double ph[SP_COUNT] = {0}, t_step = e->sprof ? step_profile_now() : 0.0, t = t_step;
     sched_step st;
     int rc = scheduler_schedule(e->sched, &st, err);
     if (rc) return rc;
@@ -924,14 +1085,15 @@ int engine_step(engine *e, pg_error *err)
     e->stats.prefix_cache_queries += st.prefix_queries;
     e->stats.prefix_cache_hits += st.prefix_hits;
     if (st.n_entries == 0) goto done; /* everything was preempted: readmit next step */
-    double t = now_ms();
+    double t_admit = now_ms();
     for (int32_t i = 0; i < st.n_entries; i++) {
         request *r = request_root(st.entries[i].seq->req);
         if (!r->admitted_once) {
             r->admitted_once = true;
-            r->t_first_admit_ms = t;
+            r->t_first_admit_ms = t_admit;
         }
     }
+    sp_lap(e, ph, SP_SCHEDULE, &t); /* with the admission bookkeeping above */
     step_batch b;
     build_batch(e, &st, &b);
     if (st.n_cow > 0) {
@@ -960,18 +1122,36 @@ int engine_step(engine *e, pg_error *err)
             dev_greedy = true;
         }
     }
+    bool dev_sample = false;
+    if ((rc = mark_sample_rows(e, &st, &b, dev_greedy, &dev_sample, err))) return rc;
     if ((rc = mark_logprob_rows(e, &st, &b, err))) return rc;
+    if (e->sprof) {
+        e->sprof->kind = b.num_tokens > b.num_seqs ? OPP_PREFILL : OPP_DECODE;
+        memset(e->sprof->cur, 0, sizeof e->sprof->cur);
+        e->samp_s = 0.0;
+    }
+    sp_lap(e, ph, SP_METADATA, &t);
     if (e->n_prompt_rows == 0 || e->plp_per_step) {
         if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) {
-            if (dev_greedy) { /* a forward that failed early leaves no mask pending */
-                pg_error ignored;
+            pg_error ignored;
+            if (dev_greedy) /* a forward that failed early leaves no mask pending */
                 (void)e->be.greedy_rows(e->be.ctx, NULL, 0, NULL, &ignored);
-            }
+            if (dev_sample) (void)e->be.sample_rows(e->be.ctx, NULL, &ignored);
             return rc;
         }
         if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b.num_logits, e->logits, err))) return rc;
     } else if ((rc = e->be.forward_rows(e->be.ctx, &b, e->slice, e->slice_rows, take_rows, e, err))) {
         return rc;
+    }
+    if (e->sprof) { /* the forward: the executor's phases, the rest is launching */
+        double fwd = 0.0;
+        sp_lap(e, &fwd, 0, &t);
+        const step_phase xs[3] = {SP_H2D, SP_WAIT, SP_D2H};
+        for (int i = 0; i < 3; i++) {
+            ph[xs[i]] += e->sprof->cur[xs[i]];
+            fwd -= e->sprof->cur[xs[i]];
+        }
+        ph[SP_LAUNCH] += fwd;
     }
 
     for (int32_t i = 0; i < st.n_entries; i++) {
@@ -1016,6 +1196,21 @@ int engine_step(engine *e, pg_error *err)
             if ((rc = sample_from_lp(e, q, &e->lp_rows[e->samp_lrow[row - 1]], err))) return rc;
             continue;
         }
+        if (dev_sample && e->dsamp[row]) {
+            /* sampled where the logits are: the token the sampler would give,
+             * one draw taken unless greedy (never a fresh fork) */
+            sampler_result res = {.token_id = sample_rows_id(e->srows, e->dsamp[row] - 1)};
+            row++;
+            if (res.token_id < 0)
+                return pg_error_set(err, PG_EINVAL, "engine: request %llu sequence %d: sampler: no token "
+                                    "can be sampled: all %d logits are -inf, nan or banned",
+                                    (unsigned long long)r->id, (int)q->index, (int)e->be.vocab_size);
+            if (!sampler_row_greedy(&r->sp)) q->rng.counter++;
+            if (r->gram) /* accept_sampled checks the token against the mask */
+                sample_rows_mask_of(e->srows, e->dsamp[row - 1] - 1, e->gmask, e->be.vocab_size);
+            if ((rc = accept_sampled(e, q, &res, err))) return rc;
+            continue;
+        }
         if (dev_greedy && e->greedy[row]) {
             /* never a fresh fork: seq_plain_greedy leaves n > 1 to the host */
             sampler_result res = {.token_id = e->greedy_ids[row]};
@@ -1044,6 +1239,12 @@ int engine_step(engine *e, pg_error *err)
     for (int32_t i = 0; i < n_done; i++) {
         scheduler_remove(e->sched, e->done[i]);
         if ((rc = retire(e, e->done[i], err))) return rc;
+    }
+    if (e->sprof) {
+        sp_lap(e, ph, SP_OUTPUT, &t);
+        ph[SP_SAMPLE] += e->samp_s; /* it ran inside the output loop */
+        ph[SP_OUTPUT] -= e->samp_s;
+        sp_step_done(e, &b, ph, t_step);
     }
 done:
     {

@@ -18,6 +18,7 @@
 
 #include "pg_error.h"
 #include "pg_logsoftmax.h"
+#include "pg_sample.h"
 #include "sampling_params.h"
 #include "step_batch.h"
 
@@ -83,6 +84,18 @@ typedef struct engine_backend {
      * plain (token -1: the argmax). No row is marked greedy as well. rows
      * is borrowed until the forward returns. NULL turns the path off. */
     int (*logprob_rows)(void *ctx, pg_lsm_row *rows, int32_t L, pg_error *err);
+    /* Optional (NULL: every sampled row comes back and the engine's sampler
+     * reads it, the CPU): called right before a forward whose b->num_logits
+     * = req->L rows are all sampling rows; for that forward only, rows
+     * req->rows[q].row are not written to logits and req->ids[q] gets the
+     * token sampled from them (common/pg_sample.h: the token the engine's
+     * sampler gives, bit for bit; model_sample_rows). The engine hands
+     * over the rows of single-sequence requests without logprobs that are
+     * not plain greedy (those go to greedy_rows), a grammar row with its
+     * mask (eos / stop ids let in where the text may end); no row is
+     * marked greedy or logprob as well. req is borrowed until the
+     * forward returns; NULL clears it. NULL turns the path off. */
+    int (*sample_rows)(void *ctx, const pg_smp_batch *req, pg_error *err);
 } engine_backend;
 
 typedef enum kv_layout {
@@ -311,6 +324,14 @@ void engine_abort_all(engine *e);
 
 /* Fills *s: the counters, and the pool and queue state now. */
 void engine_get_stats(const engine *e, engine_stats *s);
+
+/* --profile-steps: times every later step's phases into p (step_profile.h;
+ * borrowed, NULL stops): schedule, metadata, the forward (split by what the
+ * executor reports into p->cur), sample, output. The backend's executor
+ * and model are given p by the caller (model_set_step_profile). Steps
+ * that run nothing (all preempted) are not counted. */
+typedef struct step_profile step_profile; /* core/step_profile.h */
+void engine_set_step_profile(engine *e, step_profile *p);
 
 /* ---- introspection (tests, fake backends, metrics) ----------------------- */
 typedef struct kv_pool kv_pool; /* core/kv_pool.h */

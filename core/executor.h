@@ -50,9 +50,11 @@
 #include "dtype.h"
 #include "pg_error.h"
 #include "pg_logsoftmax.h"
+#include "pg_sample.h"
 #include "step_batch.h"
 
 typedef struct executor executor;
+typedef struct step_profile step_profile; /* core/step_profile.h */
 
 typedef enum exec_buf_kind {
     EXEC_ACT = 0,  /* activations: ex->act_bytes per element */
@@ -106,7 +108,11 @@ typedef struct executor_ops {
     int (*rmsnorm)(executor *ex, void *out, void *residual, const void *x, const float *w,
                    int32_t rows, int32_t dim, float eps);
     /* y = x @ w^T          y [M][N] act, x [M][K] act, w [N][K] wt.
-     * Row m of y must not depend on M or on the other rows. */
+     * Row m of y must not depend on M or on the other rows. Rows of x and
+     * y past M that lie inside their alloc() buffers may be read (x) and
+     * overwritten (y): the CUDA executor computes its fixed 128-row chunks
+     * in place when the buffers hold them (gpu/cuda_gemm.h
+     * cuda_gemm_xwt_rows); callers keep nothing there. */
     int (*matmul)(executor *ex, void *y, const void *x, const void *w,
                   int32_t M, int32_t N, int32_t K);
     /* RoPE in place on the q and k heads of qkv (rotate_half convention:
@@ -199,6 +205,51 @@ typedef struct executor_ops {
      * range (token >= V, k > PG_LSM_MAX_TOP). rows [L] is host memory
      * borrowed until that logits returns; L = 0 clears it. */
     int (*logprob_rows)(executor *ex, pg_lsm_row *rows, int32_t L);
+
+    /* ---- fused ops (optional: NULL where the executor has none, the CPU;
+     * the model then calls the ops they stand for one by one) ------------ */
+    /* What lies between the qkv projection and attention, in one call, with
+     * the results of these ops in this order, bit for bit:
+     *   add_bias(qkv, b_qkv, T, (nh + 2 nkv) hd)    when b_qkv != NULL
+     *   qk_norm(qkv, q_w, k_w, T, nh, nkv, hd, eps)  when q_w != NULL (k_w too)
+     *   rope(qkv, inv_freq, nh, nkv, hd, b)
+     *   kv_write(k_cache, v_cache, qkv, nh, nkv, hd, b)
+     * (CUDA: one kernel, a token's row read once: gpu/rope_kv.cu). */
+    int (*rope_kv)(executor *ex, void *qkv, void *k_cache, void *v_cache, const float *b_qkv,
+                   const float *q_w, const float *k_w, float eps, const float *inv_freq,
+                   int32_t nh, int32_t nkv, int32_t hd, const step_batch *b);
+
+    /* ---- step profile (optional: NULL on the CPU, --profile-steps) ------ */
+    /* Borrows p (NULL stops) until the next call: every later step adds
+     * its host phases to p->cur (SP_H2D: checking, packing and queueing
+     * the step's metadata; SP_WAIT: waiting for the device; SP_D2H: copies
+     * out of pinned memory into the caller's buffers), and a step whose
+     * forward runs op by op outside a graph capture times each op on the
+     * device between the op_mark calls into p->op_dev_ms[p->kind] (and
+     * p->op_steps), a graph replay counts in p->graph_steps, and a forward
+     * run op by op (eager, a graph's warm-up or capture) leaves its kernel
+     * launches in p->launches[p->kind]. Timing adds synchronization: only
+     * for profiling. */
+    void (*set_step_profile)(executor *ex, step_profile *p);
+    /* Called by the forward (core/model.c) with op = -1 right before its
+     * first op, and with op = OPP_* (op_profile.h) right after each op's
+     * calls: the device time between two marks is the op's. Ignored
+     * without a step profile. */
+    void (*op_mark)(executor *ex, int op);
+
+    /* Sampled rows of the next logits (optional: NULL on the CPU, where the
+     * engine's sampler reads every row): for the next run_step, or the next
+     * logits op outside one (consumed by it, even one that fails), every
+     * row req->rows[q].row of its logits_host is NOT written; req->ids[q]
+     * gets the token sampled from it instead, by common/pg_sample.h's
+     * definition (steps 0-9: the grammar mask, penalties, banned ids,
+     * temperature, min-p, top-k, top-p, the draw): the token core/sampler.c
+     * gives for the same row, bit for bit, so its V floats never leave the
+     * device. A row is not also marked greedy or logprob. The logits fail
+     * with PG_EINVAL when req->L is not their number of rows or a row is
+     * out of range. req and what it points to are host memory borrowed
+     * until that logits returns; NULL clears a pending request. */
+    int (*sample_rows)(executor *ex, const pg_smp_batch *req);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

@@ -36,6 +36,8 @@ typedef struct kv_table {
     int32_t n_hashed;       /* leading blocks already given a hash */
     int32_t n_dropped;      /* leading entries dropped behind a sliding window
                                (KV_NONE, no reference) */
+    uint32_t version;       /* bumped whenever an entry below n_blocks changes or
+                               n_blocks shrinks (kv_pool_table_version) */
     bool live;
 } kv_table;
 
@@ -298,6 +300,7 @@ int kv_pool_table_new(kv_pool *p, int32_t *table, pg_error *err)
     }
     kv_table *tb = &p->tables[t];
     tb->n_blocks = tb->n_tokens = tb->n_reserved = tb->n_hashed = tb->n_dropped = 0;
+    tb->version++; /* a reused handle is not the table a caller saw before */
     tb->live = true;
     *table = t;
     return PG_OK;
@@ -310,6 +313,7 @@ void kv_pool_table_release(kv_pool *p, int32_t table)
     kv_table *tb = &p->tables[table];
     for (int32_t i = tb->n_blocks - 1; i >= tb->n_dropped; i--) block_unref(p, tb->blocks[i]);
     tb->n_blocks = tb->n_tokens = tb->n_reserved = tb->n_hashed = tb->n_dropped = 0;
+    tb->version++;
 }
 
 int32_t kv_pool_drop_before(kv_pool *p, int32_t table, int32_t lo)
@@ -330,6 +334,7 @@ int32_t kv_pool_drop_before(kv_pool *p, int32_t table, int32_t lo)
         dropped++;
     }
     if (n > tb->n_dropped) tb->n_dropped = n;
+    if (dropped > 0) tb->version++;
     return dropped;
 }
 
@@ -353,6 +358,8 @@ const int32_t *kv_pool_table_blocks(const kv_pool *p, int32_t table, int32_t *n_
 }
 
 int32_t kv_pool_table_tokens(const kv_pool *p, int32_t table) { return p->tables[table].n_tokens; }
+
+uint32_t kv_pool_table_version(const kv_pool *p, int32_t table) { return p->tables[table].version; }
 
 /* Grows a table's block array to hold n entries; false on OOM (nothing changed). */
 static bool table_reserve_cap(kv_table *tb, int32_t n)
@@ -518,6 +525,7 @@ int kv_pool_allocate(kv_pool *p, int32_t table, const int32_t *hits, int32_t n_h
     if (n_hits > 0) {
         tb->n_tokens = n_hits * bs;
         tb->n_hashed = n_hits;
+        tb->version++;
     }
     if (n_new_tokens > 0 && tb->n_tokens % bs != 0) {
         int32_t li = tb->n_tokens / bs;
@@ -528,6 +536,7 @@ int kv_pool_allocate(kv_pool *p, int32_t table, const int32_t *hits, int32_t n_h
             p->filled_in_use += p->blocks[dst].n_filled;
             block_unref(p, src);
             tb->blocks[li] = dst;
+            tb->version++; /* an entry a caller may have copied changed */
             p->cow_copies++;
             if (cow_src) *cow_src = src;
             if (cow_dst) *cow_dst = dst;
@@ -548,6 +557,7 @@ int kv_pool_reserve(kv_pool *p, int32_t table, int32_t n_blocks)
     if (!table_reserve_cap(tb, n_blocks)) return PG_ENOMEM;
     for (int32_t i = 0; i < n_blocks; i++) tb->blocks[tb->n_blocks++] = block_take_fresh(p);
     tb->n_reserved = n_blocks;
+    tb->version++;
     note_peak(p);
     return PG_OK;
 }
@@ -565,6 +575,7 @@ int kv_pool_fork(kv_pool *p, int32_t src, int32_t dst)
     d->n_tokens = s->n_tokens;
     d->n_hashed = s->n_hashed;
     d->n_dropped = s->n_dropped;
+    d->version++;
     return PG_OK;
 }
 

@@ -111,6 +111,13 @@ int32_t kv_pool_table_held(const kv_pool *p, int32_t table);
  * number of entries dropped now. */
 int32_t kv_pool_drop_before(kv_pool *p, int32_t table, int32_t lo);
 int32_t kv_pool_table_tokens(const kv_pool *p, int32_t table);
+/* A counter that changes whenever the table changes other than by blocks
+ * appended at its end (kv_pool_allocate's fresh blocks): release, a
+ * copy-on-write replacement, dropped entries, a fork into it, prefix hits,
+ * a reservation, a new handle. While it and the handle stay the same, the
+ * entries a caller copied before are still the table's (the engine's block
+ * table rows are updated by their new entries only: engine.c build_batch). */
+uint32_t kv_pool_table_version(const kv_pool *p, int32_t table);
 
 /* ---- prefix cache --------------------------------------------------------- */
 /* Looks up the full blocks of ids[0 .. max_blocks*block_size-1] in order and

@@ -83,6 +83,7 @@ struct model {
     void *rows_out;               /* [Smax][H] act    final-normed rows */
 
     op_profile *prof;             /* borrowed, NULL: no timing (model_set_op_profile) */
+    int op_marks;                 /* the executor times ops on the device (model_set_step_profile) */
     int prof_kind;                /* OPP_PREFILL or OPP_DECODE: the step being run */
     /* logprob rows of the next forward (model_logprob_rows; borrowed) */
     pg_lsm_row *lp_rows;          /* [lp_L] */
@@ -520,11 +521,71 @@ static void prof_end(model *m, op_profile_op op, double t0)
 {
     if (m->prof)
         m->prof->seconds[m->prof_kind][op] += op_profile_now() - t0;
+    if (m->op_marks)
+        m->ex->op->op_mark(m->ex, (int)op);
 }
 
 void model_set_op_profile(model *m, op_profile *p)
 {
     m->prof = p;
+}
+
+/* Between the qkv projection (timed from *t0 on) and attention: the q|k|v
+ * bias (Qwen2), q/k norms (Qwen3), rope and the KV-cache write — one fused
+ * call where the executor has it (executor.h rope_kv: the same bits), else
+ * the ops one by one. */
+static int qkv_to_cache(model *m, const model_layer *ly, const step_batch *b, void *k_plane,
+                        void *v_plane, double t0, const char **failed)
+{
+    executor *ex = m->ex;
+    const executor_ops *op = ex->op;
+    const int32_t T = b->num_tokens, nh = m->nh, nkv = m->nkv, hd = m->hd;
+    const float eps = m->cfg->rms_norm_eps;
+    int rc;
+    if (op->rope_kv) {
+        prof_end(m, OPP_QKV, t0);
+        *failed = "rope_kv";
+        t0 = prof_begin(m);
+        if ((rc = op->rope_kv(ex, m->qkv, k_plane, v_plane, ly->b_qkv, ly->q_norm, ly->k_norm, eps,
+                              m->inv_freq, nh, nkv, hd, b)))
+            return rc;
+        prof_end(m, OPP_ROPE, t0);
+        return PG_OK;
+    }
+    if (ly->b_qkv) { /* timed with the projection it belongs to */
+        *failed = "qkv bias";
+        if ((rc = op->add_bias(ex, m->qkv, ly->b_qkv, T, m->QKV)))
+            return rc;
+    }
+    prof_end(m, OPP_QKV, t0);
+    t0 = prof_begin(m);
+    if (ly->q_norm) { /* timed with rope: both transform the q and k heads */
+        *failed = "q/k norm";
+        if ((rc = op->qk_norm(ex, m->qkv, ly->q_norm, ly->k_norm, T, nh, nkv, hd, eps)))
+            return rc;
+    }
+    *failed = "rope";
+    if ((rc = op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b)))
+        return rc;
+    prof_end(m, OPP_ROPE, t0);
+    *failed = "kv_write";
+    t0 = prof_begin(m);
+    if ((rc = op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b)))
+        return rc;
+    prof_end(m, OPP_KV_WRITE, t0);
+    return PG_OK;
+}
+
+int model_set_step_profile(model *m, step_profile *p)
+{
+    executor *ex = m->ex;
+    if (!ex->op->set_step_profile || !ex->op->op_mark) {
+        m->op_marks = 0;
+        return p ? PG_EUNSUPPORTED : PG_OK;
+    }
+    ex->op->set_step_profile(ex, p);
+    m->op_marks = p != NULL;
+    return PG_OK;
 }
 
 /* One decoder layer over all T rows. On entry m->x holds the residual
@@ -557,27 +618,8 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->qkv, m->normed, ly->w_qkv, T, m->QKV, H)))
         return rc;
-    if (ly->b_qkv) { /* timed with the projection it belongs to */
-        *failed = "qkv bias";
-        if ((rc = op->add_bias(ex, m->qkv, ly->b_qkv, T, m->QKV)))
-            return rc;
-    }
-    prof_end(m, OPP_QKV, t0);
-    t0 = prof_begin(m);
-    if (ly->q_norm) { /* timed with rope: both transform the q and k heads */
-        *failed = "q/k norm";
-        if ((rc = op->qk_norm(ex, m->qkv, ly->q_norm, ly->k_norm, T, nh, nkv, hd, eps)))
-            return rc;
-    }
-    *failed = "rope";
-    if ((rc = op->rope(ex, m->qkv, m->inv_freq, nh, nkv, hd, b)))
+    if ((rc = qkv_to_cache(m, ly, b, k_plane, v_plane, t0, failed)))
         return rc;
-    prof_end(m, OPP_ROPE, t0);
-    *failed = "kv_write";
-    t0 = prof_begin(m);
-    if ((rc = op->kv_write(ex, k_plane, v_plane, m->qkv, nh, nkv, hd, b)))
-        return rc;
-    prof_end(m, OPP_KV_WRITE, t0);
     /* the layer's window (config.h llama_layer_window): the step's own
      * (every layer, the engine frees blocks behind it) or this layer's */
     const int32_t window = llama_layer_window(m->cfg, l);
@@ -709,6 +751,8 @@ static int forward_ops(model *m, const step_batch *b, rows_out *ro, pg_error *er
         m->prof->tokens[m->prof_kind] += b->num_tokens;
     }
     rc = ex->op->begin_step(ex, b);
+    if (!rc && m->op_marks) /* after the metadata copy: the ops' device time only */
+        ex->op->op_mark(ex, -1);
     if (!rc) {
         failed = "embed";
         const double t0 = prof_begin(m);
@@ -856,6 +900,18 @@ int model_greedy_rows(model *m, const uint8_t *greedy, int32_t L, int32_t *ids, 
     return PG_OK;
 }
 
+int model_sample_rows(model *m, const pg_smp_batch *req, pg_error *err)
+{
+    executor *ex = m->ex;
+    if (!ex->op->sample_rows)
+        return pg_error_set(err, PG_EUNSUPPORTED, "model sample_rows: the %s executor has no "
+                            "device-side sampled rows", ex->name);
+    int rc = ex->op->sample_rows(ex, req);
+    if (rc)
+        return op_failed(m, rc, "sample_rows", -1, err);
+    return PG_OK;
+}
+
 int model_logprob_rows(model *m, pg_lsm_row *rows, int32_t L, pg_error *err)
 {
     if (!m->ex->op->logprob_rows)
@@ -941,6 +997,11 @@ static int backend_logprob_rows(void *ctx, pg_lsm_row *rows, int32_t L, pg_error
     return model_logprob_rows(ctx, rows, L, err);
 }
 
+static int backend_sample_rows(void *ctx, const pg_smp_batch *req, pg_error *err)
+{
+    return model_sample_rows(ctx, req, err);
+}
+
 static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs,
                                pg_error *err)
 {
@@ -966,6 +1027,8 @@ engine_backend model_backend(model *m)
         .greedy_rows = m->ex->op->greedy_rows ? backend_greedy_rows : NULL,
         /* likewise logprob rows */
         .logprob_rows = m->ex->op->logprob_rows ? backend_logprob_rows : NULL,
+        /* likewise sampled rows */
+        .sample_rows = m->ex->op->sample_rows ? backend_sample_rows : NULL,
     };
     return be;
 }

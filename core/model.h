@@ -89,6 +89,13 @@ int model_greedy_rows(model *m, const uint8_t *greedy, int32_t L, int32_t *ids, 
  * PG_EUNSUPPORTED when the executor has no logprob_rows (the CPU). rows
  * is borrowed until that forward returns; L = 0 clears it. */
 int model_logprob_rows(model *m, pg_lsm_row *rows, int32_t L, pg_error *err);
+/* For the next model_forward only: its logits rows req->rows[q].row are
+ * not written; req->ids[q] gets the token sampled from that row on the
+ * device (the executor's sample_rows, executor.h: common/pg_sample.h's
+ * definition, core/sampler.c's token bit for bit). PG_EUNSUPPORTED when
+ * the executor has none (the CPU). req is borrowed until that forward
+ * returns; NULL clears it. */
+int model_sample_rows(model *m, const pg_smp_batch *req, pg_error *err);
 /* Copies KV blocks src_dst[2k] -> src_dst[2k+1], k < n_pairs, in every layer
  * (copy-on-write). PG_EINVAL, nothing copied, for an id outside the pool. */
 int model_copy_blocks(model *m, const int32_t *src_dst, int32_t n_pairs, pg_error *err);
@@ -110,6 +117,15 @@ bool model_has_lm_head(const model *m);
  * op_profile.h. Meaningful on an executor whose ops complete before they
  * return (the CPU); on CUDA the ops are asynchronous. */
 void model_set_op_profile(model *m, op_profile *p);
+
+/* --profile-steps: hands p (step_profile.h; borrowed, NULL stops) to the
+ * executor's set_step_profile and marks every op of every later forward
+ * (executor op_mark), so the executor reports its host phases of a step
+ * and times each op on the device (CUDA, eager steps). PG_EUNSUPPORTED
+ * (nothing set) when the executor has no step profile (the CPU: the
+ * engine's phases still run; its forward is all "launch"). */
+typedef struct step_profile step_profile;
+int model_set_step_profile(model *m, step_profile *p);
 
 /* The engine backend over this model (borrows m). */
 engine_backend model_backend(model *m);

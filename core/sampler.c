@@ -1,35 +1,36 @@
 /* sampler: logits -> next token, vLLM v1 semantics (vllm/v1/sample/sampler.py,
- * ops/penalties.py, ops/topk_topp_sampler.py), deterministic per sequence.
+ * ops/penalties.py, ops/topk_topp_sampler.py), deterministic per sequence,
+ * by the definition of common/pg_sample.h (steps 1-9 there), which the
+ * device computes bit for bit alike (gpu/sampling.cu).
  *
- * Steps, in vLLM v1's order:
- *   1. penalties: repetition over the SET of prompt+output ids
- *      (logit > 0 ? logit / r : logit * r), then frequency (logit -= f * count)
- *      and presence (logit -= p, once) over the output ids;
- *   2. banned ids (min_tokens: eos + stop ids) -> -inf;
- *   3. temperature < 1e-5 (_SAMPLING_EPS): greedy argmax, ties -> lowest id,
- *      no RNG draw;
- *   4. otherwise logits / temperature, then min-p (vLLM v1 applies it as an
- *      argmax-invariant logits processor BEFORE top-k/top-p: keep
- *      p >= min_p * p_max, i.e. exp(x - max) >= min_p, tested in logit
- *      space as x >= max + log(min_p)), top-k (keep every
- *      logit >= the k-th largest, so ties at the boundary are all kept, as
- *      vLLM's `logits_sort < kth_value` mask does), top-p (over the tokens
- *      still alive, renormalized: sort descending by (logit, id asc), keep
- *      the smallest prefix whose cumulative probability >= top_p, at least
- *      one token; the same set as vLLM's ascending `cumsum <= 1 - p` mask up
- *      to tie order), softmax, one uniform draw u, inverse CDF.
- *
- * The inverse CDF walks the surviving tokens in ASCENDING ID order (a fixed
- * order independent of which filters ran, so no sort is needed unless top-p
- * is on): the token is the first id whose cumulative weight exceeds
- * u * total. Weights are expf(x - max) in float, sums in double.
+ * Where the definition departs from vLLM's tensors (and from this file
+ * before issue 30):
+ *   - min-p is tested in logit space: p_i >= min_p * p_max <=>
+ *     x_i >= max + log(min_p) (no exp per token);
+ *   - top-k keeps every logit >= the k-th largest (ties at the boundary
+ *     all kept, as vLLM's `logits < kth_value` mask);
+ *   - top-p keeps the shortest prefix of the survivors in (logit desc, id
+ *     asc) order whose weights reach top_p of their total: vLLM's set up to
+ *     tie order and rounding;
+ *   - the softmax weights are pg_smp_expf(x - max) (our own float exp, not
+ *     libm's expf) rounded to integers of 2^-42 (tokens more than ~29.8
+ *     below the maximum after temperature weigh 0), summed exactly; the
+ *     draw is a 64-bit integer in [0, total), the inverse CDF walks the
+ *     ids in ascending order. Before issue 30 the weights were libm expf in
+ *     float summed in double: a sampled (not a greedy) request's bytes
+ *     changed with the definition (bench/RESULTS.md).
  *
  * Non-finite logits: NaN never wins the argmax and is -inf when sampling;
  * +inf is clamped to FLT_MAX when sampling. Logprobs are log_softmax of the
  * raw logits as given (before penalties, banning and temperature), by
  * common/pg_logsoftmax.h: exp terms in double summed in a fixed order, the
  * same bits as the device's (gpu/logprobs.cu); top k ties to the lower id,
- * NaN last. */
+ * NaN last.
+ *
+ * Speed (V = 151,936): no sort of the vocabulary (top-k: a k-heap or a
+ * quickselect; top-p: a candidate bound and a radix select, sampler_top_p_cut),
+ * the two whole-row loops vectorized (sampler_temper, sampler_weights), the
+ * draw found through per-chunk sums; all scratch in the workspace. */
 #include "sampler.h"
 
 #include <float.h>
@@ -39,41 +40,38 @@
 
 #include "pg_error.h"
 #include "pg_logsoftmax.h"
+#include "pg_sample.h"
 
-#define SAMPLER_SAMPLING_EPS 1e-5f /* vLLM's _SAMPLING_EPS */
+#define SAMPLER_SAMPLING_EPS PG_SMP_EPS
 /* top-k up to this uses a k-heap (one comparison per token, a sift for
  * the few that enter), above it a quickselect (O(V), a copy plus several
  * passes) */
 #define SAMPLER_HEAP_MAX_K 1024
+/* the draw's chunk sums (step 9) cover this many ids each */
+#define SAMPLER_CHUNK 1024
+/* top-p candidates up to this many are sorted, more go through the radix
+ * select first */
+#define SAMPLER_SORT_MAX 512
 
 /* ---- RNG ------------------------------------------------------------- */
-
-/* splitmix64's finalizer (Steele, Lea, Flood 2014): a bijection on 64 bits
- * with good avalanche. */
-static uint64_t sampler_mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 
 sampler_rng sampler_rng_init(uint64_t seed, int32_t seq_index)
 {
     sampler_rng r;
-    uint64_t s = sampler_mix64(seed + 0x9e3779b97f4a7c15ULL);
-    uint64_t i = sampler_mix64((uint64_t)(uint32_t)seq_index + 0x6a09e667f3bcc909ULL);
-    r.key = sampler_mix64(s ^ (i * 0xd1b54a32d192ed03ULL));
+    uint64_t s = pg_smp_mix64(seed + 0x9e3779b97f4a7c15ULL);
+    uint64_t i = pg_smp_mix64((uint64_t)(uint32_t)seq_index + 0x6a09e667f3bcc909ULL);
+    r.key = pg_smp_mix64(s ^ (i * 0xd1b54a32d192ed03ULL));
     r.counter = 0;
     return r;
 }
 
-/* Draw k of key K is mix64(K ^ mix64(k + c)): a pure function of (key, k),
- * so replaying a sequence (preemption) replays its draws; keys are XORed
- * with a mixed counter rather than added, so two streams are not shifted
- * copies of each other. 53 random bits -> [0, 1). */
+/* Draw k of key K is pg_smp_draw(K, k) = mix64(K ^ mix64(k + c)): a pure
+ * function of (key, k), so replaying a sequence (preemption) replays its
+ * draws; keys are XORed with a mixed counter rather than added, so two
+ * streams are not shifted copies of each other. 53 random bits -> [0, 1). */
 double sampler_rng_uniform(sampler_rng *rng)
 {
-    uint64_t z = sampler_mix64(rng->key ^ sampler_mix64(rng->counter + 0x3c6ef372fe94f82bULL));
+    uint64_t z = pg_smp_draw(rng->key, rng->counter);
     rng->counter++;
     return (double)(z >> 11) * 0x1.0p-53;
 }
@@ -81,15 +79,19 @@ double sampler_rng_uniform(sampler_rng *rng)
 /* ---- workspace ------------------------------------------------------- */
 
 typedef struct sampler_cand {
-    float x;
+    uint32_t key; /* pg_smp_key of the tempered logit */
     int32_t id;
 } sampler_cand;
 
 struct sampler_workspace {
     int32_t vocab;
+    bool fma;             /* the AVX2 + FMA build of the row loops runs here */
     float *raw;           /* [vocab] copy of the raw logits (logprobs) */
-    float *sel;           /* [vocab] scratch for the top-k quickselect */
-    sampler_cand *cand;   /* [vocab] survivors, for the top-p sort */
+    float *sel;           /* [vocab] scratch for top-k */
+    uint64_t *w;          /* [vocab] step 7's weights */
+    uint64_t *csum;       /* [vocab / SAMPLER_CHUNK + 1] their chunk sums */
+    uint64_t hist[4 * 2048]; /* top-p's radix select (four interleaved histograms) */
+    sampler_cand *cand;   /* [vocab] top-p candidates */
     int32_t *counts;      /* [vocab] output-token counts; all 0 between calls */
     uint8_t *seen;        /* [vocab] prompt|output membership; all 0 between calls */
     pg_error err;         /* the last failure's message */
@@ -97,19 +99,24 @@ struct sampler_workspace {
 
 sampler_workspace *sampler_workspace_create(int32_t vocab_size)
 {
-    if (vocab_size < 1)
+    if (vocab_size < 1 || vocab_size > PG_SMP_MAX_VOCAB)
         return NULL;
     sampler_workspace *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
     size_t n = (size_t)vocab_size;
     w->vocab = vocab_size;
+#if defined(__x86_64__) && defined(__GNUC__)
+    w->fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
     w->raw = malloc(n * sizeof *w->raw);
     w->sel = malloc(n * sizeof *w->sel);
+    w->w = malloc(n * sizeof *w->w);
+    w->csum = malloc((n / SAMPLER_CHUNK + 1) * sizeof *w->csum);
     w->cand = malloc(n * sizeof *w->cand);
     w->counts = calloc(n, sizeof *w->counts);
     w->seen = calloc(n, sizeof *w->seen);
-    if (!w->raw || !w->sel || !w->cand || !w->counts || !w->seen) {
+    if (!w->raw || !w->sel || !w->w || !w->csum || !w->cand || !w->counts || !w->seen) {
         sampler_workspace_destroy(w);
         return NULL;
     }
@@ -123,6 +130,8 @@ void sampler_workspace_destroy(sampler_workspace *w)
     free(w->seen);
     free(w->counts);
     free(w->cand);
+    free(w->csum);
+    free(w->w);
     free(w->sel);
     free(w->raw);
     free(w);
@@ -148,44 +157,38 @@ static int sampler_check_ids(sampler_workspace *w, const char *what, const int32
     return PG_OK;
 }
 
-/* vLLM v1 apply_penalties: repetition over prompt|output, then
- * `logits -= frequency * output_bin_counts`, `logits -= presence * output_mask`. */
+/* Step 1 (vLLM v1 apply_penalties: repetition over prompt|output, then
+ * `logits -= frequency * output_bin_counts`, `logits -= presence *
+ * output_mask`): pg_smp_penalize on each distinct id of prompt ∪ output. */
 static void sampler_apply_penalties(sampler_workspace *w, const sampling_params *p, float *logits,
                                     const sampler_seq_view *seq)
 {
     const float r = p->repetition_penalty;
     const float f = p->frequency_penalty, pr = p->presence_penalty;
-    if (r != 1.0f) {
-        for (int pass = 0; pass < 2; pass++) {
-            const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
-            int32_t n = pass ? seq->n_output : seq->n_prompt;
-            for (int32_t i = 0; i < n; i++) {
-                int32_t id = ids[i];
-                if (w->seen[id])
-                    continue;
-                w->seen[id] = 1;
-                logits[id] = logits[id] > 0.0f ? logits[id] / r : logits[id] * r;
-            }
-        }
-        for (int pass = 0; pass < 2; pass++) {
-            const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
-            int32_t n = pass ? seq->n_output : seq->n_prompt;
-            for (int32_t i = 0; i < n; i++)
-                w->seen[ids[i]] = 0;
+    const bool rep = r != 1.0f, fp = f != 0.0f || pr != 0.0f;
+    if (!rep && !fp)
+        return;
+    for (int32_t i = 0; i < seq->n_output; i++)
+        w->counts[seq->output_ids[i]]++;
+    for (int pass = 0; pass < 2; pass++) {
+        const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
+        int32_t n = pass ? seq->n_output : seq->n_prompt;
+        for (int32_t i = 0; i < n; i++) {
+            int32_t id = ids[i];
+            if (w->seen[id] || (!rep && w->counts[id] == 0))
+                continue;
+            w->seen[id] = 1;
+            logits[id] = pg_smp_penalize(logits[id], r, w->counts[id], f, pr);
         }
     }
-    if (f != 0.0f || pr != 0.0f) {
-        for (int32_t i = 0; i < seq->n_output; i++)
-            w->counts[seq->output_ids[i]]++;
-        for (int32_t i = 0; i < seq->n_output; i++) {
-            int32_t id = seq->output_ids[i];
-            if (w->counts[id] == 0)
-                continue; /* already applied */
-            logits[id] -= f * (float)w->counts[id];
-            logits[id] -= pr;
-            w->counts[id] = 0;
-        }
+    for (int pass = 0; pass < 2; pass++) {
+        const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
+        int32_t n = pass ? seq->n_output : seq->n_prompt;
+        for (int32_t i = 0; i < n; i++)
+            w->seen[ids[i]] = 0;
     }
+    for (int32_t i = 0; i < seq->n_output; i++)
+        w->counts[seq->output_ids[i]] = 0;
 }
 
 /* Value of the k-th largest (k in [1, n]) of a[0..n), which it reorders:
@@ -260,15 +263,6 @@ static float sampler_kth_largest_heap(const float *logits, int32_t vocab, float 
     return heap[0];
 }
 
-/* descending by logit, ties by ascending id: a total, deterministic order */
-static int sampler_cand_cmp(const void *pa, const void *pb)
-{
-    const sampler_cand *a = pa, *b = pb;
-    if (a->x != b->x)
-        return a->x > b->x ? -1 : 1;
-    return (a->id > b->id) - (a->id < b->id);
-}
-
 /* log_softmax of raw[vocab]: the sampled token's logprob and the top n_top,
  * descending, ties by ascending id — common/pg_logsoftmax.h's definition,
  * which the device computes bit for bit alike (gpu/logprobs.cu). */
@@ -296,120 +290,359 @@ static int32_t sampler_greedy(const float *logits, int32_t vocab)
     return best_id;
 }
 
-/* Steps 4 of the file comment on logits (already penalized and banned). */
-static int32_t sampler_random(sampler_workspace *w, const sampling_params *p, float *logits,
+/* ---- sampling: steps 4-9 of common/pg_sample.h --------------------- */
+
+/* The whole-row loops of steps 4 and 7, built twice on x86-64 (the
+ * baseline and AVX2 + FMA, chosen once per call by __builtin_cpu_supports):
+ * both run pg_sample.h's IEEE operations element by element (an fma is
+ * exact whether the hardware or libm computes it; the integer sums are
+ * exact in any order), so they give the same bits. */
+
+/* Step 4 on x[n] in place: the tempered logits; returns the key of their
+ * maximum (pg_smp_key; the max is exact in any order) and counts the alive.
+ * Blocks of SAMPLER_LANES with a lane array each (a fixed trip count, so
+ * GCC's -O2 vectorizes them), then the tail. */
+#define SAMPLER_LANES 16
+#define SAMPLER_TEMPER_LOOP                                                        \
+    {                                                                              \
+        uint32_t kl[SAMPLER_LANES];                                                \
+        int32_t al[SAMPLER_LANES];                                                 \
+        for (int32_t j = 0; j < SAMPLER_LANES; j++) {                              \
+            kl[j] = 0;                                                             \
+            al[j] = 0;                                                             \
+        }                                                                          \
+        int32_t i0 = 0;                                                            \
+        for (; i0 + SAMPLER_LANES <= n; i0 += SAMPLER_LANES)                       \
+            for (int32_t j = 0; j < SAMPLER_LANES; j++) {                          \
+                float y = pg_smp_temper(x[i0 + j], t);                             \
+                x[i0 + j] = y;                                                     \
+                uint32_t k = pg_smp_key(y);                                        \
+                kl[j] = k > kl[j] ? k : kl[j];                                     \
+                al[j] += k > PG_SMP_KEY_NEG_INF;                                   \
+            }                                                                      \
+        for (int32_t j = 0; i0 + j < n; j++) {                                     \
+            float y = pg_smp_temper(x[i0 + j], t);                                 \
+            x[i0 + j] = y;                                                         \
+            uint32_t k = pg_smp_key(y);                                            \
+            kl[j] = k > kl[j] ? k : kl[j];                                         \
+            al[j] += k > PG_SMP_KEY_NEG_INF;                                       \
+        }                                                                          \
+        uint32_t kmax = 0;                                                         \
+        int32_t alive = 0;                                                         \
+        for (int32_t j = 0; j < SAMPLER_LANES; j++) {                              \
+            kmax = kl[j] > kmax ? kl[j] : kmax;                                    \
+            alive += al[j];                                                        \
+        }                                                                          \
+        *n_alive = alive;                                                          \
+        return kmax;                                                               \
+    }
+
+/* Step 7 on x[n]: w[i] = pg_smp_weight(x[i] - m), the sum of each chunk of
+ * SAMPLER_CHUNK in csum[], returns the total (full chunks: a fixed trip
+ * count, vectorized; then the tail). */
+#define SAMPLER_WEIGHT_LOOP                                                        \
+    {                                                                              \
+        uint64_t total = 0;                                                        \
+        int32_t c = 0, c0 = 0;                                                     \
+        for (; c0 + SAMPLER_CHUNK <= n; c0 += SAMPLER_CHUNK, c++) {                \
+            uint64_t s = 0;                                                        \
+            for (int32_t i = 0; i < SAMPLER_CHUNK; i++) {                          \
+                uint64_t wi = pg_smp_weight(x[c0 + i] - m);                        \
+                w[c0 + i] = wi;                                                    \
+                s += wi;                                                           \
+            }                                                                      \
+            csum[c] = s;                                                           \
+            total += s;                                                            \
+        }                                                                          \
+        if (c0 < n) {                                                              \
+            uint64_t s = 0;                                                        \
+            for (int32_t i = c0; i < n; i++) {                                     \
+                uint64_t wi = pg_smp_weight(x[i] - m);                             \
+                w[i] = wi;                                                         \
+                s += wi;                                                           \
+            }                                                                      \
+            csum[c] = s;                                                           \
+            total += s;                                                            \
+        }                                                                          \
+        return total;                                                              \
+    }
+
+static uint32_t sampler_temper_base(float *restrict x, int32_t n, float t, int32_t *n_alive)
+SAMPLER_TEMPER_LOOP
+static uint64_t sampler_weight_base(const float *restrict x, int32_t n, float m, uint64_t *restrict w,
+                                    uint64_t *restrict csum)
+SAMPLER_WEIGHT_LOOP
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SAMPLER_HAVE_FMA_BUILD 1
+__attribute__((target("avx2,fma"))) static uint32_t sampler_temper_fma(float *restrict x, int32_t n, float t,
+                                                                      int32_t *n_alive)
+SAMPLER_TEMPER_LOOP
+__attribute__((target("avx2,fma"))) static uint64_t sampler_weight_fma(const float *restrict x, int32_t n,
+                                                                      float m, uint64_t *restrict w,
+                                                                      uint64_t *restrict csum)
+SAMPLER_WEIGHT_LOOP
+#endif
+
+static uint32_t sampler_temper(const sampler_workspace *ws, float *x, int32_t n, float t,
+                               int32_t *n_alive)
+{
+#ifdef SAMPLER_HAVE_FMA_BUILD
+    if (ws->fma)
+        return sampler_temper_fma(x, n, t, n_alive);
+#endif
+    (void)ws;
+    return sampler_temper_base(x, n, t, n_alive);
+}
+
+static uint64_t sampler_weights(const sampler_workspace *ws, const float *x, int32_t n, float m)
+{
+#ifdef SAMPLER_HAVE_FMA_BUILD
+    if (ws->fma)
+        return sampler_weight_fma(x, n, m, ws->w, ws->csum);
+#endif
+    return sampler_weight_base(x, n, m, ws->w, ws->csum);
+}
+
+/* The inverse of pg_smp_key. */
+static float sampler_unkey(uint32_t k)
+{
+    return pg_smp_ffrom((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+/* descending by logit, ties by ascending id: step 8's order */
+static int sampler_cand_cmp(const void *pa, const void *pb)
+{
+    const sampler_cand *a = pa, *b = pb;
+    if (a->key != b->key)
+        return a->key > b->key ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* Step 8: the last token (key, id) of the shortest prefix, in (x desc, id
+ * asc) order, of the alive tokens of x[vocab] whose weights reach need.
+ *
+ * Only the tokens with x >= x_c, x_c the least x among those of weight
+ * >= cw = (total - need) / (2 vocab), can be in that prefix: every other
+ * token weighs < cw, so together < (total - need) / 2, and the tokens
+ * x >= x_c (themselves a prefix of the order) weigh > need. Those
+ * candidates are sorted when few; otherwise passes of a radix select on
+ * their keys (digits of up to 11 bits, from the highest bit where the keys
+ * differ; kmax: the row's largest key) with the weight of each bucket
+ * narrow them down to a few, or to one key, whose tokens are then taken in
+ * ascending id order. All sums are integers, exact: the same cut as a full
+ * sort. */
+static void sampler_top_p_cut(sampler_workspace *ws, const float *x, int32_t vocab, uint32_t kmax,
+                              uint64_t total, uint64_t need, uint32_t *cut_key, int32_t *cut_id)
+{
+    const uint64_t *w = ws->w;
+    const uint64_t cw = (total - need) / (2u * (uint64_t)vocab);
+    uint32_t kc = 0xffffffffu;
+    for (int32_t i = 0; i < vocab; i++) { /* integer compares only: vectorized */
+        uint32_t k = pg_smp_key(x[i]);
+        bool c = (w[i] >= cw) & (k > PG_SMP_KEY_NEG_INF) & (k < kc);
+        kc = c ? k : kc;
+    }
+    sampler_cand *cand = ws->cand;
+    int32_t n = 0;
+    for (int32_t i = 0; i < vocab; i++) { /* branch-free: the pattern is random */
+        uint32_t k = pg_smp_key(x[i]);
+        cand[n].key = k;
+        cand[n].id = i;
+        n += k >= kc;
+    }
+    uint64_t rem = need;
+    /* the candidates' keys lie in [kc, kmax]: they share every bit above
+     * the highest one where kc and kmax differ, so the digits start there
+     * (flat rows' keys differ in their low bits only) */
+    int hb = kmax == kc ? 0 : 32 - __builtin_clz(kmax ^ kc);
+    while (hb > 0 && n > SAMPLER_SORT_MAX) {
+        const int sh = hb > 11 ? hb - 11 : 0;
+        const uint32_t mk = (1u << (hb - sh)) - 1u;
+        /* four interleaved histograms: a run of equal digits is not one
+         * chain of dependent adds */
+        uint64_t *h = ws->hist;
+        memset(h, 0, 4 * (mk + 1) * sizeof *h);
+        int32_t j = 0;
+        for (; j + 4 <= n; j += 4)
+            for (int u = 0; u < 4; u++)
+                h[u * 2048 + ((cand[j + u].key >> sh) & mk)] += w[cand[j + u].id];
+        for (; j < n; j++)
+            h[(cand[j].key >> sh) & mk] += w[cand[j].id];
+        uint64_t acc = 0;
+        uint32_t b = mk;
+        for (;; b--) { /* from the largest keys down; the candidates reach rem */
+            const uint64_t hb4 = h[b] + h[2048 + b] + h[4096 + b] + h[6144 + b];
+            if (acc + hb4 >= rem || b == 0)
+                break;
+            acc += hb4;
+        }
+        rem -= acc;
+        int32_t m = 0;
+        for (j = 0; j < n; j++) { /* stays in ascending id order; branch-free */
+            cand[m] = cand[j];
+            m += ((cand[j].key >> sh) & mk) == b;
+        }
+        n = m;
+        hb = sh;
+    }
+    /* a few candidates, or one key in ascending id order: the order's walk */
+    qsort(cand, (size_t)n, sizeof *cand, sampler_cand_cmp);
+    uint64_t cum = 0;
+    int32_t j = 0;
+    for (; j < n - 1; j++) {
+        cum += w[cand[j].id];
+        if (cum >= rem)
+            break;
+    }
+    *cut_key = cand[j].key;
+    *cut_id = cand[j].id;
+}
+
+/* Steps 4-9 of common/pg_sample.h on logits (already penalized and
+ * banned): the token, or -1 when no logit is alive. */
+static int32_t sampler_random(sampler_workspace *ws, const sampling_params *p, float *x,
                               int32_t vocab, sampler_rng *rng)
 {
-    const float t = p->temperature;
-    float m = -INFINITY;
-    int32_t n_alive = 0;
-    for (int32_t i = 0; i < vocab; i++) {
-        float x = logits[i] / t;
-        if (isnan(x))
-            x = -INFINITY;
-        else if (x > FLT_MAX)
-            x = FLT_MAX;
-        logits[i] = x;
-        if (x > -INFINITY)
-            n_alive++;
-        if (x > m)
-            m = x;
-    }
+    int32_t n_alive;
+    const uint32_t kmax = sampler_temper(ws, x, vocab, p->temperature, &n_alive);
     if (n_alive == 0)
         return -1;
+    const float m = sampler_unkey(kmax);
 
-    /* min-p: p_i >= min_p * p_max  <=>  exp(x_i - m) >= min_p  <=>
-     * x_i >= m + log(min_p) (in logit space: no exp per token) */
-    if (p->min_p > 0.0f) {
-        const float thr = m + logf(p->min_p);
+    if (p->min_p > 0.0f) { /* step 5 */
+        const float thr = m + pg_smp_min_p_log(p->min_p);
         n_alive = 0;
-        for (int32_t i = 0; i < vocab; i++) {
-            if (logits[i] >= thr)
-                n_alive++;
-            else
-                logits[i] = -INFINITY;
+        for (int32_t i = 0; i < vocab; i++) { /* a bit mask: vectorized */
+            uint32_t keep = 0u - (uint32_t)(x[i] >= thr);
+            x[i] = pg_smp_ffrom((pg_smp_fbits(x[i]) & keep) | (0xff800000u & ~keep));
+            n_alive += (int32_t)(keep & 1u);
         }
     }
 
-    /* top-k: keep logits >= the k-th largest (boundary ties kept) */
-    if (p->top_k > 0 && p->top_k < n_alive) {
+    if (p->top_k > 0 && p->top_k < n_alive) { /* step 6 */
         float kth;
         if (p->top_k <= SAMPLER_HEAP_MAX_K) {
-            kth = sampler_kth_largest_heap(logits, vocab, w->sel, p->top_k);
+            kth = sampler_kth_largest_heap(x, vocab, ws->sel, p->top_k);
         } else {
             int32_t n = 0;
             for (int32_t i = 0; i < vocab; i++)
-                if (logits[i] > -INFINITY)
-                    w->sel[n++] = logits[i];
-            kth = sampler_kth_largest(w->sel, n, p->top_k);
+                if (x[i] > -INFINITY)
+                    ws->sel[n++] = x[i];
+            kth = sampler_kth_largest(ws->sel, n, p->top_k);
         }
-        n_alive = 0;
         for (int32_t i = 0; i < vocab; i++) {
-            if (logits[i] >= kth)
-                n_alive++;
-            else
-                logits[i] = -INFINITY;
+            uint32_t keep = 0u - (uint32_t)(x[i] >= kth);
+            x[i] = pg_smp_ffrom((pg_smp_fbits(x[i]) & keep) | (0xff800000u & ~keep));
         }
     }
 
-    /* softmax weights e_i = exp(x_i - m) of the survivors, in w->sel */
-    float *e = w->sel;
-    double total = 0.0;
-    for (int32_t i = 0; i < vocab; i++) {
-        e[i] = logits[i] > -INFINITY ? expf(logits[i] - m) : 0.0f;
-        total += (double)e[i];
-    }
+    uint64_t total = sampler_weights(ws, x, vocab, m); /* step 7 */
+    uint64_t *w = ws->w, *csum = ws->csum;
+    const int32_t n_chunks = (vocab + SAMPLER_CHUNK - 1) / SAMPLER_CHUNK;
 
-    /* top-p over the renormalized survivors. Only tokens with
-     * e_i >= c = (1 - top_p) * total / (2 * vocab) need sorting: the rest sum
-     * to < (1 - top_p) * total / 2, so the descending prefix reaching
-     * top_p * total lies inside the sorted ones, and every token outside
-     * sorts after every token inside (e is monotone in the logit). The
-     * prefix is the one a full sort would give. */
-    if (p->top_p < 1.0f && n_alive > 1) {
-        const double c = (1.0 - (double)p->top_p) * total / (2.0 * (double)vocab);
-        int32_t n = 0;
-        for (int32_t i = 0; i < vocab; i++)
-            if (e[i] > 0.0f && (double)e[i] >= c) {
-                w->cand[n].x = logits[i];
-                w->cand[n].id = i;
-                n++;
+    if (p->top_p < 1.0f) { /* step 8 */
+        uint32_t ck;
+        int32_t cid;
+        sampler_top_p_cut(ws, x, vocab, kmax, total, pg_smp_need(p->top_p, total), &ck, &cid);
+        total = 0;
+        for (int32_t c = 0; c < n_chunks; c++) {
+            const int32_t c0 = c * SAMPLER_CHUNK;
+            const int32_t c1 = c0 + SAMPLER_CHUNK < vocab ? c0 + SAMPLER_CHUNK : vocab;
+            uint64_t s = 0;
+            for (int32_t i = c0; i < c1; i++) { /* bit masks, no branch */
+                uint32_t k = pg_smp_key(x[i]);
+                uint32_t keep = 0u - (uint32_t)((k > ck) | ((k == ck) & (i <= cid)));
+                uint64_t wi = w[i] & (uint64_t)(int64_t)(int32_t)keep;
+                w[i] = wi;
+                /* the kept set stays visible in the row */
+                x[i] = pg_smp_ffrom((pg_smp_fbits(x[i]) & keep) | (0xff800000u & ~keep));
+                s += wi;
             }
-        qsort(w->cand, (size_t)n, sizeof *w->cand, sampler_cand_cmp);
-        const double need = (double)p->top_p * total;
-        double cum = 0.0;
-        int32_t keep = 0;
-        while (keep < n) {
-            cum += (double)e[w->cand[keep].id];
-            keep++;
-            if (cum >= need)
-                break;
-        }
-        /* drop cand[keep, n) and everything that was not a candidate */
-        for (int32_t j = keep; j < n; j++)
-            e[w->cand[j].id] = 0.0f;
-        total = 0.0;
-        for (int32_t i = 0; i < vocab; i++) {
-            if (!(e[i] > 0.0f && (double)e[i] >= c))
-                e[i] = 0.0f;
-            if (e[i] == 0.0f)
-                logits[i] = -INFINITY;
-            total += (double)e[i];
+            csum[c] = s;
+            total += s;
         }
     }
 
-    /* inverse CDF in ascending id order */
-    double target = sampler_rng_uniform(rng) * total, cum = 0.0;
-    int32_t last = -1;
-    for (int32_t i = 0; i < vocab; i++) {
-        if (e[i] > 0.0f) {
-            cum += (double)e[i];
-            last = i;
-            if (cum > target)
-                return i;
+    /* step 9: the lowest id whose prefix sum exceeds the target (chunk sums
+     * first, then the chunk) */
+    const uint64_t target = pg_smp_target(pg_smp_draw(rng->key, rng->counter), total);
+    rng->counter++;
+    uint64_t cum = 0;
+    int32_t c = 0;
+    while (c < n_chunks - 1 && cum + csum[c] <= target)
+        cum += csum[c++];
+    const int32_t c1 = (c + 1) * SAMPLER_CHUNK < vocab ? (c + 1) * SAMPLER_CHUNK : vocab;
+    for (int32_t i = c * SAMPLER_CHUNK; i < c1; i++) {
+        cum += w[i];
+        if (cum > target)
+            return i;
+    }
+    return -1; /* not reached: target < total */
+}
+
+bool sampler_row_greedy(const sampling_params *params)
+{
+    return params->temperature < SAMPLER_SAMPLING_EPS;
+}
+
+int sampler_row_params(sampler_workspace *w, const sampling_params *p, const sampler_seq_view *seq,
+                       const sampler_rng *rng, pg_smp_row *row, int32_t *pen_ids, int32_t *pen_cnt,
+                       int32_t *n_pen, int32_t *ban_ids, int32_t *n_ban)
+{
+    if (!w)
+        return PG_EINVAL;
+    static const sampler_seq_view empty = {0};
+    if (!seq)
+        seq = &empty;
+    int rc;
+    if ((rc = sampler_check_ids(w, "prompt_ids", seq->prompt_ids, seq->n_prompt, w->vocab)) ||
+        (rc = sampler_check_ids(w, "output_ids", seq->output_ids, seq->n_output, w->vocab)) ||
+        (rc = sampler_check_ids(w, "banned_ids", seq->banned_ids, seq->n_banned, w->vocab)))
+        return rc;
+    memset(row, 0, sizeof *row);
+    row->row = -1;
+    row->mask_first = -1;
+    row->temperature = p->temperature;
+    row->top_k = p->top_k > 0 ? p->top_k : 0;
+    row->top_p = p->top_p;
+    row->min_p = p->min_p;
+    row->min_p_log = p->min_p > 0.0f ? pg_smp_min_p_log(p->min_p) : 0.0f;
+    row->rep = p->repetition_penalty;
+    row->freq = p->frequency_penalty;
+    row->pres = p->presence_penalty;
+    row->key = rng->key;
+    row->counter = rng->counter;
+    /* step 1's ids, as sampler_apply_penalties walks them */
+    row->pen_first = *n_pen;
+    const bool rep = row->rep != 1.0f, fp = row->freq != 0.0f || row->pres != 0.0f;
+    if (rep || fp) {
+        for (int32_t i = 0; i < seq->n_output; i++)
+            w->counts[seq->output_ids[i]]++;
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
+            int32_t n = pass ? seq->n_output : seq->n_prompt;
+            for (int32_t i = 0; i < n; i++) {
+                int32_t id = ids[i];
+                if (w->seen[id] || (!rep && w->counts[id] == 0))
+                    continue;
+                w->seen[id] = 1;
+                pen_ids[*n_pen] = id;
+                pen_cnt[*n_pen] = w->counts[id];
+                (*n_pen)++;
+            }
+        }
+        for (int32_t i = row->pen_first; i < *n_pen; i++) {
+            w->seen[pen_ids[i]] = 0;
+            w->counts[pen_ids[i]] = 0;
         }
     }
-    return last; /* rounding: u * total landed at the very end */
+    row->n_pen = *n_pen - row->pen_first;
+    row->ban_first = *n_ban;
+    for (int32_t i = 0; i < seq->n_banned; i++)
+        ban_ids[(*n_ban)++] = seq->banned_ids[i];
+    row->n_ban = seq->n_banned;
+    return PG_OK;
 }
 
 bool sampler_plain_argmax(const sampling_params *params, const sampler_seq_view *seq)

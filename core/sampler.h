@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pg_sample.h"
 #include "sampling_params.h"
 
 /* Counter-based (draw k is a hash of (key, k); splitmix64 mixing, see
@@ -86,5 +87,23 @@ int sampler_sample(sampler_workspace *w, const sampling_params *params, float *l
  * greedy_rows) with the same token; result->logprob 0, n_top 0. seq may be
  * NULL. */
 bool sampler_plain_argmax(const sampling_params *params, const sampler_seq_view *seq);
+
+/* sampler_sample(params, logits, seq, rng) as a device takes it
+ * (common/pg_sample.h pg_smp_row; gpu/sampling.cu): fills *row (row->row
+ * and row->mask_first are left for the caller: -1 and -1 here) and appends
+ * step 1's distinct ids of prompt ∪ output with their output counts to
+ * pen_ids / pen_cnt at *n_pen (room for n_prompt + n_output more needed)
+ * and step 2's banned ids to ban_ids at *n_ban (room for n_banned more),
+ * advancing both counts. Does not advance rng: the draw row->counter is
+ * the one sampler_sample would take, so a caller that samples elsewhere
+ * advances rng->counter itself when !sampler_row_greedy(params). Returns
+ * PG_EINVAL (sampler_workspace_error) for an id out of [0, w's vocab). */
+int sampler_row_params(sampler_workspace *w, const sampling_params *params,
+                       const sampler_seq_view *seq, const sampler_rng *rng, pg_smp_row *row,
+                       int32_t *pen_ids, int32_t *pen_cnt, int32_t *n_pen, int32_t *ban_ids,
+                       int32_t *n_ban);
+
+/* True when params sample greedily (step 3: no draw taken). */
+bool sampler_row_greedy(const sampling_params *params);
 
 #endif /* PG_SAMPLER_H */

@@ -40,6 +40,15 @@
 
 #include "cpu_gemm_kernel.h"
 
+/* The batch-1 tiles' prefetch hint (__builtin_prefetch locality: 1 =
+ * prefetcht2, into L2), overridable for tuning. On a 2-core Zen 5
+ * (2026-11-27, gemm_bench 1 decode 8 cputime, interleaved builds) 0
+ * (prefetchnta) and 3 (prefetcht0) measured within the noise of 1 for
+ * every kernel (bench/RESULTS.md). */
+#ifndef BF_PF_LOCALITY
+#define BF_PF_LOCALITY 1
+#endif
+
 #if !defined(CPU_GEMM_VARIANT)
 #error "cpu_gemm_bf16_kernel.c is compiled with -DCPU_GEMM_VARIANT=avx512bf16|avx2|generic (cpu/meson.build)"
 #endif
@@ -389,7 +398,7 @@ static inline __attribute__((always_inline)) void bf_gemv_tile(float *y, const u
         if (BF_PF_BYTES > 0)
 #pragma GCC unroll 6
             for (int j = 0; j < nr; j++)
-                __builtin_prefetch((const char *)(w + (int64_t)j * K + k) + BF_PF_BYTES, 0, 1); /* prefetcht2 */
+                __builtin_prefetch((const char *)(w + (int64_t)j * K + k) + BF_PF_BYTES, 0, BF_PF_LOCALITY);
         bf_gemv_step(a, x + k, w + k, K, nr);
     }
     if (kfull < K) {
@@ -597,7 +606,7 @@ static inline __attribute__((always_inline)) void bz_tile(float *y, int64_t ldy,
 #pragma GCC unroll 6
         for (int j = 0; j < nr; j++) {
             if (pf)
-                __builtin_prefetch((const char *)(w + (int64_t)j * K + k) + BZ_PF_BYTES, 0, 1); /* prefetcht2 */
+                __builtin_prefetch((const char *)(w + (int64_t)j * K + k) + BZ_PF_BYTES, 0, BF_PF_LOCALITY);
             wv[j] = bz_load(w + (int64_t)j * K + k);
         }
 #pragma GCC unroll 4

@@ -270,7 +270,10 @@ static inline __attribute__((always_inline)) vf w_load(const void *w, const unsi
  * M = 1, 2 threads, 12 matrices in rotation, interleaved A/B under load):
  * no prefetch f32 / bf16 / int8 ~880 / 730 / 560 us; 4 KiB into L1 ~900 /
  * 660 / 430; 8 KiB into L2 ~690 / 420 / 380; 16 KiB into L2 ~600 / 370 /
- * 380 (L2 has more miss buffers than L1). A hint only: no value changes. */
+ * 380 (L2 has more miss buffers than L1). A hint only: no value changes.
+ * On a Zen 5 (2026-11-27, gemm_bench 1 decode 8 cputime) locality 0
+ * (prefetchnta) and 3 (prefetcht0) measured within the noise of 1, as did
+ * two steps per iteration for bf16 / int8 (bench/RESULTS.md). */
 #ifndef GEMM_PF_BYTES
 #define GEMM_PF_BYTES 16384
 #endif

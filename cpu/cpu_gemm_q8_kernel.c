@@ -12,6 +12,13 @@
 #include "cpu_gemm_kernel.h"
 #include "cpu_wt.h"
 
+/* The batch-1 tiles' prefetch hint (1 = prefetcht2, into L2), overridable
+ * for tuning; 0 and 3 measured within the noise of 1 on a Zen 5
+ * (2026-11-27, bench/RESULTS.md). */
+#ifndef Q8_PF_LOCALITY
+#define Q8_PF_LOCALITY 1
+#endif
+
 #if !defined(CPU_GEMM_VARIANT)
 #error "cpu_gemm_q8_kernel.c is compiled with -DCPU_GEMM_VARIANT=avx512vnni|avx2|generic (cpu/meson.build)"
 #endif
@@ -164,7 +171,7 @@ static inline __attribute__((always_inline)) void q8_tile(float *y, int64_t ldy,
         for (int j = 0; j < nr; j++) {
             const unsigned char *wb = w + (size_t)j * row_bytes + off;
             if (pf)
-                __builtin_prefetch(wb + Q8_PF_BYTES, 0, 1); /* prefetcht2: into L2 */
+                __builtin_prefetch(wb + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
             qw[j] = q8_load_ints(wb);
             sw[j] = q8_bcast_scale(wb);
         }
@@ -485,9 +492,9 @@ static inline __attribute__((always_inline)) void q8z_tile(float *y, int64_t ldy
             const unsigned char *w0 = w + (size_t)(2 * t) * row_bytes + off;
             const unsigned char *w1 = w + (size_t)(2 * t + 1 < nr ? 2 * t + 1 : 2 * t) * row_bytes + off;
             if (pf) {
-                __builtin_prefetch(w0 + Q8_PF_BYTES, 0, 1); /* prefetcht2: into L2 */
+                __builtin_prefetch(w0 + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
                 if (2 * t + 1 < nr)
-                    __builtin_prefetch(w1 + Q8_PF_BYTES, 0, 1);
+                    __builtin_prefetch(w1 + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
             }
             qw[t] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 4))),
                                        _mm256_loadu_si256((const __m256i *)(w1 + 4)), 1);

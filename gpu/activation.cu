@@ -21,19 +21,19 @@ static __global__ void silu_mul_kernel(T *__restrict__ out, const T *__restrict_
 }
 
 extern "C" int pgk_silu_mul(void *out, const void *gate_up, int dt, int32_t T_rows, int32_t I,
-                            cudaStream_t st, int sync_each, pg_error *err)
+                            pgk_launch *lk)
 {
-    int rc = pgk_check_act_dtype("silu_mul", dt, err);
+    int rc = pgk_check_act_dtype("silu_mul", dt, lk->err);
     if (rc)
         return rc;
     if (T_rows < 1 || I < 1)
-        return pg_error_set(err, PG_EINVAL, "silu_mul: expected T, I >= 1, got %d, %d",
+        return pg_error_set(lk->err, PG_EINVAL, "silu_mul: expected T, I >= 1, got %d, %d",
                             (int)T_rows, (int)I);
     size_t n = (size_t)T_rows * (size_t)I;
     int32_t blocks = (int32_t)((n + 255) / 256);
     if (blocks > 65535)
         blocks = 65535;
-    PGK_DISPATCH_ACT(dt, silu_mul_kernel<T><<<blocks, 256, 0, st>>>(
+    PGK_DISPATCH_ACT(dt, silu_mul_kernel<T><<<blocks, 256, 0, lk->st>>>(
         (T *)out, (const T *)gate_up, T_rows, I));
-    return pgk_check_launch("silu_mul_kernel", st, sync_each, err);
+    return pgk_check_launch("silu_mul_kernel", lk);
 }

@@ -57,11 +57,11 @@ static __global__ void argmax_kernel(int32_t *__restrict__ ids, const float *__r
 }
 
 extern "C" int pgk_argmax(int32_t *ids, const float *logits, int32_t rows, int32_t V,
-                          cudaStream_t st, int sync_each, pg_error *err)
+                          pgk_launch *lk)
 {
     if (rows < 1 || V < 1)
-        return pg_error_set(err, PG_EINVAL, "argmax: expected rows, V >= 1, got %d, %d",
+        return pg_error_set(lk->err, PG_EINVAL, "argmax: expected rows, V >= 1, got %d, %d",
                             (int)rows, (int)V);
-    argmax_kernel<<<(unsigned)rows, 256, 0, st>>>(ids, logits, V);
-    return pgk_check_launch("argmax_kernel", st, sync_each, err);
+    argmax_kernel<<<(unsigned)rows, 256, 0, lk->st>>>(ids, logits, V);
+    return pgk_check_launch("argmax_kernel", lk);
 }

@@ -28,23 +28,23 @@ static __global__ void copy_blocks_kernel(KV *kv, size_t plane_elems, size_t blo
 
 extern "C" int pgk_copy_blocks(void *kv, int kv_dt, int32_t n_planes, size_t plane_elems,
                                size_t block_elems, const int32_t *d_pairs, int32_t n_pairs,
-                               cudaStream_t st, int sync_each, pg_error *err)
+                               pgk_launch *lk)
 {
-    int rc = pgk_check_kv_dtype("copy_blocks", kv_dt, err);
+    int rc = pgk_check_kv_dtype("copy_blocks", kv_dt, lk->err);
     if (rc)
         return rc;
     if (n_pairs == 0)
         return 0;
     if (n_pairs < 0 || n_planes < 1 || n_planes > 65535 || block_elems == 0 ||
         block_elems > plane_elems)
-        return pg_error_set(err, PG_EINVAL,
+        return pg_error_set(lk->err, PG_EINVAL,
                             "copy_blocks: expected n_pairs >= 0, 1 <= n_planes <= 65535 and "
                             "0 < block_elems <= plane_elems, got %d, %d, %zu, %zu",
                             (int)n_pairs, (int)n_planes, block_elems, plane_elems);
     size_t eb = pgk_dtype_bytes(kv_dt);
     int vec16 = pgk_aligned(kv, 16) && (block_elems * eb) % 16u == 0 && (plane_elems * eb) % 16u == 0;
     dim3 grid((unsigned)n_pairs, (unsigned)n_planes);
-    PGK_DISPATCH_KV(kv_dt, copy_blocks_kernel<KV><<<grid, 256, 0, st>>>(
+    PGK_DISPATCH_KV(kv_dt, copy_blocks_kernel<KV><<<grid, 256, 0, lk->st>>>(
         (KV *)kv, plane_elems, block_elems, d_pairs, vec16));
-    return pgk_check_launch("copy_blocks_kernel", st, sync_each, err);
+    return pgk_check_launch("copy_blocks_kernel", lk);
 }

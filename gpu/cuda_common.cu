@@ -1,4 +1,5 @@
-/* cuda_common: dtype names and the launch check shared by every launcher. */
+/* cuda_common: dtype names and the launch check (and count) shared by every
+ * launcher. */
 #include "cuda_common.cuh"
 
 extern "C" size_t pgk_dtype_bytes(int dt)
@@ -21,17 +22,23 @@ extern "C" const char *pgk_dtype_name(int dt)
     }
 }
 
-extern "C" int pgk_check_launch(const char *kernel, cudaStream_t st, int sync_each, pg_error *err)
+extern "C" int pgk_check_stream(const char *what, pgk_launch *lk)
 {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
-        return pg_error_set(err, PG_EDEVICE, "%s: launch failed: %s: %s", kernel,
+        return pg_error_set(lk->err, PG_EDEVICE, "%s: launch failed: %s: %s", what,
                             cudaGetErrorName(e), cudaGetErrorString(e));
-    if (sync_each) {
-        e = cudaStreamSynchronize(st);
+    if (lk->sync_each) {
+        e = cudaStreamSynchronize(lk->st);
         if (e != cudaSuccess)
-            return pg_error_set(err, PG_EDEVICE, "%s: kernel failed (PAGEDGEN_CUDA_SYNC): %s: %s",
-                                kernel, cudaGetErrorName(e), cudaGetErrorString(e));
+            return pg_error_set(lk->err, PG_EDEVICE, "%s: kernel failed (PAGEDGEN_CUDA_SYNC): %s: %s",
+                                what, cudaGetErrorName(e), cudaGetErrorString(e));
     }
     return 0;
+}
+
+extern "C" int pgk_check_launch(const char *kernel, pgk_launch *lk)
+{
+    lk->kernels++;
+    return pgk_check_stream(kernel, lk);
 }

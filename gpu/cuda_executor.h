@@ -32,15 +32,20 @@
  *
  * Environment: PAGEDGEN_CUDA_SYNC=1 synchronizes after every kernel launch,
  * so a device fault is reported by the op that caused it.
+ * PAGEDGEN_CUDA_GEMV=off|on|auto (default off): bf16 products on
+ * gpu/gemv.cu instead of cuBLAS, chosen per shape for every M (cuda_gemm.h
+ * cuda_gemm_set_gemv: on = every eligible shape, auto = by a measurement at
+ * each shape's first product, fixed for the run).
  *
  * CUDA graphs (cuda_executor_set_graphs; the CLI turns them on unless
  * --enforce-eager): run_step (executor.h) replays a captured graph for a
  * pure decode step — every sequence one query token, every one sampling —
  * of at most max_batch sequences; prefill and mixed steps, and decode steps
  * past the bounds, run eagerly. What is captured: the model's whole
- * forward (embed, every layer's norms, GEMMs, rope, kv_write, decode
- * attention and its reduction, the final norm, lm_head, the argmax of each
- * logits row and its copy into pinned memory) for the batch padded to its bucket
+ * forward (embed, every layer's norms, GEMMs, rope_kv (bias, q/k norm,
+ * rope, KV write), decode attention and its reduction, the final norm,
+ * lm_head, the argmax of each logits row and its copy into pinned memory)
+ * for the batch padded to its bucket
  * (cuda_plan_graph_sizes: 1, 2, 4, then multiples of 8 up to max_batch)
  * and for the context tier of its longest sequence (cuda_plan_graph_context:
  * 512, 2048, 8192, ... tokens up to max_seq_len), captured on the first step
@@ -162,6 +167,10 @@ int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t 
  * [-1, V) or k outside [0, PG_LSM_MAX_TOP]. L = 0 clears it. PG_EINVAL
  * when ex is not a cuda executor. The executor table's logprob_rows. */
 int cuda_executor_logprob_rows(executor *ex, pg_lsm_row *rows, int32_t L);
+/* Sampled rows of the next logits on the device (gpu/sampling.cu,
+ * cuda_sample_rows.h); PG_EINVAL when ex is not a cuda executor or req is
+ * malformed. The executor table's sample_rows (executor.h). */
+int cuda_executor_sample_rows(executor *ex, const pg_smp_batch *req);
 
 /* pgk_logprobs over the f32 rows of a device buffer logits [n][V] (from
  * alloc(EXEC_F32)): rows_host[r] (token, k in; want set to 1) gets row r's
@@ -169,6 +178,28 @@ int cuda_executor_logprob_rows(executor *ex, pg_lsm_row *rows, int32_t L);
  * pg_lsm_row_eval). */
 int cuda_executor_logprobs(executor *ex, pg_lsm_row *rows_host, const float *logits, int32_t n,
                            int32_t V);
+
+/* Device work, counted where it is queued: kernels of gpu/'s .cu files
+ * (every launch goes through pgk_check_launch, which counts it), cuBLAS
+ * products and the GEMM's padding copies (cuda_gemm_counts). The launches
+ * per decode step are printed with their breakdown in gpu/README.md
+ * ("Launches per decode step") and held by tests/gpu/test_cuda_e2e.c
+ * test_launches_per_step. */
+typedef struct cuda_launch_counts {
+    uint64_t kernels;     /* kernels launched */
+    uint64_t gemms;       /* cuBLAS products */
+    uint64_t copies;      /* device-to-device copies (GEMM padding) */
+    uint64_t total;       /* kernels + gemms + copies */
+} cuda_launch_counts;
+/* *total (may be NULL): everything queued from the host since creation
+ * (graph captures included, replays not). *last_step (may be NULL): the
+ * work of the last run_step — an eager step's, or for a graph replay the
+ * work its capture recorded plus what ran after the replay (logprob rows);
+ * so a decode step counts the same graphed or eager, and the warm-up and
+ * capture a first graphed step pays are not in it. Zeros when ex is not a
+ * cuda executor. */
+void cuda_executor_launch_counts(executor *ex, cuda_launch_counts *total,
+                                 cuda_launch_counts *last_step);
 
 /* Number of CUDA devices; 0 when there is no driver or no device (never
  * fails loudly: a machine without a GPU simply has 0). */

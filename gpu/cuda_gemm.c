@@ -33,6 +33,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <cublas_v2.h>
 
@@ -46,7 +47,41 @@ struct cuda_gemm {
     void *x_pad, *y_pad;    /* [fixed_rows][K] in, [fixed_rows][N] out (device, grown) */
     size_t x_pad_bytes, y_pad_bytes;
     uint64_t pad_generation; /* bumped by every grow (cuda_gemm_buffers_generation) */
+    uint64_t products;      /* cuBLAS calls queued (cuda_gemm_counts) */
+    uint64_t copies;        /* padding copies queued (device to device) */
+    /* gpu/gemv.cu instead of cuBLAS, per (N, K, output type) */
+    int gemv_mode;          /* CUDA_GEMM_GEMV_* */
+    pgk_launch gemv_lk;     /* its launches (counted as products), on the stream */
+    struct gemm_shape {
+        int32_t N, K;
+        int y_dt;
+        int gemv;           /* the choice, fixed at the shape's first product */
+        double cublas_s, gemv_s; /* what auto measured (seconds per product) */
+    } *shapes;
+    int32_t n_shapes, shapes_cap;
 };
+
+void cuda_gemm_counts(const cuda_gemm *g, uint64_t *products, uint64_t *copies)
+{
+    *products = g->products + g->gemv_lk.kernels;
+    *copies = g->copies;
+}
+
+void cuda_gemm_set_gemv(cuda_gemm *g, int mode)
+{
+    g->gemv_mode = mode;
+    g->n_shapes = 0; /* choices are per mode */
+}
+
+int32_t cuda_gemm_gemv_shapes(const cuda_gemm *g, int32_t i, int32_t *N, int32_t *K, int *gemv)
+{
+    if (i >= 0 && i < g->n_shapes) {
+        *N = g->shapes[i].N;
+        *K = g->shapes[i].K;
+        *gemv = g->shapes[i].gemv;
+    }
+    return g->n_shapes;
+}
 
 uint64_t cuda_gemm_buffers_generation(const cuda_gemm *g)
 {
@@ -70,6 +105,7 @@ int cuda_gemm_create(cuda_gemm **out, cudaStream_t st, pg_error *err)
     if (!g)
         return pg_error_set(err, PG_ENOMEM, "cublas: out of host memory");
     g->stream = st;
+    g->gemv_lk.st = st;
     cublasStatus_t s = cublasCreate(&g->handle);
     if (s != CUBLAS_STATUS_SUCCESS) {
         free(g);
@@ -120,6 +156,7 @@ void cuda_gemm_destroy(cuda_gemm *g)
         cudaFree(g->x_pad);
     if (g->y_pad)
         cudaFree(g->y_pad);
+    free(g->shapes);
     free(g);
 }
 
@@ -139,6 +176,7 @@ static int gemm_call(cuda_gemm *g, void *y, int y_dt, const void *x, const void 
                                     x, gemm_type(in_dt), K, &beta,
                                     y, gemm_type(y_dt), N,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    g->products++;
     if (s != CUBLAS_STATUS_SUCCESS) {
         char what[96];
         snprintf(what, sizeof what, "cublasGemmEx M %d N %d K %d", (int)M, (int)N, (int)K);
@@ -199,13 +237,14 @@ static int grow(cuda_gemm *g, void **p, size_t *cap, size_t bytes, const char *w
 int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w, int in_dt,
                   int32_t M, int32_t N, int32_t K, pg_error *err)
 {
-    if (M < 1 || N < 1 || K < 1)
-        return pg_error_set(err, PG_EINVAL, "gemm: expected M, N, K >= 1, got %d, %d, %d",
-                            (int)M, (int)N, (int)K);
-    if ((in_dt != PGK_BF16 && in_dt != PGK_F32) || (y_dt != in_dt && y_dt != PGK_F32))
-        return pg_error_set(err, PG_EINVAL,
-                            "gemm: dtypes in %s, out %s: expected bf16->bf16, bf16->f32 or f32->f32",
-                            pgk_dtype_name(in_dt), pgk_dtype_name(y_dt));
+    return cuda_gemm_xwt_rows(g, y, M, y_dt, x, M, w, in_dt, M, N, K, err);
+}
+
+/* The product through cuBLAS (fixed-rows chunks, or one call). */
+static int cublas_xwt(cuda_gemm *g, void *y, int64_t y_rows, int y_dt, const void *x,
+                      int64_t x_rows, const void *w, int in_dt, int32_t M, int32_t N, int32_t K,
+                      pg_error *err)
+{
     const int32_t mc = g->fixed_rows;
     if (mc == 0)
         return gemm_call(g, y, y_dt, x, w, in_dt, M, N, K, err);
@@ -222,7 +261,10 @@ int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w,
         const int32_t rows = M - m0 < mc ? M - m0 : mc;
         const char *xs = (const char *)x + (size_t)m0 * (size_t)K * xb;
         char *ys = (char *)y + (size_t)m0 * (size_t)N * yb;
-        if (rows == mc) {
+        /* a whole chunk, or a last one whose padded rows both buffers hold:
+         * in place (the padding rows of x are read, whatever they hold, and
+         * those of y overwritten; rows of a GEMM never mix) */
+        if (rows == mc || ((int64_t)m0 + mc <= x_rows && (int64_t)m0 + mc <= y_rows)) {
             rc = gemm_call(g, ys, y_dt, xs, w, in_dt, mc, N, K, err);
             if (rc)
                 return rc;
@@ -232,6 +274,7 @@ int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w,
          * rows hold zeros or older rows; rows of a GEMM never mix) */
         size_t xbytes = (size_t)rows * (size_t)K * xb, ybytes = (size_t)rows * (size_t)N * yb;
         cudaError_t e = cudaMemcpyAsync(g->x_pad, xs, xbytes, cudaMemcpyDeviceToDevice, g->stream);
+        g->copies++;
         if (e != cudaSuccess)
             return pg_error_set(err, PG_EDEVICE, "gemm: padding copy: %s: %s", cudaGetErrorName(e),
                                 cudaGetErrorString(e));
@@ -239,9 +282,125 @@ int cuda_gemm_xwt(cuda_gemm *g, void *y, int y_dt, const void *x, const void *w,
         if (rc)
             return rc;
         e = cudaMemcpyAsync(ys, g->y_pad, ybytes, cudaMemcpyDeviceToDevice, g->stream);
+        g->copies++;
         if (e != cudaSuccess)
             return pg_error_set(err, PG_EDEVICE, "gemm: result copy: %s: %s", cudaGetErrorName(e),
                                 cudaGetErrorString(e));
     }
     return 0;
+}
+
+/* gemv.cu can take the shape: bf16 in, rows of 16-byte multiples. */
+static int gemv_eligible(int in_dt, int32_t K)
+{
+    return in_dt == PGK_BF16 && K % 8 == 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int one_product(cuda_gemm *g, int gemv, void *y, int64_t y_rows, int y_dt, const void *x,
+                       int64_t x_rows, const void *w, int in_dt, int32_t M, int32_t N, int32_t K,
+                       pg_error *err)
+{
+    if (!gemv)
+        return cublas_xwt(g, y, y_rows, y_dt, x, x_rows, w, in_dt, M, N, K, err);
+    g->gemv_lk.err = err;
+    return pgk_gemv(y, y_dt, x, w, M, N, K, &g->gemv_lk);
+}
+
+/* Seconds per product of the first m rows by one path (host clock around
+ * synchronized repetitions; the stream is drained first). */
+static int time_path(cuda_gemm *g, int gemv, double *sec, void *y, int64_t y_rows, int y_dt,
+                     const void *x, int64_t x_rows, const void *w, int in_dt, int32_t m, int32_t N,
+                     int32_t K, pg_error *err)
+{
+    enum { REPS = 5 };
+    int rc = one_product(g, gemv, y, y_rows, y_dt, x, x_rows, w, in_dt, m, N, K, err); /* warm */
+    if (rc)
+        return rc;
+    cudaError_t e = cudaStreamSynchronize(g->stream);
+    const double t0 = now_s();
+    for (int r = 0; !rc && e == cudaSuccess && r < REPS; r++)
+        rc = one_product(g, gemv, y, y_rows, y_dt, x, x_rows, w, in_dt, m, N, K, err);
+    if (!rc && e == cudaSuccess)
+        e = cudaStreamSynchronize(g->stream);
+    if (!rc && e != cudaSuccess) {
+        (void)cudaGetLastError();
+        rc = pg_error_set(err, PG_EDEVICE, "gemm: timing the product %d x %d x %d: %s: %s", (int)m,
+                          (int)N, (int)K, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    *sec = (now_s() - t0) / REPS;
+    return rc;
+}
+
+/* Whether (N, K, y_dt) runs on gemv.cu: by the mode, and in AUTO by the
+ * measurement of its first product (at min(M, 8) rows, both paths on this
+ * call's own operands; gemv only when it is at least 1.25x faster, so that
+ * noise does not flip a close call), fixed from then on. */
+static int choose(cuda_gemm *g, int *gemv, void *y, int64_t y_rows, int y_dt, const void *x,
+                  int64_t x_rows, const void *w, int in_dt, int32_t M, int32_t N, int32_t K,
+                  pg_error *err)
+{
+    *gemv = 0;
+    if (g->gemv_mode == CUDA_GEMM_GEMV_OFF || !gemv_eligible(in_dt, K))
+        return 0;
+    if (g->gemv_mode == CUDA_GEMM_GEMV_ON) {
+        *gemv = 1;
+        return 0;
+    }
+    for (int32_t i = 0; i < g->n_shapes; i++)
+        if (g->shapes[i].N == N && g->shapes[i].K == K && g->shapes[i].y_dt == y_dt) {
+            *gemv = g->shapes[i].gemv;
+            return 0;
+        }
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(g->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        (void)cudaGetLastError();
+        return pg_error_set(err, PG_EINVAL,
+                            "gemm: the product %d x %d x %d is not chosen yet while the stream is "
+                            "captured: expected an uncaptured product of this shape first (the "
+                            "warm-up)", (int)M, (int)N, (int)K);
+    }
+    if (g->n_shapes == g->shapes_cap) {
+        int32_t cap = g->shapes_cap ? 2 * g->shapes_cap : 16;
+        struct gemm_shape *n = realloc(g->shapes, (size_t)cap * sizeof *n);
+        if (!n)
+            return pg_error_set(err, PG_ENOMEM, "gemm: out of host memory");
+        g->shapes = n;
+        g->shapes_cap = cap;
+    }
+    struct gemm_shape sh = {N, K, y_dt, 0, 0.0, 0.0};
+    const int32_t m = M < 8 ? M : 8;
+    int rc = time_path(g, 0, &sh.cublas_s, y, y_rows, y_dt, x, x_rows, w, in_dt, m, N, K, err);
+    if (!rc)
+        rc = time_path(g, 1, &sh.gemv_s, y, y_rows, y_dt, x, x_rows, w, in_dt, m, N, K, err);
+    if (rc)
+        return rc;
+    sh.gemv = sh.gemv_s * 1.25 < sh.cublas_s;
+    g->shapes[g->n_shapes++] = sh;
+    *gemv = sh.gemv;
+    return 0;
+}
+
+int cuda_gemm_xwt_rows(cuda_gemm *g, void *y, int64_t y_rows, int y_dt, const void *x,
+                       int64_t x_rows, const void *w, int in_dt, int32_t M, int32_t N, int32_t K,
+                       pg_error *err)
+{
+    if (M < 1 || N < 1 || K < 1)
+        return pg_error_set(err, PG_EINVAL, "gemm: expected M, N, K >= 1, got %d, %d, %d",
+                            (int)M, (int)N, (int)K);
+    if ((in_dt != PGK_BF16 && in_dt != PGK_F32) || (y_dt != in_dt && y_dt != PGK_F32))
+        return pg_error_set(err, PG_EINVAL,
+                            "gemm: dtypes in %s, out %s: expected bf16->bf16, bf16->f32 or f32->f32",
+                            pgk_dtype_name(in_dt), pgk_dtype_name(y_dt));
+    int gemv = 0;
+    int rc = choose(g, &gemv, y, y_rows, y_dt, x, x_rows, w, in_dt, M, N, K, err);
+    if (rc)
+        return rc;
+    return one_product(g, gemv, y, y_rows, y_dt, x, x_rows, w, in_dt, M, N, K, err);
 }

@@ -4,7 +4,8 @@
  *
  * Every launcher
  *   - takes device pointers (d_ prefix for step metadata copied by
- *     begin_step) and host scalars, and an explicit stream;
+ *     begin_step) and host scalars, and a pgk_launch (the stream, the
+ *     error, the launch counter);
  *   - checks its preconditions (sizes, head_dim, alignment) before launching,
  *     then the launch itself (cudaGetLastError) and, when sync_each is set
  *     (PAGEDGEN_CUDA_SYNC=1), synchronizes the stream so that a fault is
@@ -31,6 +32,7 @@ extern "C" {
 
 #include "pg_error.h" /* plain C: given C linkage inside the .cu files */
 #include "pg_logsoftmax.h"
+#include "pg_sample.h"
 
 typedef enum pgk_dtype {
     PGK_BF16 = 0,
@@ -41,9 +43,23 @@ typedef enum pgk_dtype {
 size_t pgk_dtype_bytes(int dt);
 const char *pgk_dtype_name(int dt);
 
-/* Checks cudaGetLastError after a launch of `kernel` (and synchronizes when
- * sync_each); 0 or PG_EDEVICE with the message. */
-int pgk_check_launch(const char *kernel, cudaStream_t st, int sync_each, pg_error *err);
+/* Where a launcher launches and reports, and what it launched: every
+ * launcher takes one (the executor owns it, cuda_exec_internal.h). */
+typedef struct pgk_launch {
+    cudaStream_t st;
+    int sync_each;        /* PAGEDGEN_CUDA_SYNC=1: synchronize after every launch */
+    pg_error *err;
+    uint64_t kernels;     /* kernels launched: pgk_check_launch adds one per launch */
+} pgk_launch;
+
+/* The one launch check: counts the launch of `kernel` (lk->kernels), then
+ * checks cudaGetLastError (and synchronizes when lk->sync_each); 0 or
+ * PG_EDEVICE with the message in lk->err. Called once after every kernel
+ * launch in gpu/ (a launcher that launches two kernels calls it twice). */
+int pgk_check_launch(const char *kernel, pgk_launch *lk);
+/* The same check without counting, for work counted elsewhere (cuBLAS
+ * products and copies: cuda_gemm.c counts them). */
+int pgk_check_stream(const char *what, pgk_launch *lk);
 
 /* Step metadata on the device (copied by begin_step, which checked it:
  * positions[t] = seq_lens[s] - q_len(s) + i for the i-th token of sequence s,
@@ -66,33 +82,44 @@ typedef struct pgk_batch {
  * A token id outside [0, V) gives a zero row (the executor rejects such ids
  * on the host before launching, as the CPU twin does). */
 int pgk_embed(void *x, const void *table, int dt, int32_t H, int32_t V, const pgk_batch *b,
-              cudaStream_t st, int sync_each, pg_error *err);
+              pgk_launch *lk);
 
 /* HF LlamaRMSNorm with optional fused residual add (executor.h rmsnorm). */
 int pgk_rmsnorm(void *out, void *residual, const void *x, const float *w, int dt,
-                int32_t rows, int32_t dim, float eps, cudaStream_t st, int sync_each,
-                pg_error *err);
+                int32_t rows, int32_t dim, float eps, pgk_launch *lk);
 
 /* y[r][n] += bias[n] (f32 add, one rounding); y [rows][N] act, bias [N] f32
  * (bias.cu). */
-int pgk_add_bias(void *y, const float *bias, int dt, int32_t rows, int32_t N, cudaStream_t st,
-                 int sync_each, pg_error *err);
+int pgk_add_bias(void *y, const float *bias, int dt, int32_t rows, int32_t N, pgk_launch *lk);
 
 /* Per-head RMSNorm in place on the q heads (q_w) and k heads (k_w) of qkv
  * [T][(nh+2nkv)*hd]; q_w, k_w [hd] f32 (qk_norm.cu; executor.h qk_norm). */
 int pgk_qk_norm(void *qkv, const float *q_w, const float *k_w, int dt, int32_t T, int32_t nh,
-                int32_t nkv, int32_t hd, float eps, cudaStream_t st, int sync_each, pg_error *err);
+                int32_t nkv, int32_t hd, float eps, pgk_launch *lk);
 
 /* RoPE (rotate_half) in place on the q and k heads of qkv [T][(nh+2nkv)*hd]. */
 int pgk_rope(void *qkv, const float *inv_freq, int dt, int32_t nh, int32_t nkv, int32_t hd,
-             const pgk_batch *b, cudaStream_t st, int sync_each, pg_error *err);
+             const pgk_batch *b, pgk_launch *lk);
 
 /* k/v heads of qkv -> slot slots[t] of k_cache, v_cache
  * ([num_blocks][block_size][nkv][hd], kv_dt). A negative slot is skipped
  * (begin_step rejects them today; kept for padded CUDA-graph batches). */
 int pgk_kv_write(void *k_cache, void *v_cache, int kv_dt, const void *qkv, int dt,
-                 int32_t nh, int32_t nkv, int32_t hd, const pgk_batch *b, cudaStream_t st,
-                 int sync_each, pg_error *err);
+                 int32_t nh, int32_t nkv, int32_t hd, const pgk_batch *b, pgk_launch *lk);
+
+/* add_bias (bias != NULL), qk_norm (q_w != NULL, k_w too), rope and kv_write
+ * in one launch (rope_kv.cu): the same bits as the four launchers above in
+ * that order (qkv_steps.cuh holds the steps they share). */
+int pgk_rope_kv(void *qkv, void *k_cache, void *v_cache, int kv_dt, const float *bias,
+                const float *q_w, const float *k_w, float eps, const float *inv_freq, int dt,
+                int32_t nh, int32_t nkv, int32_t hd, const pgk_batch *b, pgk_launch *lk);
+
+/* y [M][N] = x [M][K] . w [N][K]^T for bf16 x and w (K % 8 == 0, 16-byte
+ * aligned), y bf16 or f32 (gemv.cu): one warp per output, the weights
+ * streamed once per 8 rows; a row's bits do not depend on M or its
+ * position (not cuBLAS's bits: cuda_gemm.c uses it per shape). */
+int pgk_gemv(void *y, int y_dt, const void *x, const void *w, int32_t M, int32_t N, int32_t K,
+             pgk_launch *lk);
 
 /* Decode attention (paged_attention.cu) for the sequences with exactly one
  * query token (the others are left to the prefill kernel). window: 0 = full
@@ -104,35 +131,32 @@ size_t pgk_decode_workspace_floats(int32_t num_seqs, int32_t nh, int32_t hd, int
 int pgk_decode_attention(void *out, const void *qkv, int dt, const void *k_cache,
                          const void *v_cache, int kv_dt, int32_t nh, int32_t nkv, int32_t hd,
                          float scale, int32_t window, const pgk_batch *b, float *ws, size_t ws_floats,
-                         cudaStream_t st, int sync_each, pg_error *err);
+                         pgk_launch *lk);
 
 /* Prefill attention (prefill_attention.cu) for the sequences with two or
  * more query tokens: grid z runs over b->prefill_seqs only. */
 int pgk_prefill_attention(void *out, const void *qkv, int dt, const void *k_cache,
                           const void *v_cache, int kv_dt, int32_t nh, int32_t nkv, int32_t hd,
-                          float scale, int32_t window, const pgk_batch *b, cudaStream_t st, int sync_each,
-                          pg_error *err);
+                          float scale, int32_t window, const pgk_batch *b, pgk_launch *lk);
 
 /* out[t][i] = silu(gate_up[t][i]) * gate_up[t][I+i]. */
-int pgk_silu_mul(void *out, const void *gate_up, int dt, int32_t T, int32_t I, cudaStream_t st,
-                 int sync_each, pg_error *err);
+int pgk_silu_mul(void *out, const void *gate_up, int dt, int32_t T, int32_t I, pgk_launch *lk);
 
 /* dst[r] = src[logits_rows[r]], [.][dim]. */
 int pgk_gather_rows(void *dst, const void *src, int dt, int32_t dim, const pgk_batch *b,
-                    cudaStream_t st, int sync_each, pg_error *err);
+                    pgk_launch *lk);
 
 /* For each pair k and plane p: block d_pairs[2k] -> d_pairs[2k+1]
  * (d_pairs on the device). The pairs run in parallel: no destination may be
  * the source or the destination of another pair (the executor checks). */
 int pgk_copy_blocks(void *kv, int kv_dt, int32_t n_planes, size_t plane_elems,
                     size_t block_elems, const int32_t *d_pairs, int32_t n_pairs,
-                    cudaStream_t st, int sync_each, pg_error *err);
+                    pgk_launch *lk);
 
 /* Greedy sampling on the device: ids[r] = argmax_v logits[r][v] (f32,
  * [rows][V]); ties -> lowest id; NaN never wins; a row with no logit
  * > -inf (all -inf or NaN) gives -1 (core/sampler.c's greedy rule). */
-int pgk_argmax(int32_t *ids, const float *logits, int32_t rows, int32_t V, cudaStream_t st,
-               int sync_each, pg_error *err);
+int pgk_argmax(int32_t *ids, const float *logits, int32_t rows, int32_t V, pgk_launch *lk);
 
 /* One logits row whose log-softmax results are taken on the device
  * (pgk_logprobs): which row, which token to score (-1: its argmax), how
@@ -149,7 +173,19 @@ typedef struct pgk_lp_req {
  * k as requested), by common/pg_logsoftmax.h's definition, bit for bit the
  * host's pg_lsm_row_eval. One block per request. */
 int pgk_logprobs(pg_lsm_row *out, const float *logits, int32_t V, const pgk_lp_req *d_req,
-                 int32_t n, cudaStream_t st, int sync_each, pg_error *err);
+                 int32_t n, pgk_launch *lk);
+
+/* Sampling on the device: ids[q] (device) = the token of sampled row
+ * rows[q] (device, q < n) of logits [.][V] (f32, device), by
+ * common/pg_sample.h's definition (steps 0-9), bit for bit core/sampler.c's
+ * sampler_sample; -1 when no token can be sampled (every logit -inf, NaN,
+ * banned or masked). The rows are rewritten in place (their logits after
+ * steps 0-6). Device arrays indexed by pg_smp_row: pen_ids / pen_cnt (the
+ * distinct ids of prompt and output, each with its output count), ban_ids,
+ * mask (32-bit words, bit v = token v allowed). One block per row. */
+int pgk_sample(int32_t *ids, float *logits, int32_t V, const pg_smp_row *rows, int32_t n,
+               const int32_t *pen_ids, const int32_t *pen_cnt, const int32_t *ban_ids,
+               const uint32_t *mask, pgk_launch *lk);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,7 @@ static const cuda_module module_table = {
     .executor_create = cuda_executor_create,
     .executor_set_graphs = cuda_executor_set_graphs,
     .executor_graph_stats = cuda_executor_graph_stats,
+    .executor_launch_counts = cuda_executor_launch_counts,
 };
 
 __attribute__((visibility("default"))) const cuda_module *cuda_module_v1(uint32_t abi)

@@ -47,6 +47,9 @@ typedef struct cuda_module {
     int (*executor_create)(executor **out, const cuda_executor_params *p, pg_error *err);
     int (*executor_set_graphs)(executor *ex, int32_t max_batch, int32_t max_seq_len, pg_error *err);
     void (*executor_graph_stats)(executor *ex, long *captures, long *replays);
+    /* appended (the table's size is checked, so an older module is refused) */
+    void (*executor_launch_counts)(executor *ex, cuda_launch_counts *total,
+                                   cuda_launch_counts *last_step);
 } cuda_module;
 
 /* The entry: the table (static storage, valid while the module is loaded;

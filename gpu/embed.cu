@@ -24,16 +24,16 @@ static __global__ void embed_kernel(T *__restrict__ x, const T *__restrict__ tab
 }
 
 extern "C" int pgk_embed(void *x, const void *table, int dt, int32_t H, int32_t V,
-                         const pgk_batch *b, cudaStream_t st, int sync_each, pg_error *err)
+                         const pgk_batch *b, pgk_launch *lk)
 {
-    int rc = pgk_check_act_dtype("embed", dt, err);
+    int rc = pgk_check_act_dtype("embed", dt, lk->err);
     if (rc)
         return rc;
     if (H < 1 || V < 1 || b->num_tokens < 1)
-        return pg_error_set(err, PG_EINVAL, "embed: expected H, V, T >= 1, got %d, %d, %d",
+        return pg_error_set(lk->err, PG_EINVAL, "embed: expected H, V, T >= 1, got %d, %d, %d",
                             (int)H, (int)V, (int)b->num_tokens);
     dim3 grid((unsigned)b->num_tokens);
-    PGK_DISPATCH_ACT(dt, embed_kernel<T><<<grid, 256, 0, st>>>(
+    PGK_DISPATCH_ACT(dt, embed_kernel<T><<<grid, 256, 0, lk->st>>>(
         (T *)x, (const T *)table, b->token_ids, H, V));
-    return pgk_check_launch("embed_kernel", st, sync_each, err);
+    return pgk_check_launch("embed_kernel", lk);
 }

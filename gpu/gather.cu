@@ -17,18 +17,18 @@ static __global__ void gather_rows_kernel(T *__restrict__ dst, const T *__restri
 }
 
 extern "C" int pgk_gather_rows(void *dst, const void *src, int dt, int32_t dim, const pgk_batch *b,
-                               cudaStream_t st, int sync_each, pg_error *err)
+                               pgk_launch *lk)
 {
-    int rc = pgk_check_act_dtype("gather_rows", dt, err);
+    int rc = pgk_check_act_dtype("gather_rows", dt, lk->err);
     if (rc)
         return rc;
     if (dim < 1 || b->num_logits < 0)
-        return pg_error_set(err, PG_EINVAL, "gather_rows: expected dim >= 1 and L >= 0, got %d, %d",
+        return pg_error_set(lk->err, PG_EINVAL, "gather_rows: expected dim >= 1 and L >= 0, got %d, %d",
                             (int)dim, (int)b->num_logits);
     if (b->num_logits == 0)
         return 0;
     dim3 grid((unsigned)b->num_logits);
-    PGK_DISPATCH_ACT(dt, gather_rows_kernel<T><<<grid, 256, 0, st>>>(
+    PGK_DISPATCH_ACT(dt, gather_rows_kernel<T><<<grid, 256, 0, lk->st>>>(
         (T *)dst, (const T *)src, b->logits_rows, dim));
-    return pgk_check_launch("gather_rows_kernel", st, sync_each, err);
+    return pgk_check_launch("gather_rows_kernel", lk);
 }

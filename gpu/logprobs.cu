@@ -150,10 +150,10 @@ logprobs_kernel(pg_lsm_row *__restrict__ out, const float *__restrict__ logits, 
 }
 
 extern "C" int pgk_logprobs(pg_lsm_row *out, const float *logits, int32_t V, const pgk_lp_req *d_req,
-                            int32_t n, cudaStream_t st, int sync_each, pg_error *err)
+                            int32_t n, pgk_launch *lk)
 {
     if (n < 1 || V < 1)
-        return pg_error_set(err, PG_EINVAL, "logprobs: expected n, V >= 1, got %d, %d", (int)n, (int)V);
-    logprobs_kernel<<<(unsigned)n, LP_THREADS, 0, st>>>(out, logits, V, d_req);
-    return pgk_check_launch("logprobs_kernel", st, sync_each, err);
+        return pg_error_set(lk->err, PG_EINVAL, "logprobs: expected n, V >= 1, got %d, %d", (int)n, (int)V);
+    logprobs_kernel<<<(unsigned)n, LP_THREADS, 0, lk->st>>>(out, logits, V, d_req);
+    return pgk_check_launch("logprobs_kernel", lk);
 }

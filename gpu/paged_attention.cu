@@ -326,9 +326,9 @@ extern "C" size_t pgk_decode_workspace_floats(int32_t num_seqs, int32_t nh, int3
 }
 
 template <typename T, typename KV, int HD>
-static void launch_decode(T *out, float *ws, const T *qkv, const KV *k_cache, const KV *v_cache,
-                          int32_t nh, int32_t nkv, float scale, int32_t window, const pgk_batch *b,
-                          const cuda_decode_plan *pl, cudaStream_t st)
+static int launch_decode(T *out, float *ws, const T *qkv, const KV *k_cache, const KV *v_cache,
+                         int32_t nh, int32_t nkv, float scale, int32_t window, const pgk_batch *b,
+                         const cuda_decode_plan *pl, pgk_launch *lk)
 {
     const int32_t G = nh / nkv;
     const int32_t n_chunks = (G + DEC_MAXG - 1) / DEC_MAXG;
@@ -337,6 +337,7 @@ static void launch_decode(T *out, float *ws, const T *qkv, const KV *k_cache, co
     float *part_max = ws ? ws + (size_t)S * nh * mp * HD : nullptr;
     float *part_sum = ws ? part_max + (size_t)S * nh * mp : nullptr;
     dim3 grid((unsigned)(nkv * n_chunks), (unsigned)S, (unsigned)mp);
+    cudaStream_t st = lk->st;
     if (pl->max_partitions > CUDA_PLAN_DECODE_MAX_SPLITS)
         paged_attention_decode_kernel<T, KV, HD, true><<<grid, DEC_NT, pl->smem_bytes, st>>>(
             out, part_out, part_max, part_sum, qkv, k_cache, v_cache, b->query_start, b->seq_lens,
@@ -347,45 +348,48 @@ static void launch_decode(T *out, float *ws, const T *qkv, const KV *k_cache, co
             out, part_out, part_max, part_sum, qkv, k_cache, v_cache, b->query_start, b->seq_lens,
             b->block_tables, b->block_table_stride, b->block_size, nh, nkv, scale,
             pl->partition_size, mp, window);
-    if (mp > 1)
-        paged_attention_reduce_kernel<T><<<dim3((unsigned)nh, (unsigned)S), 128, 0, st>>>(
-            out, part_out, part_max, part_sum, b->query_start, b->seq_lens, nh, HD,
-            pl->partition_size, mp, window);
+    int rc = pgk_check_launch("paged_attention_decode_kernel", lk);
+    if (rc || mp <= 1)
+        return rc;
+    paged_attention_reduce_kernel<T><<<dim3((unsigned)nh, (unsigned)S), 128, 0, st>>>(
+        out, part_out, part_max, part_sum, b->query_start, b->seq_lens, nh, HD,
+        pl->partition_size, mp, window);
+    return pgk_check_launch("paged_attention_reduce_kernel", lk);
 }
 
 extern "C" int pgk_decode_attention(void *out, const void *qkv, int dt, const void *k_cache,
                                     const void *v_cache, int kv_dt, int32_t nh, int32_t nkv,
                                     int32_t hd, float scale, int32_t window, const pgk_batch *b, float *ws,
-                                    size_t ws_floats, cudaStream_t st, int sync_each,
-                                    pg_error *err)
+                                    size_t ws_floats, pgk_launch *lk)
 {
-    int rc = pgk_check_act_kv_pair("decode_attention", dt, kv_dt, err);
+    int rc = pgk_check_act_kv_pair("decode_attention", dt, kv_dt, lk->err);
     if (rc)
         return rc;
     if (nh < 1 || nkv < 1 || nh % nkv != 0)
-        return pg_error_set(err, PG_EINVAL,
+        return pg_error_set(lk->err, PG_EINVAL,
                             "decode_attention: expected nh a multiple of nkv >= 1, got nh %d, nkv %d",
                             (int)nh, (int)nkv);
     if (b->num_seqs < 1 || b->num_seqs > 65535 || b->block_size < 1)
-        return pg_error_set(err, PG_EINVAL,
+        return pg_error_set(lk->err, PG_EINVAL,
                             "decode_attention: expected 1 <= S <= 65535 and block_size >= 1, "
                             "got S %d, block_size %d", (int)b->num_seqs, (int)b->block_size);
     if (!pgk_aligned(k_cache, 16) || !pgk_aligned(v_cache, 16) || !pgk_aligned(qkv, 16))
-        return pg_error_set(err, PG_EINVAL,
+        return pg_error_set(lk->err, PG_EINVAL,
                             "decode_attention: expected 16-byte aligned qkv and kv planes, got %p, %p, %p",
                             qkv, k_cache, v_cache);
     cuda_decode_plan pl;
-    rc = cuda_plan_decode(&pl, hd, nh / nkv, b->max_seq_len, CUDA_PLAN_SMEM_DEFAULT_BYTES, err);
+    rc = cuda_plan_decode(&pl, hd, nh / nkv, b->max_seq_len, CUDA_PLAN_SMEM_DEFAULT_BYTES, lk->err);
     if (rc)
         return rc;
     size_t need = pgk_decode_workspace_floats(b->num_seqs, nh, hd, b->max_seq_len, pl.partition_size);
     if (need > 0 && (ws == NULL || ws_floats < need))
-        return pg_error_set(err, PG_EINVAL,
+        return pg_error_set(lk->err, PG_EINVAL,
                             "decode_attention: expected a workspace of %zu floats, got %zu",
                             need, ws ? ws_floats : (size_t)0);
-    PGK_DISPATCH_ACT_KV(dt, kv_dt, PGK_HD_CASES(hd, 
-        launch_decode<T, KV, HDC>((T *)out, need ? ws : nullptr, (const T *)qkv,
-                                  (const KV *)k_cache, (const KV *)v_cache, nh, nkv, scale, window, b,
-                                  &pl, st)));
-    return pgk_check_launch("paged_attention_decode_kernel", st, sync_each, err);
+    rc = PG_EINVAL; /* every supported (dtype pair, hd) sets it */
+    PGK_DISPATCH_ACT_KV(dt, kv_dt, PGK_HD_CASES(hd,
+        rc = launch_decode<T, KV, HDC>((T *)out, need ? ws : nullptr, (const T *)qkv,
+                                       (const KV *)k_cache, (const KV *)v_cache, nh, nkv, scale,
+                                       window, b, &pl, lk)));
+    return rc;
 }

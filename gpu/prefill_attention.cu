@@ -175,18 +175,18 @@ prefill_attention_kernel(T *__restrict__ out, const T *__restrict__ qkv,
 extern "C" int pgk_prefill_attention(void *out, const void *qkv, int dt, const void *k_cache,
                                      const void *v_cache, int kv_dt, int32_t nh, int32_t nkv,
                                      int32_t hd, float scale, int32_t window, const pgk_batch *b,
-                                     cudaStream_t st, int sync_each, pg_error *err)
+                                     pgk_launch *lk)
 {
-    int rc = pgk_check_act_kv_pair("prefill_attention", dt, kv_dt, err);
+    int rc = pgk_check_act_kv_pair("prefill_attention", dt, kv_dt, lk->err);
     if (rc)
         return rc;
     if (nh < 1 || nkv < 1 || nh % nkv != 0)
-        return pg_error_set(err, PG_EINVAL,
+        return pg_error_set(lk->err, PG_EINVAL,
                             "prefill_attention: expected nh a multiple of nkv >= 1, got nh %d, nkv %d",
                             (int)nh, (int)nkv);
     if (b->num_seqs < 1 || b->num_prefill_seqs < 0 || b->num_prefill_seqs > 65535 ||
         b->num_prefill_seqs > b->num_seqs || nkv > 65535 || b->block_size < 1)
-        return pg_error_set(err, PG_EINVAL,
+        return pg_error_set(lk->err, PG_EINVAL,
                             "prefill_attention: expected S >= 1, 0 <= prefill sequences <= min(S, "
                             "65535), nkv <= 65535 and block_size >= 1, got S %d, %d, nkv %d, "
                             "block_size %d", (int)b->num_seqs, (int)b->num_prefill_seqs, (int)nkv,
@@ -194,14 +194,14 @@ extern "C" int pgk_prefill_attention(void *out, const void *qkv, int dt, const v
     if (b->num_prefill_seqs == 0)
         return 0;
     cuda_prefill_plan pl;
-    rc = cuda_plan_prefill(&pl, hd, nh / nkv, b->max_query_len, CUDA_PLAN_SMEM_DEFAULT_BYTES, err);
+    rc = cuda_plan_prefill(&pl, hd, nh / nkv, b->max_query_len, CUDA_PLAN_SMEM_DEFAULT_BYTES, lk->err);
     if (rc)
         return rc;
     dim3 grid((unsigned)pl.grid_x, (unsigned)nkv, (unsigned)b->num_prefill_seqs);
     PGK_DISPATCH_ACT_KV(dt, kv_dt, PGK_HD_CASES(hd,
-        prefill_attention_kernel<T, KV, HDC><<<grid, PF_NT, pl.smem_bytes, st>>>(
+        prefill_attention_kernel<T, KV, HDC><<<grid, PF_NT, pl.smem_bytes, lk->st>>>(
             (T *)out, (const T *)qkv, (const KV *)k_cache, (const KV *)v_cache, b->query_start,
             b->seq_lens, b->block_tables, b->block_table_stride, b->prefill_seqs, b->block_size,
             nh, nkv, scale, pl.rows_per_block, pl.keys_per_tile, window)));
-    return pgk_check_launch("prefill_attention_kernel", st, sync_each, err);
+    return pgk_check_launch("prefill_attention_kernel", lk);
 }

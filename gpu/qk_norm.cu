@@ -5,7 +5,7 @@
  *   v[i] = round(v[i] * rsqrt(mean(v^2) + eps) * w[i])
  * with w = q_w for the nh q heads and k_w for the nkv k heads; the v heads
  * are untouched. Bandwidth: 2 * T * (nh + nkv) * hd elements. */
-#include "cuda_common.cuh"
+#include "qkv_steps.cuh" /* qkv_head_norm (shared with rope_kv.cu) */
 
 /* grid (T * (nh + nkv)): block x is head h = x % (nh + nkv) of token
  * t = x / (nh + nkv); block 32 (one warp, whatever the batch, so a head's
@@ -22,34 +22,25 @@ static __global__ void qk_norm_kernel(T *qkv, const float *__restrict__ q_w, con
     const size_t t = blockIdx.x / (unsigned)nheads;
     const int32_t h = (int32_t)(blockIdx.x % (unsigned)nheads);
     T *v = qkv + t * (size_t)(nh + 2 * nkv) * (size_t)hd + (size_t)h * (size_t)hd;
-    const float *w = h < nh ? q_w : k_w;
-    float ss = 0.0f;
-    for (int32_t i = threadIdx.x; i < hd; i += 32) {
-        float x = to_f32(v[i]);
-        ss += x * x;
-    }
-    ss = warp_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-    for (int32_t i = threadIdx.x; i < hd; i += 32)
-        v[i] = from_f32<T>(to_f32(v[i]) * inv * w[i]);
+    qkv_head_norm(v, h < nh ? q_w : k_w, hd, eps, threadIdx.x);
 }
 
 extern "C" int pgk_qk_norm(void *qkv, const float *q_w, const float *k_w, int dt, int32_t T_rows, int32_t nh,
-                           int32_t nkv, int32_t hd, float eps, cudaStream_t st, int sync_each, pg_error *err)
+                           int32_t nkv, int32_t hd, float eps, pgk_launch *lk)
 {
-    int rc = pgk_check_act_dtype("qk_norm", dt, err);
+    int rc = pgk_check_act_dtype("qk_norm", dt, lk->err);
     if (rc)
         return rc;
     if (T_rows < 1 || nh < 1 || nkv < 1 || hd < 1)
-        return pg_error_set(err, PG_EINVAL, "qk_norm: expected T, nh, nkv, hd >= 1, got %d, %d, %d, %d",
+        return pg_error_set(lk->err, PG_EINVAL, "qk_norm: expected T, nh, nkv, hd >= 1, got %d, %d, %d, %d",
                             (int)T_rows, (int)nh, (int)nkv, (int)hd);
     if (!(eps >= 0.0f))
-        return pg_error_set(err, PG_EINVAL, "qk_norm: eps must be >= 0, got %g", (double)eps);
+        return pg_error_set(lk->err, PG_EINVAL, "qk_norm: eps must be >= 0, got %g", (double)eps);
     const int64_t blocks = (int64_t)T_rows * (int64_t)(nh + nkv);
     if (blocks > INT32_MAX)
-        return pg_error_set(err, PG_EINVAL, "qk_norm: T * (nh + nkv) = %lld blocks: expected at most %d",
+        return pg_error_set(lk->err, PG_EINVAL, "qk_norm: T * (nh + nkv) = %lld blocks: expected at most %d",
                             (long long)blocks, (int)INT32_MAX);
-    PGK_DISPATCH_ACT(dt, qk_norm_kernel<T><<<(unsigned)blocks, 32, 0, st>>>(
+    PGK_DISPATCH_ACT(dt, qk_norm_kernel<T><<<(unsigned)blocks, 32, 0, lk->st>>>(
         (T *)qkv, q_w, k_w, nh, nkv, hd, eps));
-    return pgk_check_launch("qk_norm_kernel", st, sync_each, err);
+    return pgk_check_launch("qk_norm_kernel", lk);
 }

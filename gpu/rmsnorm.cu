@@ -43,19 +43,18 @@ static __global__ void rmsnorm_kernel(T *out, T *residual, const T *x,
 }
 
 extern "C" int pgk_rmsnorm(void *out, void *residual, const void *x, const float *w, int dt,
-                           int32_t rows, int32_t dim, float eps, cudaStream_t st, int sync_each,
-                           pg_error *err)
+                           int32_t rows, int32_t dim, float eps, pgk_launch *lk)
 {
-    int rc = pgk_check_act_dtype("rmsnorm", dt, err);
+    int rc = pgk_check_act_dtype("rmsnorm", dt, lk->err);
     if (rc)
         return rc;
     if (rows < 1 || dim < 1)
-        return pg_error_set(err, PG_EINVAL, "rmsnorm: expected rows, dim >= 1, got %d, %d",
+        return pg_error_set(lk->err, PG_EINVAL, "rmsnorm: expected rows, dim >= 1, got %d, %d",
                             (int)rows, (int)dim);
     if (!(eps >= 0.0f))
-        return pg_error_set(err, PG_EINVAL, "rmsnorm: eps must be >= 0, got %g", (double)eps);
+        return pg_error_set(lk->err, PG_EINVAL, "rmsnorm: eps must be >= 0, got %g", (double)eps);
     int nt = dim >= 2048 ? 512 : dim >= 512 ? 256 : dim >= 128 ? 128 : 32;
-    PGK_DISPATCH_ACT(dt, rmsnorm_kernel<T><<<(unsigned)rows, nt, 0, st>>>(
+    PGK_DISPATCH_ACT(dt, rmsnorm_kernel<T><<<(unsigned)rows, nt, 0, lk->st>>>(
         (T *)out, (T *)residual, (const T *)x, w, dim, eps));
-    return pgk_check_launch("rmsnorm_kernel", st, sync_each, err);
+    return pgk_check_launch("rmsnorm_kernel", lk);
 }

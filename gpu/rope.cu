@@ -8,9 +8,7 @@
  * 1e5 rad; the fast __sincosf is wrong there), computed once per (token,
  * frequency) into shared memory and shared by the nh + nkv heads (the same
  * value every head computed before: same bits, (nh + nkv)x fewer sincosf). */
-#include "cuda_common.cuh"
-
-#define ROPE_MAX_HALF 256 /* hd <= 512 */
+#include "qkv_steps.cuh" /* rope_angles, rope_rotate (shared with rope_kv.cu); ROPE_MAX_HALF */
 
 /* grid (T), block 128: first thread j computes (sin, cos) of the
  * frequencies i = j, j+128, ... < hd/2 into sn, cs; then it handles pairs
@@ -29,33 +27,27 @@ static __global__ void rope_kernel(T *__restrict__ qkv, const float *__restrict_
     int32_t half = hd / 2;
     int32_t n_pairs = (nh + nkv) * half;
     float pos = (float)positions[t];
-    for (int32_t i = threadIdx.x; i < half; i += blockDim.x)
-        sincosf(pos * inv_freq[i], &sn[i], &cs[i]);
+    rope_angles(sn, cs, pos, inv_freq, half, threadIdx.x, blockDim.x);
     __syncthreads();
     T *row = qkv + (size_t)t * (size_t)(nh + 2 * nkv) * (size_t)hd;
     for (int32_t p = threadIdx.x; p < n_pairs; p += blockDim.x) {
         int32_t h = p / half, i = p % half;
-        const float s = sn[i], c = cs[i];
-        T *x = row + (size_t)h * hd;
-        float x0 = to_f32(x[i]), x1 = to_f32(x[i + half]);
-        x[i] = from_f32<T>(x0 * c - x1 * s);
-        x[i + half] = from_f32<T>(x1 * c + x0 * s);
+        rope_rotate(row + (size_t)h * hd, i, half, sn[i], cs[i]);
     }
 }
 
 extern "C" int pgk_rope(void *qkv, const float *inv_freq, int dt, int32_t nh, int32_t nkv,
-                        int32_t hd, const pgk_batch *b, cudaStream_t st, int sync_each,
-                        pg_error *err)
+                        int32_t hd, const pgk_batch *b, pgk_launch *lk)
 {
-    int rc = pgk_check_act_dtype("rope", dt, err);
+    int rc = pgk_check_act_dtype("rope", dt, lk->err);
     if (rc)
         return rc;
     if (nh < 1 || nkv < 1 || hd < 2 || hd % 2 != 0 || hd > 2 * ROPE_MAX_HALF || b->num_tokens < 1)
-        return pg_error_set(err, PG_EINVAL,
+        return pg_error_set(lk->err, PG_EINVAL,
                             "rope: expected nh, nkv, T >= 1 and an even hd in [2, %d], got nh %d, "
                             "nkv %d, hd %d, T %d", 2 * ROPE_MAX_HALF, (int)nh, (int)nkv, (int)hd,
                             (int)b->num_tokens);
-    PGK_DISPATCH_ACT(dt, rope_kernel<T><<<(unsigned)b->num_tokens, 128, 0, st>>>(
+    PGK_DISPATCH_ACT(dt, rope_kernel<T><<<(unsigned)b->num_tokens, 128, 0, lk->st>>>(
         (T *)qkv, inv_freq, b->positions, nh, nkv, hd));
-    return pgk_check_launch("rope_kernel", st, sync_each, err);
+    return pgk_check_launch("rope_kernel", lk);
 }

@@ -26,6 +26,7 @@
 
 #include <stdio.h>
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
@@ -41,7 +42,14 @@ struct emu_stream {
 struct emu_event {
     emu_stream *st;
     uint64_t recorded, completed;
+    double t_ms;      /* host steady clock when the last record completed */
 };
+
+static double emu_now_ms()
+{
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 
 struct emu_graph {
     std::vector<emu::work> nodes;
@@ -228,8 +236,26 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st)
     }
     ev->st = S(st);
     uint64_t n = ++ev->recorded;
-    return enqueue(st, [ev, n]() { return std::function<void()>([ev, n]() { ev->completed = n; }); },
+    return enqueue(st, [ev, n]() { return std::function<void()>([ev, n]() {
+                       ev->completed = n;
+                       ev->t_ms = emu_now_ms();
+                   }); },
                    "event record");
+}
+
+/* The host time between the completions of two recorded events (the
+ * emulation's, not a device's: only the structure of a timing is tested
+ * here). cudaErrorNotReady while either has not completed. */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    if (!ms || !start || !end)
+        return cudaErrorInvalidValue;
+    if (!start->recorded || !end->recorded)
+        return cudaErrorInvalidResourceHandle;
+    if (start->completed < start->recorded || end->completed < end->recorded)
+        return cudaErrorNotReady;
+    *ms = (float)(end->t_ms - start->t_ms);
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev)

@@ -18,6 +18,12 @@ Cases:
                 CUDA graphs, byte-identical to --enforce-eager
   graphs_256x8  the same with 256 prompts of exactly 8 tokens, ending after
                 3 to 6 tokens (decode batches 256, 192, 128, 64)
+  profile_steps --profile-steps (issue 30 item 1) eager, with graphs and on
+                the cpu: the phase lines are there and add up to at most the
+                step's wall time, eager decode steps have every op's device
+                time, graph steps count as replays, the launches per decode
+                step line names the model's layers and the same count eager
+                and graphed, and the outputs are the bytes of a run without it
 
   multi_device  issue 32 item 3: --device cuda:0,1 and cuda:0,1,2 (and
                 cuda:all with EMU_DEVICE_COUNT=3) over 24 stories260K lines
@@ -325,6 +331,97 @@ def case_multi_device_interrupt():
         check(done[:len(got)] == got and sorted(done) == sorted(ref_lines),
               "--resume after SIGINT: not the kept records + the missing ones = the single-device records")
         print(f"interrupted with {len(got)} of 12 records written; resumed to 12")
+
+
+def parse_profile(err, what):
+    """The --profile-steps block of stderr: {kind: {...}} and the launches line."""
+    import re
+    text = err.decode(errors="replace")
+    prof, cur = {}, None
+    launches = None
+    for line in text.splitlines():
+        if not line.startswith("pagedgen: "):
+            continue
+        line = line[len("pagedgen: "):]
+        m = re.match(r"step profile, (steps with prefill|decode steps): (\d+) steps, ([\d.]+) sequences per step, "
+                     r"([\d.]+) ms per step \((\d+) run as graph replays\)$", line)
+        if m:
+            cur = prof[m.group(1)] = {"steps": int(m.group(2)), "ms": float(m.group(4)),
+                                     "replays": int(m.group(5)), "phases": {}, "ops": {}, "op_steps": None}
+            continue
+        m = re.match(r"  (\S.*?) +(-?[\d.]+) ms/step +(-?[\d.]+)%$", line)
+        if m and cur is not None:
+            cur["phases"][m.group(1)] = float(m.group(2))
+            continue
+        m = re.match(r"  device time per op \(cuda events, (\d+) eager steps\): ([\d.]+) ms per step$", line)
+        if m and cur is not None:
+            cur["op_steps"] = int(m.group(1))
+            continue
+        m = re.match(r"    (\S.*?) +([\d.]+) us/step +(?:[\d.]+ us/layer|once a step) +([\d.]+)%$", line)
+        if m and cur is not None:
+            cur["ops"][m.group(1)] = float(m.group(2))
+            continue
+        m = re.match(r"kernel launches per decode step: (\d+|n/a) \((\d+) layers\)$", line)
+        if m:
+            launches = (None if m.group(1) == "n/a" else int(m.group(1)), int(m.group(2)))
+    check(launches is not None, f"{what}: no 'kernel launches per decode step' line in {text[-1500:]}")
+    check("decode steps" in prof, f"{what}: no decode step profile in {text[-1500:]}")
+    phases = ["schedule", "metadata", "h2d copy", "launch", "wait for device", "d2h copy", "sample", "output"]
+    for kind, p in prof.items():
+        for ph in phases + ["(between phases)"]:
+            check(ph in p["phases"], f"{what}: {kind}: no '{ph}' line")
+        total = sum(p["phases"][ph] for ph in phases)
+        # printed to 3 decimals: 9 roundings of at most 0.0005 ms
+        check(total <= p["ms"] + 0.005, f"{what}: {kind}: phases add up to {total:.3f} ms, more than the "
+                                         f"step's {p['ms']:.3f} ms")
+        check(all(p["phases"][ph] >= 0.0 for ph in phases), f"{what}: {kind}: a negative phase {p['phases']}")
+    return prof, launches
+
+
+def config_layers():
+    with open(os.path.join(MODEL, "config.json")) as f:
+        return json.load(f)["num_hidden_layers"]
+
+
+def case_profile_steps():
+    layers = config_layers()
+    lines = [token_line(prompt_ids(6, s), 6, f"p{s}") for s in range(4)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "in.jsonl")
+        with open(path, "w") as f:
+            f.writelines(lines)
+        base = ["-m", MODEL, "-i", path, "-q", "--max-num-seqs", "8"]
+        rc, plain, err, _ = run(base + ["--device", "cuda", "--enforce-eager"])
+        check(rc == 0, f"eager: exit {rc}: {err.decode()[-1500:]}")
+        check(b"step profile" not in err, "a profile printed without --profile-steps")
+        rc, eager, err, _ = run(base + ["--device", "cuda", "--enforce-eager", "--profile-steps"])
+        check(rc == 0, f"eager --profile-steps: exit {rc}: {err.decode()[-1500:]}")
+        check(eager == plain, "--profile-steps changed the output bytes (eager)")
+        prof, (n_eager, lay) = parse_profile(err, "eager")
+        d = prof["decode steps"]
+        check(lay == layers, f"eager: launches line names {lay} layers, the model has {layers}")
+        check(n_eager is not None and n_eager >= 2 * layers,
+              f"eager: {n_eager} launches per decode step for {layers} layers")
+        check(d["replays"] == 0, f"eager: {d['replays']} graph replays")
+        check(d["op_steps"] == d["steps"], f"eager: ops timed in {d['op_steps']} of {d['steps']} decode steps")
+        check(len(d["ops"]) == 12, f"eager: {len(d['ops'])} op lines: {sorted(d['ops'])}")
+        for ph in ["h2d copy", "wait for device"]:
+            check(d["phases"][ph] > 0.0, f"eager: no time in '{ph}': {d['phases']}")
+        rc, graphs, err, _ = run(base + ["--device", "cuda", "--profile-steps"])
+        check(rc == 0, f"graphs --profile-steps: exit {rc}: {err.decode()[-1500:]}")
+        check(graphs == plain, "--profile-steps with graphs: output differs from eager")
+        prof, (n_graphs, lay) = parse_profile(err, "graphs")
+        d = prof["decode steps"]
+        check(d["replays"] >= 1, f"graphs: no decode step ran as a graph replay: {d}")
+        check(n_graphs == n_eager, f"graphs: {n_graphs} launches per decode step (captured), eager {n_eager}")
+        rc, cpu, err, _ = run(base + ["--device", "cpu", "--profile-steps"])
+        check(rc == 0, f"cpu --profile-steps: exit {rc}: {err.decode()[-1500:]}")
+        prof, (n_cpu, lay) = parse_profile(err, "cpu")
+        d = prof["decode steps"]
+        check(n_cpu is None and lay == layers, f"cpu: launches {n_cpu}, layers {lay}")
+        for ph in ["h2d copy", "wait for device", "d2h copy"]:
+            check(d["phases"][ph] == 0.0, f"cpu: time in the executor phase '{ph}': {d['phases']}")
+        check(d["phases"]["launch"] > 0.0, f"cpu: no forward time: {d['phases']}")
 
 
 def main():

@@ -1131,6 +1131,86 @@ static void test_qwen_cuda_bf16(void **state)
 }
 #endif
 
+#ifdef PG_MODEL_LOAD_CUDA
+/* Launches per decode step (cuda_executor_launch_counts) on a Qwen3-style
+ * model with q/k norms AND q|k|v biases (3 layers, f32 and bf16), where
+ * the fused rope_kv stands for four ops: one decode step of one sequence
+ * after a prefill of 5 tokens must count 9 a layer — 5 kernels (rmsnorm,
+ * rope_kv, decode attention, rmsnorm, silu_mul) + 4 cuBLAS products (in
+ * place: max_num_batched_tokens 128 holds a padded chunk) — plus embed 1,
+ * the head's gathers 2, final rmsnorm 1, lm_head 1 and its 2 padding
+ * copies: 34 (gpu/README.md "Launches per decode step"). With rope_kv
+ * taken out of the table the model runs bias, q/k norm, rope and kv_write
+ * one by one: 3 kernels more a layer, and the same logits bit for bit. */
+static void test_qwen_launches_per_step(void **state)
+{
+    fixture *f = *state;
+    llama_config cfg = qwen_config(1, 8, true);
+    cfg.family.qkv_bias = true; /* both differences at once */
+    wt_set s;
+    qwen_weights(&s, &cfg, 400);
+    wt_write(&s, f->dir);
+    char path[300];
+    snprintf(path, sizeof path, "%s/model.safetensors", f->dir);
+    const int32_t ids[6] = {1, 7, 3, 30, 12, 5};
+    for (int precision = 0; precision <= 1; precision++) {
+        float want[QV], got[QV];
+        for (int fused = 1; fused >= 0; fused--) {
+            executor *ex = NULL;
+            pg_error err;
+            cuda_executor_params cp = cuda_executor_params_default();
+            cp.precision = precision;
+            assert_int_equal(cuda_executor_create(&ex, &cp, &err), 0);
+            const executor_ops *ops = ex->op;
+            executor_ops unfused = *ops;
+            unfused.rope_kv = NULL;
+            st_file *st = NULL;
+            assert_int_equal(st_open(&st, path, &err), 0);
+            model_params mp = {.num_kv_blocks = 16, .block_size = 4, .max_num_batched_tokens = 128,
+                               .max_num_seqs = 4};
+            model *m = NULL;
+            if (model_create(&m, ex, &cfg, st, &mp, &err))
+                fail_msg("model_create: %s", err.msg);
+            st_close(st);
+            if (!fused)
+                ex->op = &unfused;
+            int32_t pos[6], slots[6], bt[2] = {3, 1};
+            for (int32_t p = 0; p < 6; p++) {
+                pos[p] = p;
+                slots[p] = bt[p / 4] * 4 + p % 4;
+            }
+            for (int step = 0; step < 2; step++) { /* prefill 5, then decode 1 */
+                const int32_t t0 = step ? 5 : 0, q = step ? 1 : 5, len = t0 + q, row = q - 1;
+                int32_t qs[2] = {0, q};
+                step_batch b = {.num_tokens = q, .num_seqs = 1, .block_size = 4, .token_ids = ids + t0,
+                                .positions = pos + t0, .slots = slots + t0, .query_start = qs,
+                                .seq_lens = &len, .block_tables = bt, .block_table_stride = 2,
+                                .max_seq_len = len, .max_query_len = q, .num_logits = 1,
+                                .logits_rows = &row};
+                if (model_forward(m, &b, fused ? want : got, &err))
+                    fail_msg("model_forward: %s", err.msg);
+            }
+            ex->op = ops;
+            cuda_launch_counts c;
+            cuda_executor_launch_counts(ex, NULL, &c);
+            printf("    qwen3+bias %s %s: one decode step: %llu launches = %llu kernels + %llu cuBLAS + "
+                   "%llu copies (%d layers)\n", precision ? "f32" : "bf16", fused ? "fused" : "unfused",
+                   (unsigned long long)c.total, (unsigned long long)c.kernels,
+                   (unsigned long long)c.gemms, (unsigned long long)c.copies, (int)QNL);
+            assert_int_equal(c.kernels, 1 + QNL * 5 + 3 + (fused ? 0 : 3 * QNL));
+            assert_int_equal(c.gemms, QNL * 4 + 1);
+            assert_int_equal(c.copies, 2);
+            if (fused)
+                assert_int_equal(c.total, 34);
+            model_destroy(m);
+            ex->op->destroy(ex);
+        }
+        assert_memory_equal(got, want, sizeof got);
+    }
+    wt_free(&s);
+}
+#endif
+
 /* The new tensors' shapes are checked and named at load. */
 static void test_qwen_tensors_checked(void **state)
 {
@@ -1413,6 +1493,7 @@ int main(void)
         cmocka_unit_test(test_storage_types_qwen),
 #ifdef PG_MODEL_LOAD_CUDA
         cmocka_unit_test(test_qwen_cuda_bf16),
+        cmocka_unit_test(test_qwen_launches_per_step),
 #endif
         cmocka_unit_test(test_embeddings_match_reference),
     };

@@ -27,6 +27,11 @@
  *    logprobs, tops, prompt logprobs, ranks, prompt tops) with the path on
  *    and off, and copies fewer logits bytes (cuda_graph_info).
  *
+ *  - launches per decode step (cuda_executor_launch_counts): stories260K
+ *    at 9 a layer (5 kernels + 4 cuBLAS products), eager and graphed, and
+ *    the unfused ops (rope_kv taken out of the table) the same logits bit
+ *    for bit with one kernel more a layer;
+ *
  *  - embeddings (model_hidden_rows through the engine): last and mean
  *    pooled vectors of three golden prompts, batched with greedy requests
  *    whose decode steps run as CUDA graphs, against the CPU's: f32 within
@@ -321,6 +326,78 @@ static void check_logits(fixture *f, int precision, double tol)
 static void test_logits_f32(void **state) { check_logits(*state, 1, 1e-4); }
 static void test_logits_bf16(void **state) { check_logits(*state, 0, 5e-2); }
 
+/* ---- launches per decode step ---------------------------------------------- */
+
+/* The work of one decode step (cuda_executor_launch_counts' last_step) on
+ * stories260K (5 layers, Llama: no bias, no q/k norm), a one-sequence step
+ * after 9 one-token steps, and what it must stay at (gpu/README.md
+ * "Launches per decode step"). Per layer 9:
+ *   kernels 5 (rmsnorm, rope_kv, decode attention, rmsnorm, silu_mul) +
+ *   cuBLAS products 4 (qkv, o, gate_up, down; in place: no padding copies)
+ * plus, per step, embed 1, the head's gathers 2, final rmsnorm 1, the
+ * lm_head product 1 and its 2 padding copies (rows_out holds max_num_seqs
+ * rows, fewer than the 128 a chunk pads to); a graphed step also runs the
+ * argmax of every row (1 kernel, inside its graph).
+ * The same model with the fused op taken out of the table (rope_kv = NULL:
+ * rope and kv_write one by one) must give the same logits bit for bit and
+ * count one kernel more per layer. */
+static void test_launches_per_step(void **state)
+{
+    fixture *f = *state;
+    const int32_t NL = f->cfg.num_hidden_layers, V = f->cfg.vocab_size, bs = 16, n = 10;
+    assert_int_equal(NL, 5);
+    const int32_t *ids = f->lg[0].prompt_ids;
+    assert_true(f->lg[0].n_prompt >= 2);
+    int32_t tok[10];
+    for (int32_t i = 0; i < n; i++) /* the golden prompt, repeated to n tokens */
+        tok[i] = ids[i % f->lg[0].n_prompt];
+    model_params mp = {.num_kv_blocks = 32, .block_size = bs, .max_num_batched_tokens = 512,
+                       .max_num_seqs = 4};
+    const uint64_t per_layer_kernels = 5, per_layer_gemms = 4;
+    const uint64_t kernels = 1 + NL * per_layer_kernels + 3, gemms = NL * per_layer_gemms + 1;
+    float *want = malloc((size_t)V * sizeof *want), *got = malloc((size_t)V * sizeof *got);
+    assert_true(want && got);
+    for (int precision = 0; precision <= 1; precision++)
+        for (int variant = 0; variant < 3; variant++) { /* fused eager, graphed, unfused eager */
+            executor *ex = make_cuda(precision);
+            const executor_ops *ops = ex->op;
+            executor_ops unfused = *ops;
+            unfused.rope_kv = NULL;
+            if (variant == 1) {
+                pg_error err;
+                if (cuda_executor_set_graphs(ex, 4, 512, &err))
+                    fail_msg("cuda_executor_set_graphs: %s", err.msg);
+            }
+            model *m = open_model(f, ex, &mp);
+            if (variant == 2)
+                ex->op = &unfused;
+            pg_golden_run_prompt(m, tok, n, 1, bs, variant ? got : want);
+            ex->op = ops;
+            cuda_launch_counts c;
+            cuda_executor_launch_counts(ex, NULL, &c);
+            printf("    %s %s: one decode step: %llu launches = %llu kernels + %llu cuBLAS + %llu "
+                   "copies (%d layers)\n", precision ? "f32" : "bf16",
+                   variant == 0 ? "fused eager" : variant == 1 ? "fused graphed" : "unfused eager",
+                   (unsigned long long)c.total, (unsigned long long)c.kernels,
+                   (unsigned long long)c.gemms, (unsigned long long)c.copies, (int)NL);
+            assert_int_equal(c.kernels, kernels + (variant == 1) + (variant == 2 ? NL : 0));
+            assert_int_equal(c.gemms, gemms);
+            assert_int_equal(c.copies, 2);
+            assert_int_equal(c.total, c.kernels + c.gemms + c.copies);
+            if (variant)
+                assert_memory_equal(got, want, (size_t)V * sizeof *got);
+            if (variant == 1) {
+                long captures = 0, replays = 0;
+                cuda_executor_graph_stats(ex, &captures, &replays);
+                assert_true(replays > 0); /* the counted step was a replay */
+            }
+            model_destroy(m);
+            ex->op->destroy(ex);
+        }
+    free(want);
+    free(got);
+}
+
 typedef struct run_cfg {
     const char *name;
     pg_golden_pool pool;
@@ -489,13 +566,15 @@ typedef struct dg_out {
     long replays;
 } dg_out;
 
-static void dg_run(fixture *f, bool device_greedy, dg_out *out)
+/* device_sample: sampled rows on the device too (be.sample_rows);
+ * graphs: CUDA graphs of decode steps (else eager). */
+static void dg_run_with(fixture *f, bool device_greedy, bool device_sample, bool graphs, dg_out *out)
 {
     const run_cfg *c = &cfgs[3]; /* batch, bs 16, graphs of up to 8 */
     model_params mp = pg_golden_model_params(&c->pool);
     executor *ex = make_cuda(0);
     pg_error err;
-    if (cuda_executor_set_graphs(ex, c->graph_batch, f->cfg.max_position_embeddings, &err))
+    if (graphs && cuda_executor_set_graphs(ex, c->graph_batch, f->cfg.max_position_embeddings, &err))
         fail_msg("cuda_executor_set_graphs: %s", err.msg);
     model *m = open_model(f, ex, &mp);
     engine_params ep = pg_golden_engine_params(f, &c->pool);
@@ -503,6 +582,9 @@ static void dg_run(fixture *f, bool device_greedy, dg_out *out)
     assert_non_null(be.greedy_rows); /* the CUDA executor has the path */
     if (!device_greedy)
         be.greedy_rows = NULL;
+    assert_non_null(be.sample_rows);
+    if (!device_sample)
+        be.sample_rows = NULL;
     engine *e = NULL;
     if (engine_create(&e, &ep, &be, NULL, &err))
         fail_msg("engine_create: %s", err.msg);
@@ -548,6 +630,11 @@ static void dg_run(fixture *f, bool device_greedy, dg_out *out)
     ex->op->destroy(ex);
 }
 
+static void dg_run(fixture *f, bool device_greedy, dg_out *out)
+{
+    dg_run_with(f, device_greedy, false, true, out);
+}
+
 static void test_device_greedy(void **state)
 {
     fixture *f = *state;
@@ -572,6 +659,41 @@ static void test_device_greedy(void **state)
     /* the plain greedy rows' logits stayed on the device: at least one row
      * of V f32 per token they generated past the first step */
     assert_true(on.copied + (size_t)f->cfg.vocab_size * 4u <= off.copied);
+}
+
+/* ---- device sampled rows ------------------------------------------------ */
+
+/* dg_params's requests with every row taken on the device (plain greedy:
+ * the argmax; greedy with logprobs: the logprob rows; sampled and greedy
+ * with a penalty and banned ids: gpu/sampling.cu), with graphs and eager,
+ * against the sampled rows on the host: the same ids and logprobs bit for
+ * bit, and not one logits byte copied to the host. */
+static void test_device_sampled(void **state)
+{
+    fixture *f = *state;
+    assert_true(f->n_g >= 6);
+    dg_out g = {0}, e = {0}, h = {0};
+    dg_run_with(f, true, true, true, &g);
+    dg_run_with(f, true, true, false, &e);
+    dg_run_with(f, true, false, true, &h);
+    printf("    [device sampled] logits copied to the host: %zu bytes (graphs), %zu (eager), %zu with the "
+           "host sampling; %ld graph replays\n", g.copied, e.copied, h.copied, g.replays);
+    assert_true(g.replays > 0 && e.replays == 0);
+    for (int i = 0; i < f->n_g; i++) {
+        assert_int_equal(g.n[i], h.n[i]);
+        assert_int_equal(e.n[i], h.n[i]);
+        assert_memory_equal(g.ids[i], h.ids[i], (size_t)h.n[i] * sizeof(int32_t));
+        assert_memory_equal(e.ids[i], h.ids[i], (size_t)h.n[i] * sizeof(int32_t));
+        assert_int_equal(g.lp[i] != NULL, h.lp[i] != NULL);
+        if (h.lp[i]) {
+            assert_memory_equal(g.lp[i], h.lp[i], (size_t)h.n[i] * sizeof(float));
+            assert_memory_equal(e.lp[i], h.lp[i], (size_t)h.n[i] * sizeof(float));
+        }
+        free(g.ids[i]), free(e.ids[i]), free(h.ids[i]);
+        free(g.lp[i]), free(e.lp[i]), free(h.lp[i]);
+    }
+    assert_true(g.copied == 0 && e.copied == 0);
+    assert_true(h.copied >= (size_t)f->cfg.vocab_size * 4u); /* the host's sampled rows came back */
 }
 
 /* ---- device logprob rows ------------------------------------------------ */
@@ -802,9 +924,11 @@ int main(void)
     const struct CMUnitTest goldens[] = {
         cmocka_unit_test(test_logits_f32),
         cmocka_unit_test(test_logits_bf16),
+        cmocka_unit_test(test_launches_per_step),
         cmocka_unit_test(test_greedy_f32),
         cmocka_unit_test(test_greedy_bf16),
         cmocka_unit_test(test_device_greedy),
+        cmocka_unit_test(test_device_sampled),
         cmocka_unit_test(test_device_logprobs),
         cmocka_unit_test(test_embeddings),
     };

@@ -16,6 +16,11 @@
  *  - decode attention over more partitions than the grid's 32 splits
  *    (blocks merging several) against a double-precision reference, and
  *    bit-identical alone and in a batch;
+ *  - the fused rope_kv (gpu/rope_kv.cu) against its twins, the four ops
+ *    add_bias, qk_norm, rope and kv_write one by one: the same bytes in
+ *    qkv and both cache planes on random rows (one token and several; GQA
+ *    ratios 1, 2, 4, 8; head_dim 8, 64, 128; bf16/bf16, bf16/f16,
+ *    f32/f32; with and without bias and q/k norm);
  *  - on the emulated device, the prefill kernel launches blocks for the
  *    prefill sequences only (the emulator counts them).
  * Without CUDA built or without a device: SKIP (77). */
@@ -417,6 +422,141 @@ static void test_decode_beyond_max_splits(void **state)
     free(bt);
 }
 
+/* ---- fused kernels against their twins, bit for bit ------------------------ */
+
+/* rope_kv (gpu/rope_kv.cu: bias + q/k norm + rope + kv_write in one launch)
+ * against the four ops one by one (add_bias, qk_norm, rope, kv_write) on
+ * random rows: qkv after the call and both cache planes must be the same
+ * bytes. Shapes: one token and several, GQA ratios 1, 4 and 8, head_dim 64
+ * and 128 (and 8), bf16/bf16, bf16/f16 and f32/f32, each with and without
+ * bias and q/k norm. */
+static void test_rope_kv_fused(void **state)
+{
+    (void)state;
+    static const struct {
+        int32_t T, nh, nkv, hd;
+    } shapes[] = {{1, 8, 1, 64}, {3, 4, 4, 128}, {5, 8, 2, 64}, {2, 16, 2, 128}, {4, 2, 1, 8}};
+    static const struct {
+        int precision, kv_dtype;
+    } types[] = {{0, 0}, {0, 1}, {1, 0}};
+    uint32_t r = 12345u;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        cuda_executor_params p = cuda_executor_params_default();
+        p.precision = types[ti].precision;
+        p.kv_dtype = types[ti].kv_dtype;
+        executor *ex[2];
+        pg_error err;
+        for (int e = 0; e < 2; e++)
+            if (cuda_executor_create(&ex[e], &p, &err))
+                fail_msg("cuda_executor_create: %s", err.msg);
+        assert_non_null(ex[0]->op->rope_kv);
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (int variant = 0; variant < 4; variant++) {
+                const int32_t T = shapes[si].T, nh = shapes[si].nh, nkv = shapes[si].nkv;
+                const int32_t hd = shapes[si].hd, W = (nh + 2 * nkv) * hd, BSZ = 16, NBLK = 4, STR = 256;
+                const size_t plane = (size_t)NBLK * BSZ * nkv * hd;
+                const int bias = variant & 1, norm = variant >> 1;
+                float *hq = malloc((size_t)T * W * sizeof *hq), *hb = malloc((size_t)W * sizeof *hb);
+                float *hw = malloc((size_t)2 * hd * sizeof *hw), *hf = malloc((size_t)hd / 2 * sizeof *hf);
+                float *hkv = malloc(2 * plane * sizeof *hkv);
+                float *got[2][2];
+                assert_true(hq && hb && hw && hf && hkv);
+                for (int32_t i = 0; i < T * W; i++)
+                    hq[i] = (float)((r = r * 1664525u + 1013904223u) >> 8) / 4194304.0f - 2.0f;
+                for (int32_t i = 0; i < W; i++)
+                    hb[i] = (float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+                for (int32_t i = 0; i < 2 * hd; i++)
+                    hw[i] = (float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f + 0.5f;
+                for (int32_t i = 0; i < hd / 2; i++)
+                    hf[i] = powf(10000.0f, -2.0f * (float)i / (float)hd);
+                for (size_t i = 0; i < 2 * plane; i++)
+                    hkv[i] = 7.0f; /* a slot nobody writes keeps it */
+                /* one sequence per token, positions far apart (large angles) */
+                int32_t tok[8] = {0}, pos[8], slots[8], qs[9], lens[8], rows[8];
+                int32_t *bt = calloc((size_t)8 * STR, sizeof *bt);
+                assert_non_null(bt);
+                for (int32_t t = 0; t < T; t++) {
+                    r = r * 1664525u + 1013904223u;
+                    pos[t] = (int32_t)((r >> 8) % 4000u); /* angles up to ~4000 rad */
+                    lens[t] = pos[t] + 1;
+                    slots[t] = t * 3 + 1;
+                    qs[t] = t;
+                    rows[t] = t;
+                }
+                qs[T] = T;
+                for (int e = 0; e < 2; e++) {
+                    executor *x = ex[e];
+                    void *qkv = x->op->alloc(x, EXEC_ACT, (size_t)T * W);
+                    void *kv = x->op->alloc(x, EXEC_KV, 2 * plane);
+                    float *b = x->op->alloc(x, EXEC_F32, (size_t)W);
+                    float *w = x->op->alloc(x, EXEC_F32, (size_t)2 * hd);
+                    float *f = x->op->alloc(x, EXEC_F32, (size_t)hd / 2);
+                    assert_true(qkv && kv && b && w && f);
+                    assert_int_equal(x->op->upload(x, qkv, EXEC_ACT, 0, hq, ST_F32, (size_t)T * W), 0);
+                    assert_int_equal(x->op->upload(x, kv, EXEC_KV, 0, hkv, ST_F32, 2 * plane), 0);
+                    assert_int_equal(x->op->upload(x, b, EXEC_F32, 0, hb, ST_F32, (size_t)W), 0);
+                    assert_int_equal(x->op->upload(x, w, EXEC_F32, 0, hw, ST_F32, (size_t)2 * hd), 0);
+                    assert_int_equal(x->op->upload(x, f, EXEC_F32, 0, hf, ST_F32, (size_t)hd / 2), 0);
+                    step_batch sb = {.num_tokens = T, .num_seqs = T, .block_size = BSZ,
+                                     .token_ids = tok, .positions = pos, .slots = slots,
+                                     .query_start = qs, .seq_lens = lens, .block_tables = bt,
+                                     .block_table_stride = STR, .max_seq_len = 4000,
+                                     .max_query_len = 1, .num_logits = T, .logits_rows = rows};
+                    void *v_cache = (char *)kv + plane * x->kv_bytes;
+                    const float eps = 1e-6f;
+                    int rc = x->op->begin_step(x, &sb);
+                    if (e == 0) {
+                        if (!rc)
+                            rc = x->op->rope_kv(x, qkv, kv, v_cache, bias ? b : NULL,
+                                                norm ? w : NULL, norm ? w + hd : NULL, eps, f, nh,
+                                                nkv, hd, &sb);
+                    } else {
+                        if (!rc && bias)
+                            rc = x->op->add_bias(x, qkv, b, T, W);
+                        if (!rc && norm)
+                            rc = x->op->qk_norm(x, qkv, w, w + hd, T, nh, nkv, hd, eps);
+                        if (!rc)
+                            rc = x->op->rope(x, qkv, f, nh, nkv, hd, &sb);
+                        if (!rc)
+                            rc = x->op->kv_write(x, kv, v_cache, qkv, nh, nkv, hd, &sb);
+                    }
+                    if (rc)
+                        fail_msg("%s: %s", e ? "the four ops" : "rope_kv", x->op->last_error(x));
+                    got[e][0] = malloc((size_t)T * W * sizeof(float));
+                    got[e][1] = malloc(2 * plane * sizeof(float));
+                    assert_true(got[e][0] && got[e][1]);
+                    assert_int_equal(x->op->download_f32(x, got[e][0], qkv, EXEC_ACT, (size_t)T * W), 0);
+                    assert_int_equal(x->op->download_f32(x, got[e][1], kv, EXEC_KV, 2 * plane), 0);
+                    x->op->free(x, qkv);
+                    x->op->free(x, kv);
+                    x->op->free(x, b);
+                    x->op->free(x, w);
+                    x->op->free(x, f);
+                }
+                if (memcmp(got[0][0], got[1][0], (size_t)T * W * sizeof(float)) ||
+                    memcmp(got[0][1], got[1][1], 2 * plane * sizeof(float)))
+                    fail_msg("rope_kv differs from its twin: precision %d kv %d, T %d nh %d nkv %d hd %d, "
+                             "bias %d norm %d", types[ti].precision, types[ti].kv_dtype, (int)T,
+                             (int)nh, (int)nkv, (int)hd, bias, norm);
+                /* the rows changed; slot 0 (nobody's) was not written, slot 1 was */
+                assert_true(memcmp(got[0][0], hq, (size_t)T * W * sizeof(float)) != 0);
+                assert_true(got[0][1][0] == 7.0f && got[0][1][(size_t)nkv * hd] != 7.0f);
+                for (int e = 0; e < 2; e++) {
+                    free(got[e][0]);
+                    free(got[e][1]);
+                }
+                free(hq);
+                free(hb);
+                free(hw);
+                free(hf);
+                free(hkv);
+                free(bt);
+            }
+        ex[0]->op->destroy(ex[0]);
+        ex[1]->op->destroy(ex[1]);
+    }
+}
+
 #ifdef PG_CUDA_EMU
 /* Prefill blocks: grid_x * nkv per prefill sequence, none for decodes. */
 static void test_prefill_grid(void **state)
@@ -462,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_logprobs_match_host),
         cmocka_unit_test(test_copy_blocks_pairs),
         cmocka_unit_test(test_decode_beyond_max_splits),
+        cmocka_unit_test(test_rope_kv_fused),
 #ifdef PG_CUDA_EMU
         cmocka_unit_test(test_prefill_grid),
 #endif

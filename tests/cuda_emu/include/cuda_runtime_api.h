@@ -123,6 +123,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned int flags);
 cudaError_t cudaEventDestroy(cudaEvent_t ev);
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st);
 cudaError_t cudaEventSynchronize(cudaEvent_t ev);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventQuery(cudaEvent_t ev);
 
 cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value);
