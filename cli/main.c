@@ -34,7 +34,7 @@ int main(int argc, char **argv)
     case CLI_CMD_MERGE:
         return cli_run_merge(&o);
     case CLI_CMD_GENERATE:
-        return cli_run_generate(&o);
+        return o.n_devices > 1 || o.devices_all ? cli_run_multi_device(&o) : cli_run_generate(&o);
     }
     return CLI_EXIT_USAGE;
 }

@@ -3,12 +3,9 @@
  * merge").
  *
  * A shard's output holds its requests' records in input order (a resumed
- * shard is sorted back when it finishes: shard.h), so the merge is a walk
- * over the input that takes request i's record from shard i mod N's
- * cursor: one line per shard in memory, whatever the sizes. A record
- * answers request (index i, line L) when it is an error record of line L
- * or a result whose id is the request's (resume.h cli_record_key, the
- * same rule --resume uses). */
+ * shard is sorted back when it finishes: shard.h), so the merge is the
+ * walk of merge_walk.h over the shard files; multi_device.c runs the same
+ * walk over its workers' pipes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -19,35 +16,13 @@
 #include <unistd.h>
 
 #include "input.h"
+#include "merge_walk.h"
 #include "json.h"
 #include "output.h"
 #include "request_parse.h"
 #include "resume.h"
 #include "run.h"
 #include "shard.h"
-
-#define MERGE_LIST_MAX 20 /* problems listed one by one; the rest are counted */
-
-typedef struct merge_shard {
-    const char *path;     /* borrowed from argv; NULL: no file given for this K */
-    bool finished;        /* has its marker */
-    cli_shard_marker m;
-    FILE *f;
-    char *line;           /* the current record (with its "\n"), NULL at EOF */
-    size_t cap;
-    ssize_t len;
-    int64_t line_no;      /* of the current record in the file */
-    char *key;            /* its cli_record_key, NULL when it is not a record */
-    size_t key_len;
-} merge_shard;
-
-typedef struct merge_state {
-    const cli_options *o;
-    merge_shard *sh;      /* [n] */
-    int32_t n;
-    int64_t missing, duplicate, extra, listed;
-    pg_error err;
-} merge_state;
 
 static void say(merge_state *ms, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -56,18 +31,17 @@ static void say(merge_state *ms, const char *fmt, ...)
     ;
 static void say(merge_state *ms, const char *fmt, ...)
 {
-    if (ms->listed++ >= MERGE_LIST_MAX)
+    if ((ms->hush && *ms->hush) || ms->listed++ >= MERGE_LIST_MAX)
         return;
     va_list ap;
     va_start(ap, fmt);
-    fputs("pagedgen: merge: ", stderr);
+    fprintf(stderr, "pagedgen: %s: ", ms->label ? ms->label : "merge");
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
 }
 
-/* Reads the shard's next line; its key. PG_EIO / PG_ENOMEM on failure. */
-static int advance(merge_state *ms, merge_shard *s)
+int cli_merge_advance(merge_state *ms, merge_shard *s)
 {
     free(s->key);
     s->key = NULL;
@@ -82,6 +56,13 @@ static int advance(merge_state *ms, merge_shard *s)
         return PG_OK;
     }
     s->line_no++;
+    if (s->line[s->len - 1] != '\n' && ms->cut_partial) {
+        s->cut_bytes += s->len;
+        free(s->line);
+        s->line = NULL;
+        s->cap = 0;
+        return PG_OK;
+    }
     if (s->line[s->len - 1] != '\n')
         return pg_error_set(&ms->err, PG_EFORMAT, "%s line %lld: a partial last line (the shard did not finish: "
                             "rerun it with --resume)", s->path, (long long)s->line_no);
@@ -287,8 +268,9 @@ static int detect_format(merge_state *ms, cli_format *fmt)
     return rc < 0 ? PG_EIO : PG_OK;
 }
 
-static int walk(merge_state *ms, cli_format fmt, int out_fd, int64_t *requests)
+int cli_merge_walk(merge_state *ms, cli_format fmt, int out_fd, int64_t *requests)
 {
+    const char *unit = ms->unit ? ms->unit : "shard";
     cli_input *in;
     if (cli_input_open(&in, ms->o->input_path, &ms->err) != PG_OK)
         return PG_EIO;
@@ -313,24 +295,33 @@ static int walk(merge_state *ms, cli_format fmt, int out_fd, int64_t *requests)
         int ll = snprintf(lk, sizeof lk, "L:%lld", (long long)line_no);
         merge_shard *s = &ms->sh[index % ms->n];
         const char *shown = req ? req + 2 : "-";
-        if (!s->path) {
+        /* a record in its stream first: a line whose id an earlier line also
+         * has is kept by that id, yet gets its own error record */
+        bool here = s->path && answers(s, req, req_len, lk, (size_t)ll);
+        int prior = !here && ms->kept ? cli_resume_lookup(ms->kept, req, req_len, line_no) : CLI_RESUME_NEW;
+        if (prior != CLI_RESUME_NEW) {
+            ms->skipped++; /* answered by an earlier run: its stream has no record for it */
+            ms->skipped_errors += prior == CLI_RESUME_ERROR;
+        } else if (!s->path) {
             ms->missing++;
-            say(ms, "missing: id %s (line %lld): its shard %lld was not given", shown, (long long)line_no,
+            say(ms, "missing: id %s (line %lld): its %s %lld was not given", shown, (long long)line_no, unit,
                 (long long)(index % ms->n));
-        } else if (!answers(s, req, req_len, lk, (size_t)ll)) {
+        } else if (!here) {
             ms->missing++;
-            say(ms, "missing: id %s (line %lld): no record in shard %lld's output at this point", shown,
-                (long long)line_no, (long long)(index % ms->n));
+            say(ms, "missing: id %s (line %lld): no record in %s %lld's output at this point", shown,
+                (long long)line_no, unit, (long long)(index % ms->n));
         } else {
             if (out_fd >= 0 && cli_write_all(out_fd, s->line, (size_t)s->len, &ms->err) != PG_OK)
                 rc = PG_EIO;
+            ms->written++;
+            ms->written_errors += s->key[0] == 'L';
             if (rc == PG_OK)
-                rc = advance(ms, s);
+                rc = cli_merge_advance(ms, s);
             while (rc == PG_OK && answers(s, req, req_len, lk, (size_t)ll)) {
                 ms->duplicate++;
-                say(ms, "duplicate: id %s (line %lld) answered again at line %lld of its shard's output", shown,
-                    (long long)line_no, (long long)s->line_no);
-                rc = advance(ms, s);
+                say(ms, "duplicate: id %s (line %lld) answered again at line %lld of its %s's output", shown,
+                    (long long)line_no, (long long)s->line_no, unit);
+                rc = cli_merge_advance(ms, s);
             }
         }
         free(req);
@@ -345,10 +336,10 @@ static int walk(merge_state *ms, cli_format fmt, int out_fd, int64_t *requests)
         while (rc == PG_OK && s->path && s->line) {
             ms->extra++;
             if (ms->listed++ < MERGE_LIST_MAX)
-                fprintf(stderr, "pagedgen: merge: %s line %lld: a record that answers no request of shard %d in "
-                                "input order (%s)\n", s->path, (long long)s->line_no, (int)k,
-                        s->key ? s->key : "not a record");
-            rc = advance(ms, s);
+                fprintf(stderr, "pagedgen: %s: %s line %lld: a record that answers no request of %s %d in "
+                                "input order (%s)\n", ms->label ? ms->label : "merge", s->path,
+                        (long long)s->line_no, unit, (int)k, s->key ? s->key : "not a record");
+            rc = cli_merge_advance(ms, s);
         }
     }
     return rc;
@@ -390,7 +381,7 @@ int cli_run_merge(const cli_options *o)
             code = CLI_EXIT_IO;
             goto done;
         }
-        if (advance(&ms, s) != PG_OK) {
+        if (cli_merge_advance(&ms, s) != PG_OK) {
             fprintf(stderr, "pagedgen: merge: %s\n", ms.err.msg);
             code = CLI_EXIT_IO;
             goto done;
@@ -414,7 +405,7 @@ int cli_run_merge(const cli_options *o)
         out_fd = STDOUT_FILENO;
     }
     int64_t requests = 0;
-    int rc = walk(&ms, fmt, out_fd, &requests);
+    int rc = cli_merge_walk(&ms, fmt, out_fd, &requests);
     if (rc != PG_OK) {
         fprintf(stderr, "pagedgen: merge: %s\n", ms.err.msg);
         code = rc == PG_ENOMEM || rc == PG_EIO ? CLI_EXIT_IO : CLI_EXIT_LINES_FAILED;

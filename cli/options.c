@@ -181,7 +181,8 @@ static const char *const generate_help[] = {
 ,
 "Engine (vLLM names):\n"
 "      --device D             auto|cpu|cuda [default: auto = cuda when built with CUDA\n"
-"                             and a device is present, else cpu]\n"
+"                             and a device is present, else cpu]; cuda:0,1,... or\n"
+"                             cuda:all: one worker per GPU, same output (-i FILE)\n"
 "      --threads N            CPU threads [default: 0 = one per online core]\n"
 "      --block-size N         tokens per KV block, power of two <= 256 [default: 16]\n"
 "      --kv-cache-memory SIZE KV cache size, e.g. 2GiB, 512MiB (KiB/MiB/GiB = 1024^k,\n"
@@ -750,6 +751,43 @@ int cli_options_check_dtypes(const cli_options *o, const char *device, pg_error 
     return PG_OK;
 }
 
+/* --device cuda:all or cuda:N[,M...]: distinct ordinals in [0, 1023];
+ * cuda:N alone is --device cuda --cuda-device N. */
+static int parse_device_list(cli_options *o, const char *arg, pg_error *err)
+{
+    o->device = "cuda";
+    const char *p = arg + 5;
+    if (strcmp(p, "all") == 0) {
+        o->devices_all = true;
+        return PG_OK;
+    }
+    int32_t n = 0;
+    for (;;) {
+        char *end = NULL;
+        errno = 0;
+        long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+        if (v < 0 || errno || v > 1023 || end == p || (*end != ',' && *end != '\0'))
+            return pg_error_set(err, PG_EINVAL, "--device %s: expected cuda:all or a list of device ordinals "
+                                "(cuda:0,1,2), each 0 .. 1023", arg);
+        for (int32_t i = 0; i < n; i++)
+            if (o->devices[i] == (int32_t)v)
+                return pg_error_set(err, PG_EINVAL, "--device %s: device %ld listed twice (one worker per "
+                                    "device)", arg, v);
+        if (n == CLI_MAX_DEVICES)
+            return pg_error_set(err, PG_EINVAL, "--device %s: more than %d devices", arg, CLI_MAX_DEVICES);
+        o->devices[n++] = (int32_t)v;
+        if (*end == '\0')
+            break;
+        p = end + 1;
+    }
+    if (n == 1) {
+        o->cuda_device = o->devices[0];
+        n = 0;
+    }
+    o->n_devices = n;
+    return PG_OK;
+}
+
 /* One option of either command. */
 static int apply(cli_options *o, int c, const char *arg, pg_error *err)
 {
@@ -765,8 +803,16 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
         rc = parse_format(arg, o->cmd != CLI_CMD_TOKENIZE, &o->input_format, err);
         break;
     case OPT_DEVICE:
+        o->device_arg = arg;
+        o->n_devices = 0;
+        o->devices_all = false;
+        if (strncmp(arg, "cuda:", 5) == 0) {
+            rc = parse_device_list(o, arg, err);
+            break;
+        }
         if (strcmp(arg, "auto") && strcmp(arg, "cpu") && strcmp(arg, "cuda"))
-            return pg_error_set(err, PG_EINVAL, "--device: expected auto, cpu or cuda, got '%s'", arg);
+            return pg_error_set(err, PG_EINVAL, "--device: expected auto, cpu, cuda, cuda:N,M,... or cuda:all, "
+                                "got '%s'", arg);
         o->device = arg;
         break;
     case OPT_THREADS: rc = parse_i32(arg, 0, 1024, "--threads", &o->threads, err); break;
@@ -1097,6 +1143,12 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
             return pg_error_set(err, PG_EINVAL, "generate: -m MODEL_DIR is required (see --help)");
         if (o->resume && strcmp(o->output_path, "-") == 0)
             return pg_error_set(err, PG_EINVAL, "--resume needs -o FILE (not stdout)");
+        if ((o->n_devices > 1 || o->devices_all) && strcmp(o->input_path, "-") == 0)
+            return pg_error_set(err, PG_EINVAL, "--device %s: every device's worker reads the input: give -i FILE "
+                                "(not stdin)", o->device_arg);
+        if ((o->n_devices > 1 || o->devices_all) && o->shard_given)
+            return pg_error_set(err, PG_EINVAL, "--device %s with --shard: not supported (run one device list per "
+                                "machine without --shard, or one device per shard)", o->device_arg);
         int rc = cli_options_check_dtypes(o, o->device, err);
         if (rc != PG_OK)
             return rc;
@@ -1104,6 +1156,8 @@ int cli_options_parse(cli_options *o, int argc, char **argv, pg_error *err)
         if (!o->model_dir || !o->ppl_file)
             return pg_error_set(err, PG_EINVAL, "perplexity: -m MODEL_DIR and -f TEXT are required "
                                 "(see --help)");
+        if (o->n_devices > 1 || o->devices_all)
+            return pg_error_set(err, PG_EINVAL, "perplexity: --device %s: one device (cuda:N)", o->device_arg);
         int rc = cli_options_check_dtypes(o, o->device, err);
         if (rc != PG_OK)
             return rc;

@@ -129,6 +129,16 @@ typedef struct cli_options {
     cli_quant quantization;        /* none (cpu: int8) */
     cli_matmul_precision matmul_precision; /* exact (cpu only) */
     int32_t cuda_device;           /* 0 */
+    /* --device cuda:LIST / cuda:all (multi_device.c): one worker process
+     * per device; n_devices 0 = one device, the usual run */
+#define CLI_MAX_DEVICES 64
+    int32_t n_devices;             /* entries of devices; 0 with devices_all */
+    int32_t devices[CLI_MAX_DEVICES];
+    bool devices_all;              /* cuda:all: every device the module reports */
+    const char *device_arg;        /* the --device value as given, for messages */
+    /* a multi_device worker: the parent's --resume scan of -o (borrowed,
+     * inherited through fork); its requests are skipped, records go to -o */
+    const struct cli_resume *resume_kept;
     bool fast_gemm;                /* false: batch-invariant GEMMs */
     bool enforce_eager;            /* false: CUDA graphs for decode steps */
 

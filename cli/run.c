@@ -59,6 +59,7 @@ typedef struct run_state {
     cli_format fmt;
     int out_fd;
     cli_resume *resume;
+    const cli_resume *kept; /* resume, or the multi-device parent's (options.h resume_kept) */
     cli_id_set *ids;
     cli_reorder *reorder;
     cli_output_ctx octx;
@@ -475,9 +476,9 @@ static void take_line(run_state *s, const char *line, size_t len, int64_t line_n
         cli_request_free(&r);
         return;
     }
-    int prior = cli_resume_lookup(s->resume, rc == PG_OK ? r.id_key : NULL, r.id_key_len, line_no);
+    int prior = cli_resume_lookup(s->kept, rc == PG_OK ? r.id_key : NULL, r.id_key_len, line_no);
     if (s->track_order && note_order(s, prior == CLI_RESUME_NEW ? -1
-                                     : cli_resume_offset(s->resume, rc == PG_OK ? r.id_key : NULL,
+                                     : cli_resume_offset(s->kept, rc == PG_OK ? r.id_key : NULL,
                                                          r.id_key_len, line_no)) != PG_OK) {
         cli_request_free(&r);
         return;
@@ -816,12 +817,14 @@ static int open_output(run_state *s)
     const cli_options *o = s->o;
     if (strcmp(o->output_path, "-") == 0) {
         s->out_fd = STDOUT_FILENO;
+        s->kept = o->resume_kept;
         return 0;
     }
     if (o->resume && cli_resume_load(&s->resume, o->output_path, &s->err) != PG_OK) {
         fail(s, CLI_EXIT_IO, NULL);
         return -1;
     }
+    s->kept = s->resume;
     s->track_order = s->shard_marker && cli_resume_kept_bytes(s->resume) > 0;
     int flags = O_WRONLY | O_CREAT | (o->resume ? O_APPEND : O_TRUNC);
     s->out_fd = open(o->output_path, flags, 0644);

@@ -16,6 +16,9 @@ enum cli_exit {
 
 /* generate: read prompts, run the engine, write records (run.c). */
 int cli_run_generate(const cli_options *o);
+/* generate with --device cuda:LIST / cuda:all: one worker process per
+ * device, records joined in input order (multi_device.c). */
+int cli_run_multi_device(const cli_options *o);
 /* tokenize: write {"ids", "count"} per line (tokenize_cmd.c). */
 int cli_run_tokenize(const cli_options *o);
 /* chat-template: write {"text", "token_ids"} per chat line (chat_template_cmd.c). */

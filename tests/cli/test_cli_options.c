@@ -239,6 +239,53 @@ static void test_cuda_flags(void **state)
     assert_non_null(strstr(err.msg, "--quantization int8"));
 }
 
+/* --device cuda:LIST / cuda:all (multi_device.c): the list, its refusals */
+static void test_device_lists(void **state)
+{
+    (void)state;
+    cli_options o;
+    pg_error err;
+    assert_int_equal(parse(&o, &err, 7, "-m", "d", "-i", "f", "--device", "cuda:0,2,1"), PG_OK);
+    assert_string_equal(o.device, "cuda");
+    assert_int_equal(o.n_devices, 3);
+    assert_int_equal(o.devices[0], 0);
+    assert_int_equal(o.devices[1], 2);
+    assert_int_equal(o.devices[2], 1);
+    assert_false(o.devices_all);
+    assert_int_equal(parse(&o, &err, 7, "-m", "d", "-i", "f", "--device", "cuda:all"), PG_OK);
+    assert_true(o.devices_all);
+    assert_int_equal(o.n_devices, 0);
+    /* cuda:N alone: the usual one-device run on N */
+    assert_int_equal(parse(&o, &err, 7, "-m", "d", "-i", "f", "--device", "cuda:3"), PG_OK);
+    assert_int_equal(o.n_devices, 0);
+    assert_int_equal(o.cuda_device, 3);
+    assert_false(o.devices_all);
+    /* a later --device replaces the list */
+    assert_int_equal(parse(&o, &err, 9, "-m", "d", "-i", "f", "--device", "cuda:0,1", "--device", "cpu"), PG_OK);
+    assert_int_equal(o.n_devices, 0);
+    assert_string_equal(o.device, "cpu");
+    struct { const char *dev, *want; } bad[] = {
+        {"cuda:0,0", "listed twice"}, {"cuda:x", "expected cuda:all or a list"}, {"cuda:", "expected cuda:all"},
+        {"cuda:1,", "expected cuda:all"}, {"cuda:,1", "expected cuda:all"}, {"cuda:-1", "expected cuda:all"},
+        {"cuda:1024", "expected cuda:all"}, {"cuda:0;1", "expected cuda:all"}, {"cuda: 1", "expected cuda:all"},
+        {"cuda:ALL", "expected cuda:all"}, {"gpu:0", "expected auto, cpu, cuda"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        assert_int_equal(parse(&o, &err, 7, "-m", "d", "-i", "f", "--device", bad[k].dev), PG_EINVAL);
+        if (!strstr(err.msg, bad[k].want))
+            fail_msg("--device %s: %s", bad[k].dev, err.msg);
+    }
+    /* the workers read the input each: not stdin; no --shard with a list */
+    assert_int_equal(parse(&o, &err, 5, "-m", "d", "--device", "cuda:0,1"), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "give -i FILE"));
+    assert_int_equal(parse(&o, &err, 9, "-m", "d", "-i", "f", "--device", "cuda:all", "--shard", "0/2"), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "--shard"));
+    assert_int_equal(parse(&o, &err, 8, "perplexity", "-m", "d", "-f", "t", "--device", "cuda:0,1"), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "one device"));
+    assert_int_equal(parse(&o, &err, 8, "perplexity", "-m", "d", "-f", "t", "--device", "cuda:1"), PG_OK);
+    assert_int_equal(o.cuda_device, 1);
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -342,6 +389,7 @@ int main(void)
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_defaults_and_flags),
         cmocka_unit_test(test_cuda_flags),
+        cmocka_unit_test(test_device_lists),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_generation_config_and_reasoning),
         cmocka_unit_test(test_dates),

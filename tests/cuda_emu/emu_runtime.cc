@@ -1,7 +1,11 @@
 /* emu_runtime: the cudart API on the host — the fake device, memory,
  * copies, errors. Streams, events and graphs are in emu_stream.cc.
  *
- * The fake device: one GPU (EMU_DEVICE_COUNT=0 pretends there is none),
+ * The fake device: one GPU (EMU_DEVICE_COUNT=0 pretends there is none;
+ * EMU_DEVICE_COUNT=N reports N identical devices, 0 .. N-1, all backed by
+ * this process's one emulated memory: cudaSetDevice only selects the
+ * ordinal cudaGetDevice returns, which is enough for pagedgen's one
+ * device per process, --device cuda:0,1 forks a worker per device),
  * "cuda-emu (sm_80 subset)", EMU_DEVICE_MEM_MIB MiB (default 4096) of
  * memory of which 300 MiB are taken by the "context", 48 KiB of shared
  * memory per block by default and 99 KiB with the opt-in.
@@ -43,8 +47,13 @@ void set_last_error(cudaError_t e)
 static int device_count()
 {
     const char *v = getenv("EMU_DEVICE_COUNT");
-    return v && *v == '0' ? 0 : 1;
+    if (!v || !*v)
+        return 1;
+    long n = strtol(v, nullptr, 10);
+    return n < 0 ? 0 : n > 64 ? 64 : (int)n;
 }
+
+static int g_device; /* cudaSetDevice's ordinal (process state, as the driver's current device) */
 
 size_t device_total_bytes()
 {
@@ -76,6 +85,7 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInitializationError: return "cudaErrorInitializationError";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorDevicesUnavailable: return "cudaErrorDevicesUnavailable";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
@@ -100,6 +110,7 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorDevicesUnavailable: return "CUDA-capable device(s) is/are busy or unavailable";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
@@ -128,12 +139,20 @@ cudaError_t cudaGetDeviceCount(int *count)
 
 cudaError_t cudaSetDevice(int device)
 {
-    return device >= 0 && device < device_count() ? cudaSuccess : ret(cudaErrorInvalidDevice);
+    if (device < 0 || device >= device_count())
+        return ret(cudaErrorInvalidDevice);
+    /* test hook: EMU_FAIL_DEVICE=K makes device K unusable (the CLI's
+     * multi-device tests: one worker fails, the others go on) */
+    const char *fail = getenv("EMU_FAIL_DEVICE");
+    if (fail && *fail && atoi(fail) == device)
+        return ret(cudaErrorDevicesUnavailable);
+    g_device = device;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int *device)
 {
-    *device = 0;
+    *device = g_device;
     return device_count() ? cudaSuccess : ret(cudaErrorNoDevice);
 }
 

@@ -25,6 +25,20 @@ Cases:
                 step line names the model's layers and the same count eager
                 and graphed, and the outputs are the bytes of a run without it
 
+  multi_device  issue 32 item 3: --device cuda:0,1 and cuda:0,1,2 (and
+                cuda:all with EMU_DEVICE_COUNT=3) over 24 stories260K lines
+                (greedy token-id and text prompts, a seeded sampled line, a
+                malformed line = an error record) are byte-identical to one
+                device's output; each device's log lines and a total
+  multi_device_fail  a bad device list (cuda:0,0, cuda:x, cuda:7 beyond
+                the count) is refused with exit 2; a worker whose device
+                fails (EMU_FAIL_DEVICE) is named, the other workers' records
+                are written in input order, and --resume with the same list
+                completes the file to the single-device records
+  multi_device_interrupt  SIGINT to the first process of cuda:0,1 reaches
+                the workers: exit 130, the records written are the
+                single-device ones in order, --resume completes them
+
 The two graphs_* cases are expected to FAIL until issue 24 item 1 is fixed
 (gpu/cuda_gemm.c grow(): the GEMM padding buffers are grown inside a graph
 capture when the warm-up at max_batch 256 ran full 128-row chunks only; the
@@ -160,6 +174,163 @@ def case_graphs_256x8():
     # requests stop at different lengths does).
     lines = [token_line(prompt_ids(8, s), 3 + s % 4, f"p{s}") for s in range(256)]
     graphs_vs_eager(lines, 3, "256 prompts x 8 tokens")
+
+
+def multi_lines():
+    """24 requests: greedy token-id prompts (some with an id), text prompts,
+    a seeded sampled line, a malformed line and a duplicate id (two error
+    records)."""
+    lines = []
+    for i in range(24):
+        if i == 5:
+            lines.append("{not json\n")
+        elif i == 11:
+            lines.append(json.dumps({"id": "sampled", "prompt": "Once upon a time", "max_tokens": 4,
+                                     "temperature": 0.8, "seed": 7}) + "\n")
+        elif i == 16:  # the id of line 3 again: an error record (worker 1 of 3; line 3 is worker 2's)
+            lines.append(json.dumps({"id": "t2", "prompt": "The dog", "max_tokens": 2, "temperature": 0}) + "\n")
+        elif i % 4 == 2:
+            lines.append(json.dumps({"id": f"t{i}", "prompt": "The cat sat", "max_tokens": 2 + i % 3,
+                                     "temperature": 0}) + "\n")
+        else:
+            d = {"prompt_token_ids": prompt_ids(3 + i % 5, i), "max_tokens": 2 + i % 3, "temperature": 0}
+            if i % 3 == 0:
+                d["id"] = i * 10
+            lines.append(json.dumps(d) + "\n")
+    return lines
+
+
+MULTI_BASE = ["--max-num-seqs", "8", "--max-num-batched-tokens", "64", "--enforce-eager"]
+
+
+def diff_at(a, b):
+    a, b = a.splitlines(), b.splitlines()
+    i = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+    return f"line {i}: {a[i][:200] if i < len(a) else b''!r} vs {b[i][:200] if i < len(b) else b''!r}"
+
+
+def case_multi_device():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "in.jsonl")
+        with open(path, "w") as f:
+            f.writelines(multi_lines())
+        base = ["-m", MODEL, "-i", path] + MULTI_BASE
+        rc, ref, err, t1 = run(base + ["--device", "cuda"])
+        check(rc == 1, f"one device: expected exit 1 (error records), got {rc}: {err.decode()[-1500:]}")
+        recs = [json.loads(l) for l in ref.splitlines()]
+        check(len(recs) == 24 and sum(1 for r in recs if r.get("error")) == 2,
+              f"one device: expected 24 records, two errors: {ref[:600]!r}")
+        out = os.path.join(tmp, "out2.jsonl")
+        rc, _, err, t2 = run(base + ["--device", "cuda:0,1", "-o", out], env_set={"EMU_DEVICE_COUNT": "2"})
+        check(rc == 1, f"cuda:0,1: expected exit 1, got {rc}: {err.decode()[-1500:]}")
+        got = open(out, "rb").read()
+        check(got == ref, f"cuda:0,1 differs from one device at {diff_at(ref, got)}")
+        e = err.decode()
+        for d in ("cuda:0", "cuda:1"):
+            check(f"pagedgen: {d}: device cuda:{d[5:]}" in e or f"pagedgen: {d}: " in e,
+                  f"cuda:0,1: no log line of {d}: {e[-1500:]}")
+        check("cuda:0,1: total: 24 requests on 2 devices: 24 records written (2 error records)" in e,
+              f"cuda:0,1: no total line: {e[-1500:]}")
+        rc, got, err, t3 = run(base + ["--device", "cuda:0,1,2"], env_set={"EMU_DEVICE_COUNT": "3"})
+        check(rc == 1 and got == ref, f"cuda:0,1,2 (exit {rc}) differs from one device at {diff_at(ref, got)}: "
+                                      f"{err.decode()[-1000:]}")
+        # a list in another order deals request i to the list's i mod N-th entry: same records
+        rc, got, err, _ = run(base + ["--device", "cuda:2,0"], env_set={"EMU_DEVICE_COUNT": "3"})
+        check(rc == 1 and got == ref, f"cuda:2,0 (exit {rc}) differs at {diff_at(ref, got)}")
+        rc, got, err, t4 = run(base + ["--device", "cuda:all"], env_set={"EMU_DEVICE_COUNT": "3"})
+        e = err.decode()
+        check(rc == 1 and got == ref, f"cuda:all (exit {rc}) differs at {diff_at(ref, got)}: {e[-1000:]}")
+        check("3 workers" in e and "pagedgen: cuda:2: " in e and "on 3 devices" in e,
+              f"cuda:all with 3 emulated devices: {e[-1500:]}")
+        print(f"one device {t1:.1f} s, cuda:0,1 {t2:.1f} s, cuda:0,1,2 {t3:.1f} s, cuda:all {t4:.1f} s")
+
+
+def case_multi_device_fail():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "in.jsonl")
+        with open(path, "w") as f:
+            f.writelines(multi_lines())
+        base = ["-m", MODEL, "-i", path] + MULTI_BASE
+        for dev, want in (("cuda:0,0", "listed twice"), ("cuda:x", "expected cuda:all or a list"),
+                          ("cuda:", "expected cuda:all or a list"), ("cuda:1,", "expected cuda:all or a list"),
+                          ("cuda:7", "device 7: expected 0 .. 2 (3 devices found)"),
+                          ("cuda:0,7", "device 7: expected 0 .. 2 (3 devices found)")):
+            rc, out, err, _ = run(base + ["--device", dev], env_set={"EMU_DEVICE_COUNT": "3"})
+            check(rc == 2 and want in err.decode() and out == b"",
+                  f"--device {dev}: expected exit 2 and '{want}', got {rc}: {err.decode()[-600:]}")
+        rc, out, err, _ = run(["-m", MODEL, "--device", "cuda:0,1"], stdin_bytes=b"x\n")
+        check(rc == 2 and b"give -i FILE" in err, f"cuda:0,1 from stdin: exit {rc}: {err[-400:]!r}")
+        rc, ref, err, _ = run(base + ["--device", "cuda"])
+        check(rc == 1, f"one device: exit {rc}: {err.decode()[-1000:]}")
+        # device 1 of 3 fails: the records of workers 0 and 2 are written in input order
+        out = os.path.join(tmp, "out.jsonl")
+        rc, _, err, _ = run(base + ["--device", "cuda:0,1,2", "-o", out],
+                            env_set={"EMU_DEVICE_COUNT": "3", "EMU_FAIL_DEVICE": "1"})
+        e = err.decode()
+        check(rc == 3, f"a failing device: expected exit 3, got {rc}: {e[-1500:]}")
+        check("the worker of device cuda:1 (worker 1 of 3" in e and "8 requests have no record" in e,
+              f"a failing device: not named: {e[-1500:]}")
+        want = [l for i, l in enumerate(ref.splitlines(keepends=True)) if i % 3 != 1]
+        got = open(out, "rb").read()
+        check(got == b"".join(want), f"a failing device: the other workers' records: {diff_at(b''.join(want), got)}")
+        # --resume with the same list: the 8 missing records are appended in input order (line 17, whose
+        # id line 3's kept record has, gets its error record from worker 1)
+        rc, _, err, _ = run(base + ["--device", "cuda:0,1,2", "-o", out, "--resume"], env_set={"EMU_DEVICE_COUNT": "3"})
+        e = err.decode()
+        check(rc == 1, f"--resume: expected exit 1 (the error record), got {rc}: {e[-1500:]}")
+        check("16 records kept" in e and "8 records written" in e and "16 already answered" in e,
+              f"--resume: {e[-1500:]}")
+        missing = [l for i, l in enumerate(ref.splitlines(keepends=True)) if i % 3 == 1]
+        check(open(out, "rb").read() == b"".join(want + missing), "--resume: not the kept records + the missing ones")
+
+
+def case_multi_device_interrupt():
+    """SIGINT to the first process only (it passes it on to the workers):
+    exit 130, the records written are the single-device records in input
+    order with gaps, and --resume with the list completes them."""
+    import signal
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "in.jsonl")
+        with open(path, "w") as f:
+            for i in range(12):
+                f.write(json.dumps({"prompt": "Once upon a time", "max_tokens": 48 + i, "temperature": 0,
+                                    "ignore_eos": True}) + "\n")
+        base = ["-m", MODEL, "-i", path, "--max-num-seqs", "2", "--enforce-eager"]
+        rc, ref, err, _ = run(base + ["--device", "cuda"])
+        check(rc == 0, f"one device: exit {rc}: {err.decode()[-1000:]}")
+        ref_lines = ref.splitlines(keepends=True)
+        out = os.path.join(tmp, "out.jsonl")
+        env = dict(os.environ, EMU_DEVICE_COUNT="2")
+        p = subprocess.Popen([EXE] + base + ["--device", "cuda:0,1", "-o", out, "--log-interval", "0.2"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        seen, log = set(), []
+        for line in p.stderr:  # both workers have finished a request (their progress lines say "N/6 requests")
+            log.append(line)
+            for d in (b"cuda:0", b"cuda:1"):
+                pre = b"pagedgen: " + d + b": "
+                if line.startswith(pre) and b"requests (" in line and line[len(pre):].split(b"/")[0].isdigit() \
+                        and int(line[len(pre):].split(b"/")[0]) >= 1:
+                    seen.add(d)
+            if len(seen) == 2:
+                break
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        rc = p.wait()
+        e = b"".join(log).decode() + rest.decode()
+        # (each worker has 4 or more requests of about 50 tokens left, two at a time: the signal comes first)
+        check(rc == 130, f"SIGINT: expected exit 130, got {rc}: {e[-1500:]}")
+        check("missing:" not in e and "requests have no record: rerun with --resume" in e,
+              f"SIGINT: expected the missing requests counted, not listed: {e[-1500:]}")
+        got = open(out, "rb").read().splitlines(keepends=True)
+        it = iter(ref_lines)
+        check(all(any(g == r for r in it) for g in got),
+              "SIGINT: the records written are not the single-device records in input order")
+        rc, _, err, _ = run(base + ["--device", "cuda:0,1", "-o", out, "--resume"], env_set={"EMU_DEVICE_COUNT": "2"})
+        check(rc == 0, f"--resume after SIGINT: exit {rc}: {err.decode()[-1000:]}")
+        done = open(out, "rb").read().splitlines(keepends=True)
+        check(done[:len(got)] == got and sorted(done) == sorted(ref_lines),
+              "--resume after SIGINT: not the kept records + the missing ones = the single-device records")
+        print(f"interrupted with {len(got)} of 12 records written; resumed to 12")
 
 
 def parse_profile(err, what):

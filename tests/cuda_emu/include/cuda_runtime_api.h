@@ -20,6 +20,7 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInitializationError = 3,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorDevicesUnavailable = 46,
     cudaErrorInvalidDevice = 101,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidResourceHandle = 400,
