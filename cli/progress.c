@@ -111,6 +111,37 @@ void cli_progress_update(cli_progress *p, const cli_progress_counts *c, const en
     p->drawn = p->tty;
 }
 
+/* Seconds since this process started (Linux: /proc/self/stat's starttime,
+ * in clock ticks since boot, against CLOCK_BOOTTIME), or -1 when unknown:
+ * the wall time the process's CPU time (getrusage, loading included) is
+ * spent in. */
+static double process_wall_s(void)
+{
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f)
+        return -1.0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *q = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (!q)
+        return -1.0;
+    /* fields after the name start at 3 (state); starttime is field 22 */
+    int field = 2;
+    for (q++; *q && field < 22; q++)
+        if (*q == ' ')
+            field++;
+    char *end = NULL;
+    unsigned long long ticks = strtoull(q, &end, 10);
+    long hz = sysconf(_SC_CLK_TCK);
+    struct timespec now;
+    if (end == q || hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &now) != 0)
+        return -1.0;
+    double wall = (double)now.tv_sec + (double)now.tv_nsec * 1e-9 - (double)ticks / (double)hz;
+    return wall > 0.0 ? wall : -1.0;
+}
+
 void cli_progress_summary(cli_progress *p, const cli_progress_counts *c, const engine_stats *s,
                           bool interrupted)
 {
@@ -140,8 +171,13 @@ void cli_progress_summary(cli_progress *p, const cli_progress_counts *c, const e
     if (getrusage(RUSAGE_SELF, &ru) == 0) {
         const double user = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6;
         const double sys = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
-        say(p, "pagedgen: cpu time: %.2f s user, %.2f s system (%.1f%% system), %.2f cores busy on average\n",
-            user, sys, user + sys > 0 ? 100.0 * sys / (user + sys) : 0.0, (user + sys) / el);
+        const double wall = process_wall_s();
+        char busy[96] = "";
+        if (wall > 0.0)
+            snprintf(busy, sizeof busy, " in %.2f s since the process started, %.2f cores busy on average",
+                     wall, (user + sys) / wall);
+        say(p, "pagedgen: cpu time: %.2f s user, %.2f s system (%.1f%% system)%s\n", user, sys,
+            user + sys > 0 ? 100.0 * sys / (user + sys) : 0.0, busy);
     }
     double peak = s->num_blocks > 0 ? 100.0 * s->blocks_in_use_peak / s->num_blocks : 0.0;
     say(p, "pagedgen: kv cache: %d blocks, peak %d in use (%.1f%%), utilization %.1f%% (mean filled "
