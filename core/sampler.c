@@ -157,6 +157,62 @@ static int sampler_check_ids(sampler_workspace *w, const char *what, const int32
     return PG_OK;
 }
 
+/* Step 1's walk, shared by the host's apply and the device's row
+ * description: each distinct id of prompt ∪ output once, in first-seen
+ * order (prompt, then output), with its count in the output; an id never
+ * in the output is skipped unless repetition applies. Leaves w->seen and
+ * w->counts all zero again. */
+typedef void (*sampler_pen_visit)(void *ctx, int32_t id, int32_t count);
+
+static void sampler_walk_penalty_ids(sampler_workspace *w, const sampler_seq_view *seq, bool rep,
+                                     sampler_pen_visit visit, void *ctx)
+{
+    for (int32_t i = 0; i < seq->n_output; i++)
+        w->counts[seq->output_ids[i]]++;
+    for (int pass = 0; pass < 2; pass++) {
+        const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
+        int32_t n = pass ? seq->n_output : seq->n_prompt;
+        for (int32_t i = 0; i < n; i++) {
+            int32_t id = ids[i];
+            if (w->seen[id] || (!rep && w->counts[id] == 0))
+                continue;
+            w->seen[id] = 1;
+            visit(ctx, id, w->counts[id]);
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
+        int32_t n = pass ? seq->n_output : seq->n_prompt;
+        for (int32_t i = 0; i < n; i++)
+            w->seen[ids[i]] = 0;
+    }
+    for (int32_t i = 0; i < seq->n_output; i++)
+        w->counts[seq->output_ids[i]] = 0;
+}
+
+typedef struct {
+    float *logits;
+    float r, f, pr;
+} sampler_penalize_ctx;
+
+static void sampler_penalize_visit(void *ctx, int32_t id, int32_t count)
+{
+    sampler_penalize_ctx *c = ctx;
+    c->logits[id] = pg_smp_penalize(c->logits[id], c->r, count, c->f, c->pr);
+}
+
+typedef struct {
+    int32_t *ids, *cnt, *n;
+} sampler_collect_ctx;
+
+static void sampler_collect_visit(void *ctx, int32_t id, int32_t count)
+{
+    sampler_collect_ctx *c = ctx;
+    c->ids[*c->n] = id;
+    c->cnt[*c->n] = count;
+    (*c->n)++;
+}
+
 /* Step 1 (vLLM v1 apply_penalties: repetition over prompt|output, then
  * `logits -= frequency * output_bin_counts`, `logits -= presence *
  * output_mask`): pg_smp_penalize on each distinct id of prompt ∪ output. */
@@ -168,27 +224,8 @@ static void sampler_apply_penalties(sampler_workspace *w, const sampling_params 
     const bool rep = r != 1.0f, fp = f != 0.0f || pr != 0.0f;
     if (!rep && !fp)
         return;
-    for (int32_t i = 0; i < seq->n_output; i++)
-        w->counts[seq->output_ids[i]]++;
-    for (int pass = 0; pass < 2; pass++) {
-        const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
-        int32_t n = pass ? seq->n_output : seq->n_prompt;
-        for (int32_t i = 0; i < n; i++) {
-            int32_t id = ids[i];
-            if (w->seen[id] || (!rep && w->counts[id] == 0))
-                continue;
-            w->seen[id] = 1;
-            logits[id] = pg_smp_penalize(logits[id], r, w->counts[id], f, pr);
-        }
-    }
-    for (int pass = 0; pass < 2; pass++) {
-        const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
-        int32_t n = pass ? seq->n_output : seq->n_prompt;
-        for (int32_t i = 0; i < n; i++)
-            w->seen[ids[i]] = 0;
-    }
-    for (int32_t i = 0; i < seq->n_output; i++)
-        w->counts[seq->output_ids[i]] = 0;
+    sampler_penalize_ctx ctx = {logits, r, f, pr};
+    sampler_walk_penalty_ids(w, seq, rep, sampler_penalize_visit, &ctx);
 }
 
 /* Value of the k-th largest (k in [1, n]) of a[0..n), which it reorders:
@@ -617,25 +654,8 @@ int sampler_row_params(sampler_workspace *w, const sampling_params *p, const sam
     row->pen_first = *n_pen;
     const bool rep = row->rep != 1.0f, fp = row->freq != 0.0f || row->pres != 0.0f;
     if (rep || fp) {
-        for (int32_t i = 0; i < seq->n_output; i++)
-            w->counts[seq->output_ids[i]]++;
-        for (int pass = 0; pass < 2; pass++) {
-            const int32_t *ids = pass ? seq->output_ids : seq->prompt_ids;
-            int32_t n = pass ? seq->n_output : seq->n_prompt;
-            for (int32_t i = 0; i < n; i++) {
-                int32_t id = ids[i];
-                if (w->seen[id] || (!rep && w->counts[id] == 0))
-                    continue;
-                w->seen[id] = 1;
-                pen_ids[*n_pen] = id;
-                pen_cnt[*n_pen] = w->counts[id];
-                (*n_pen)++;
-            }
-        }
-        for (int32_t i = row->pen_first; i < *n_pen; i++) {
-            w->seen[pen_ids[i]] = 0;
-            w->counts[pen_ids[i]] = 0;
-        }
+        sampler_collect_ctx ctx = {pen_ids, pen_cnt, n_pen};
+        sampler_walk_penalty_ids(w, seq, rep, sampler_collect_visit, &ctx);
     }
     row->n_pen = *n_pen - row->pen_first;
     row->ban_first = *n_ban;
