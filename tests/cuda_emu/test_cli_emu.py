@@ -29,8 +29,9 @@ Cases:
                 schedules and builds step N+1 while the device runs N) against
                 PAGEDGEN_OVERLAP=off, eager and through graphs, in each thread
                 order (EMU_ORDERS fwd, rev, rand): greedy, seeded sampled, a
-                stop string, n = 3, logprobs, in a pool of 14 blocks of 4
-                tokens (preemptions, copy-on-write) — every run byte-identical;
+                stop string, n = 3, logprobs, greedy and sampled regex
+                constraints, in a pool of 14 blocks of 4 tokens
+                (preemptions, copy-on-write) — every run byte-identical;
                 --profile-steps shows time in 'next step ahead' overlapped and
                 none with PAGEDGEN_OVERLAP=off; a bad value is refused
 
@@ -434,8 +435,8 @@ def case_profile_steps():
 
 
 def overlap_lines():
-    """10 requests: greedy, seeded sampled, a stop string, n = 3 sampled,
-    greedy with logprobs; 6 to 24 tokens."""
+    """12 requests: greedy, seeded sampled, a stop string, n = 3 sampled,
+    greedy with logprobs (6 to 24 tokens); a greedy and a sampled regex."""
     prompts = ["Once upon a time", "The cat sat", "Lily went", "One day", "Tom had a"]
     lines = []
     for i in range(10):
@@ -452,6 +453,11 @@ def overlap_lines():
         else:
             d.update(temperature=0, logprobs=2)
         lines.append(json.dumps(d) + "\n")
+    # constrained rows: their masks read the previous step's ids
+    lines.append(json.dumps({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
+                             "structured_outputs": {"regex": "[A-Z][a-z]{1,8} (is|was) [a-z]{1,10}\\."}}) + "\n")
+    lines.append(json.dumps({"prompt": "The dog", "max_tokens": 24, "temperature": 0.9, "seed": 5,
+                             "structured_outputs": {"regex": "[a-z]{2,6}( [a-z]{2,6}){1,3}\\."}}) + "\n")
     return lines
 
 
@@ -480,7 +486,7 @@ def case_overlap():
                     check(ahead > 0.0, f"{what}: no step prepared ahead: {prof['decode steps']['phases']}")
                 else:
                     check(ahead == 0.0, f"{what}: time ahead in the serial loop: {ahead}")
-                check(len(out.splitlines()) == 10, f"{what}: {len(out.splitlines())} records")
+                check(len(out.splitlines()) == 12, f"{what}: {len(out.splitlines())} records")
                 if want is None:
                     want = out
                 check(out == want, f"{what}: output differs from the serial loop: {diff_at(out, want)}")
