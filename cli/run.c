@@ -771,6 +771,16 @@ static int load_model(run_state *s)
     ep.prompt_logprobs_per_step = o->prompt_logprobs_per_step;
     ep.eos_token_ids = s->cfg.eos_token_ids;
     ep.n_eos_token_ids = s->cfg.n_eos_token_ids;
+    /* PAGEDGEN_OVERLAP=off: the serial engine loop on an asynchronous
+     * device (CUDA), for comparison (gpu/README.md "Overlapping the host
+     * with the device"); on (the default) has no effect on the cpu */
+    const char *overlap = getenv("PAGEDGEN_OVERLAP");
+    if (overlap && strcmp(overlap, "off") != 0 && strcmp(overlap, "on") != 0) {
+        pg_error_set(&s->err, PG_EINVAL, "expected off or on, got '%s'", overlap);
+        fail(s, CLI_EXIT_USAGE, "PAGEDGEN_OVERLAP");
+        return -1;
+    }
+    ep.serial_loop = overlap && strcmp(overlap, "off") == 0;
     engine_backend be = model_backend(s->mdl);
     if (engine_create(&s->eng, &ep, &be, s->tok, &s->err) != PG_OK) {
         fail(s, CLI_EXIT_MODEL, "engine");

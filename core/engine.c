@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine_phase.h"
 #include "grammar.h"
 #include "kv_pool.h"
 #include "pg_logsoftmax.h"
@@ -110,6 +111,8 @@ struct engine {
     int32_t n_unfinished;
     engine_stats stats;
     double util_filled_sum, util_alloc_sum;
+    bool dev_greedy, dev_sample;                /* the step in flight marked device rows */
+    engine_overlap *ov;                         /* the overlapped loop, NULL: serial */
     step_profile *sprof;                        /* borrowed, NULL: no step profile */
     double samp_s;                              /* host sampling time of the step (sprof) */
 };
@@ -236,6 +239,11 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
                           "%zu sequences, vocab %zu)", T, S, V);
         goto fail;
     }
+    /* an asynchronous backend: the host prepares a step while the device
+     * runs the one before (engine_overlap.c) */
+    if (backend->step_defer && backend->step_wait && !p->serial_loop &&
+        (rc = engine_overlap_create(&e->ov, e->max_seqs, err)))
+        goto fail;
     if (e->n_eos > 0) memcpy(e->eos, p->eos_token_ids, (size_t)e->n_eos * sizeof *e->eos);
     e->p.eos_token_ids = e->eos;
     e->stats.num_blocks = p->num_blocks;
@@ -326,6 +334,11 @@ static void drop_request(engine *e, request *r)
 void engine_destroy(engine *e)
 {
     if (!e) return;
+    if (e->ov) { /* a step in flight writes into the step buffers */
+        engine_overlap_drain(e->ov, e);
+        engine_overlap_destroy(e->ov);
+        e->ov = NULL;
+    }
     if (e->sched) {
         request *r;
         while ((r = scheduler_running(e->sched))) {
@@ -575,6 +588,7 @@ static int retire(engine *e, request *r, pg_error *err)
 
 void engine_abort_all(engine *e)
 {
+    if (e->ov) engine_overlap_drain(e->ov, e);
     request *r;
     while ((r = scheduler_running(e->sched))) {
         scheduler_remove(e->sched, r);
@@ -1050,122 +1064,206 @@ static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_
 
 void engine_set_step_profile(engine *e, step_profile *p) { e->sprof = p; }
 
-/* --profile-steps: the time since *t, added to phase ph of this step; *t
- * moves to now. */
-static void sp_lap(const engine *e, double *ph, step_phase which, double *t)
+/* ---- the phases of a step (engine_phase.h) ------------------------------ */
+
+void engine_timer_start(engine *e, step_timer *tm)
+{
+    memset(tm, 0, sizeof *tm);
+    tm->t_step = tm->t = e->sprof ? step_profile_now() : 0.0;
+}
+
+void engine_timer_lap(engine *e, step_timer *tm, step_phase which)
 {
     if (!e->sprof) return;
     double now = step_profile_now();
-    ph[which] += now - *t;
-    *t = now;
+    tm->ph[which] += now - tm->t;
+    tm->t = now;
 }
 
-/* --profile-steps: a step with batch b, begun at t_step, whose phases
- * were ph (the executor's taken from sprof->cur already), into the
- * profile. */
-static void sp_step_done(engine *e, const step_batch *b, const double *ph, double t_step)
+double engine_timer_take_exec(engine *e, step_timer *tm)
+{
+    if (!e->sprof) return 0.0;
+    const step_phase xs[3] = {SP_H2D, SP_WAIT, SP_D2H};
+    double sum = 0.0;
+    for (int i = 0; i < 3; i++) {
+        tm->ph[xs[i]] += e->sprof->cur[xs[i]];
+        sum += e->sprof->cur[xs[i]];
+        e->sprof->cur[xs[i]] = 0.0;
+    }
+    return sum;
+}
+
+/* --profile-steps: the call, begun at tm->t_step, as one step of b's kind
+ * with tm's phases. */
+void engine_timer_done(engine *e, step_timer *tm, const step_batch *b)
 {
     step_profile *p = e->sprof;
-    int k = p->kind;
+    if (!p) return;
+    int k = b->num_tokens > b->num_seqs ? OPP_PREFILL : OPP_DECODE;
     p->steps[k]++;
     p->seqs[k] += b->num_seqs;
-    p->step_s[k] += step_profile_now() - t_step;
-    for (int i = 0; i < SP_COUNT; i++) p->phase_s[k][i] += ph[i];
+    p->step_s[k] += step_profile_now() - tm->t_step;
+    for (int i = 0; i < SP_COUNT; i++) p->phase_s[k][i] += tm->ph[i];
 }
 
-int engine_step(engine *e, pg_error *err)
+kv_pool *engine_phase_pool(engine *e) { return e->pool; }
+const engine_backend *engine_phase_backend(const engine *e) { return &e->be; }
+int32_t engine_phase_max_seqs(const engine *e) { return e->max_seqs; }
+
+void engine_phase_count_ahead(engine *e, bool rebuilt)
 {
-    if (e->n_unfinished == 0) return PG_OK;
-    double ph[SP_COUNT] = {0}, t_step = e->sprof ? step_profile_now() : 0.0, t = t_step;
-    sched_step st;
-    int rc = scheduler_schedule(e->sched, &st, err);
+    if (rebuilt) e->stats.steps_rebuilt++;
+    else e->stats.steps_ahead++;
+}
+
+bool engine_phase_needs_serial(const engine *e, const sched_step *st)
+{
+    if (e->n_prompt_rows > 0) return true;
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        const sequence *q = st->entries[i].seq;
+        const request *r = q->req;
+        if (request_root((request *)r)->pooler) return true;
+        /* the fork after the prompt (engine_phase_finish): the leader has
+         * just computed it (num_computed moved at launch) */
+        if (e->p.layout == KV_LAYOUT_PAGED && !r->forked && r->n_live > 1 &&
+            q == request_leader((request *)r) && q->num_computed == r->n_prompt)
+            return true;
+    }
+    return false;
+}
+
+int engine_phase_schedule(engine *e, sched_step *st, step_timer *tm, pg_error *err)
+{
+    int rc = scheduler_schedule(e->sched, st, err);
     if (rc) return rc;
     e->stats.steps++;
-    e->stats.preemptions += (uint64_t)st.n_preempted;
-    e->stats.prefix_cache_queries += st.prefix_queries;
-    e->stats.prefix_cache_hits += st.prefix_hits;
-    if (st.n_entries == 0) goto done; /* everything was preempted: readmit next step */
+    e->stats.preemptions += (uint64_t)st->n_preempted;
+    e->stats.prefix_cache_queries += st->prefix_queries;
+    e->stats.prefix_cache_hits += st->prefix_hits;
     double t_admit = now_ms();
-    for (int32_t i = 0; i < st.n_entries; i++) {
-        request *r = request_root(st.entries[i].seq->req);
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        request *r = request_root(st->entries[i].seq->req);
         if (!r->admitted_once) {
             r->admitted_once = true;
             r->t_first_admit_ms = t_admit;
         }
     }
-    sp_lap(e, ph, SP_SCHEDULE, &t); /* with the admission bookkeeping above */
-    step_batch b;
-    build_batch(e, &st, &b);
-    if (st.n_cow > 0) {
+    engine_timer_lap(e, tm, SP_SCHEDULE); /* with the admission bookkeeping above */
+    return PG_OK;
+}
+
+void engine_phase_build(engine *e, const sched_step *st, step_batch *b) { build_batch(e, st, b); }
+
+int engine_phase_launch(engine *e, const sched_step *st, const step_batch *b, bool *async,
+                        step_timer *tm, pg_error *err)
+{
+    int rc;
+    /* a step with prompt logprob rows takes them as they arrive (take_rows,
+     * forward_rows): it always waits */
+    bool defer = async && *async && e->be.step_defer && e->n_prompt_rows == 0;
+    if (async) *async = defer;
+    if (st->n_cow > 0) {
         if (!e->be.copy_blocks)
             return pg_error_set(err, PG_EINVAL, "engine: copy-on-write needs backend copy_blocks");
-        if ((rc = e->be.copy_blocks(e->be.ctx, st.cow, st.n_cow, err))) return rc;
+        if ((rc = e->be.copy_blocks(e->be.ctx, st->cow, st->n_cow, err))) return rc;
     }
     /* prompt logprobs are taken from their rows as the rows arrive
      * (take_rows); the sampling rows end in e->logits, in entry order */
     /* plain greedy sampling rows: their ids from the device argmax, their
      * logits rows left there (only when every logits row samples: no
      * prompt logprobs in the step) */
-    bool dev_greedy = false;
-    if (e->be.greedy_rows && e->n_prompt_rows == 0 && b.num_logits > 0) {
+    e->dev_greedy = false;
+    if (e->be.greedy_rows && e->n_prompt_rows == 0 && b->num_logits > 0) {
         int32_t L = 0, n_greedy = 0;
-        for (int32_t i = 0; i < st.n_entries; i++) {
-            if (!entry_samples(&st.entries[i])) continue;
-            e->greedy[L] = seq_plain_greedy(st.entries[i].seq);
+        for (int32_t i = 0; i < st->n_entries; i++) {
+            if (!entry_samples(&st->entries[i])) continue;
+            e->greedy[L] = seq_plain_greedy(st->entries[i].seq);
             n_greedy += e->greedy[L++];
         }
-        if (L != b.num_logits)
+        if (L != b->num_logits)
             return pg_error_set(err, PG_EINVAL, "engine: expected %d sampling rows, got %d",
-                                (int)b.num_logits, (int)L);
+                                (int)b->num_logits, (int)L);
         if (n_greedy > 0) {
             if ((rc = e->be.greedy_rows(e->be.ctx, e->greedy, L, e->greedy_ids, err))) return rc;
-            dev_greedy = true;
+            e->dev_greedy = true;
         }
     }
-    bool dev_sample = false;
-    if ((rc = mark_sample_rows(e, &st, &b, dev_greedy, &dev_sample, err))) return rc;
-    if ((rc = mark_logprob_rows(e, &st, &b, err))) return rc;
+    e->dev_sample = false;
+    if ((rc = mark_sample_rows(e, st, b, e->dev_greedy, &e->dev_sample, err))) return rc;
+    if ((rc = mark_logprob_rows(e, st, b, err))) return rc;
     if (e->sprof) {
-        e->sprof->kind = b.num_tokens > b.num_seqs ? OPP_PREFILL : OPP_DECODE;
+        e->sprof->kind = b->num_tokens > b->num_seqs ? OPP_PREFILL : OPP_DECODE;
         memset(e->sprof->cur, 0, sizeof e->sprof->cur);
         e->samp_s = 0.0;
     }
-    sp_lap(e, ph, SP_METADATA, &t);
+    engine_timer_lap(e, tm, SP_METADATA);
     if (e->n_prompt_rows == 0 || e->plp_per_step) {
-        if ((rc = e->be.forward(e->be.ctx, &b, e->logits, err))) {
+        if ((defer && (rc = e->be.step_defer(e->be.ctx, err))) ||
+            (rc = e->be.forward(e->be.ctx, b, e->logits, err))) {
             pg_error ignored;
-            if (dev_greedy) /* a forward that failed early leaves no mask pending */
+            if (e->dev_greedy) /* a forward that failed early leaves no mask pending */
                 (void)e->be.greedy_rows(e->be.ctx, NULL, 0, NULL, &ignored);
-            if (dev_sample) (void)e->be.sample_rows(e->be.ctx, NULL, &ignored);
+            if (e->dev_sample) (void)e->be.sample_rows(e->be.ctx, NULL, &ignored);
             return rc;
         }
-        if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b.num_logits, e->logits, err))) return rc;
-    } else if ((rc = e->be.forward_rows(e->be.ctx, &b, e->slice, e->slice_rows, take_rows, e, err))) {
+        /* (take_rows reads the rows: a deferred step has none, see above) */
+        if (e->n_prompt_rows > 0 && (rc = take_rows(e, 0, b->num_logits, e->logits, err))) return rc;
+    } else if ((rc = e->be.forward_rows(e->be.ctx, b, e->slice, e->slice_rows, take_rows, e, err))) {
         return rc;
     }
     if (e->sprof) { /* the forward: the executor's phases, the rest is launching */
-        double fwd = 0.0;
-        sp_lap(e, &fwd, 0, &t);
-        const step_phase xs[3] = {SP_H2D, SP_WAIT, SP_D2H};
-        for (int i = 0; i < 3; i++) {
-            ph[xs[i]] += e->sprof->cur[xs[i]];
-            fwd -= e->sprof->cur[xs[i]];
-        }
-        ph[SP_LAUNCH] += fwd;
+        double now = step_profile_now(), fwd = now - tm->t;
+        tm->t = now;
+        tm->ph[SP_LAUNCH] += fwd - engine_timer_take_exec(e, tm);
     }
-
-    for (int32_t i = 0; i < st.n_entries; i++) {
-        sequence *q = st.entries[i].seq;
-        int32_t end = q->num_computed + st.entries[i].n_new;
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        sequence *q = st->entries[i].seq;
+        int32_t end = q->num_computed + st->entries[i].n_new;
         bool has_newest = end == q->n_tokens && q->n_tokens > q->req->n_prompt;
-        e->stats.prompt_tokens += (uint64_t)(st.entries[i].n_new - (has_newest ? 1 : 0));
+        e->stats.prompt_tokens += (uint64_t)(st->entries[i].n_new - (has_newest ? 1 : 0));
         q->num_computed = end; /* its full blocks were committed when it was scheduled */
     }
-    if ((rc = pool_entries(e, &st, err))) return rc;
+    return PG_OK;
+}
+
+void engine_phase_patch(engine *e, const sched_step *st, const step_batch *b)
+{
+    (void)b;
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        const sequence *q = st->entries[i].seq;
+        e->token_ids[e->query_start[i + 1] - 1] = q->tokens[e->seq_lens[i] - 1];
+    }
+}
+
+/* Removes from next the entries of sequences that finished; returns how
+ * many. */
+static int32_t drop_finished(sched_step *next)
+{
+    int32_t n = 0, dropped = 0;
+    for (int32_t i = 0; i < next->n_entries; i++) {
+        const sched_entry *en = &next->entries[i];
+        if (en->seq->finished) {
+            next->n_tokens -= en->n_new;
+            dropped++;
+            continue;
+        }
+        next->entries[n++] = *en;
+    }
+    next->n_entries = n;
+    return dropped;
+}
+
+int engine_phase_finish(engine *e, const sched_step *st, const step_batch *b, sched_step *next,
+                        int32_t *n_dropped, step_timer *tm, pg_error *err)
+{
+    (void)b;
+    int rc;
+    if ((rc = pool_entries(e, st, err))) return rc;
     kv_pool_metrics m;
     kv_pool_get_metrics(e->pool, &m);
     e->util_filled_sum += (double)m.filled_slots;
     e->util_alloc_sum += (double)m.allocated_slots;
+    const bool dev_greedy = e->dev_greedy, dev_sample = e->dev_sample;
 
     /* forks (the leader has just computed the prompt), then sampling. Only
      * the KV is forked: every sequence keeps its own sampling state from
@@ -1173,8 +1271,8 @@ int engine_step(engine *e, pg_error *err)
      * belongs there too, so a fanned-out child, which never forks, has its
      * own: see request_fan_out) */
     int32_t row = 0;
-    for (int32_t i = 0; i < st.n_entries; i++) {
-        sequence *q = st.entries[i].seq;
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        sequence *q = st->entries[i].seq;
         request *r = q->req;
         bool fresh_fork = false;
         if (e->p.layout == KV_LAYOUT_PAGED && !r->forked && r->n_live > 1 &&
@@ -1187,9 +1285,9 @@ int engine_step(engine *e, pg_error *err)
                 o->num_computed = r->n_prompt;
             }
             r->forked = true;
-            fresh_fork = st.entries[i].samples;
+            fresh_fork = st->entries[i].samples;
         }
-        if (!entry_samples(&st.entries[i])) continue;
+        if (!entry_samples(&st->entries[i])) continue;
         const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
         if (e->lp_active && e->lp_rows[e->samp_lrow[row]].want) {
             row++; /* never a fresh fork: seq_greedy_logprobs leaves n > 1 to the host */
@@ -1227,37 +1325,64 @@ int engine_step(engine *e, pg_error *err)
             return rc;
         }
     }
+    /* the step scheduled ahead loses the rows of sequences that just
+     * finished (their blocks went back with them) before they are freed */
+    if (n_dropped) *n_dropped = next ? drop_finished(next) : 0;
     /* retire requests whose sequences all finished (each once: a request
      * may own several entries) */
     int32_t n_done = 0;
-    for (int32_t i = 0; i < st.n_entries; i++) {
-        request *r = st.entries[i].seq->req;
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        request *r = st->entries[i].seq->req;
         if (r->n_live > 0 || r->retiring) continue;
         r->retiring = true;
         e->done[n_done++] = r;
     }
     for (int32_t i = 0; i < n_done; i++) {
-        scheduler_remove(e->sched, e->done[i]);
+        if (next && next->n_preempted > 0) scheduler_remove_either(e->sched, e->done[i]);
+        else scheduler_remove(e->sched, e->done[i]);
         if ((rc = retire(e, e->done[i], err))) return rc;
     }
     if (e->sprof) {
-        sp_lap(e, ph, SP_OUTPUT, &t);
-        ph[SP_SAMPLE] += e->samp_s; /* it ran inside the output loop */
-        ph[SP_OUTPUT] -= e->samp_s;
-        sp_step_done(e, &b, ph, t_step);
+        engine_timer_lap(e, tm, SP_OUTPUT);
+        tm->ph[SP_SAMPLE] += e->samp_s; /* it ran inside the output loop */
+        tm->ph[SP_OUTPUT] -= e->samp_s;
+        e->samp_s = 0.0;
     }
-done:
-    {
-        kv_pool_metrics mm;
-        kv_pool_get_metrics(e->pool, &mm);
-        if (mm.blocks_in_use > e->stats.blocks_in_use_peak)
-            e->stats.blocks_in_use_peak = mm.blocks_in_use;
-        int32_t rs = scheduler_running_seqs(e->sched);
-        if (rs > e->stats.peak_running_seqs) e->stats.peak_running_seqs = rs;
-    }
+    return PG_OK;
+}
+
+int engine_phase_end(engine *e, pg_error *err)
+{
+    kv_pool_metrics mm;
+    kv_pool_get_metrics(e->pool, &mm);
+    if (mm.blocks_in_use > e->stats.blocks_in_use_peak)
+        e->stats.blocks_in_use_peak = mm.blocks_in_use;
+    int32_t rs = scheduler_running_seqs(e->sched);
+    if (rs > e->stats.peak_running_seqs) e->stats.peak_running_seqs = rs;
+    int rc;
     if (e->p.check_invariants && (rc = kv_pool_check(e->pool, err)))
         return pg_error_wrap(err, rc, "engine: after step %llu", (unsigned long long)e->stats.steps);
     return PG_OK;
+}
+
+int engine_step(engine *e, pg_error *err)
+{
+    if (e->ov) return engine_overlap_step(e->ov, e, err);
+    if (e->n_unfinished == 0) return PG_OK;
+    step_timer tm;
+    engine_timer_start(e, &tm);
+    sched_step st;
+    step_batch b;
+    int rc = engine_phase_schedule(e, &st, &tm, err);
+    if (rc) return rc;
+    if (st.n_entries > 0) { /* 0: everything was preempted: readmit next step */
+        engine_phase_build(e, &st, &b);
+        if ((rc = engine_phase_launch(e, &st, &b, NULL, &tm, err)) ||
+            (rc = engine_phase_finish(e, &st, &b, NULL, NULL, &tm, err)))
+            return rc;
+        engine_timer_done(e, &tm, &b);
+    }
+    return engine_phase_end(e, err);
 }
 
 void engine_get_stats(const engine *e, engine_stats *s)

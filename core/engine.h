@@ -96,6 +96,19 @@ typedef struct engine_backend {
      * marked greedy or logprob as well. req is borrowed until the
      * forward returns; NULL clears it. NULL turns the path off. */
     int (*sample_rows)(void *ctx, const pg_smp_batch *req, pg_error *err);
+    /* Optional, both or neither (NULL: every forward waits for its results,
+     * the CPU): an asynchronous device. step_defer arms the next forward
+     * (not forward_rows) to return once its work is queued: its logits rows,
+     * greedy ids, logprob rows and sampled ids are written only when
+     * step_wait returns (the buffers stay borrowed until then), and the
+     * host arrays of its step_batch may be rewritten as soon as it returns
+     * (the device copied them). step_wait waits for the armed forward and
+     * writes its results; it fails with the forward's error if the device
+     * work failed. No other backend call comes between the two. The engine
+     * then runs the overlapped loop (engine_overlap.c): it schedules and
+     * builds step N+1 between N's forward and N's step_wait. */
+    int (*step_defer)(void *ctx, pg_error *err);
+    int (*step_wait)(void *ctx, pg_error *err);
 } engine_backend;
 
 typedef enum kv_layout {
@@ -143,6 +156,10 @@ typedef struct engine_params {
                                         backend forward_rows; the same values. Also
                                         taken when the backend has no forward_rows;
                                         default false */
+    bool serial_loop;                /* never overlap the host's preparation of a step
+                                        with the device's previous one, even over a backend
+                                        with step_defer (PAGEDGEN_OVERLAP=off: the
+                                        comparison); default false */
     const int32_t *eos_token_ids;    /* [n_eos_token_ids] ids in [0, vocab) that stop a
                                         sequence (unless ignore_eos); copied at create */
     int32_t n_eos_token_ids;         /* default 0: no eos */
@@ -228,6 +245,11 @@ typedef struct engine_stats {
     uint64_t prefix_cache_queries;   /* full prompt blocks looked up */
     uint64_t prefix_cache_hits;
     uint64_t cow_copies;
+    /* the overlapped loop (engine_backend step_defer): steps scheduled and
+     * built while the device ran the step before, and of those the ones
+     * built again because that step ended a sequence scheduled in them;
+     * 0 in the serial loop */
+    uint64_t steps_ahead, steps_rebuilt;
     int32_t num_blocks;
     int32_t blocks_in_use;           /* now */
     int32_t blocks_in_use_peak;

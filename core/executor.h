@@ -250,6 +250,20 @@ typedef struct executor_ops {
      * out of range. req and what it points to are host memory borrowed
      * until that logits returns; NULL clears a pending request. */
     int (*sample_rows)(executor *ex, const pg_smp_batch *req);
+
+    /* An asynchronous step (optional, both or neither: NULL on the CPU,
+     * whose forward has its results when it returns). defer_step arms the
+     * next run_step (consumed by it, even one that fails) to return once
+     * its work and its device -> host copies are queued: logits_host, the
+     * greedy ids, logprob rows and sampled ids it would write are written
+     * by wait_step, which waits for the device; those buffers and the
+     * masks' host arrays stay borrowed until then, and no other op may come
+     * between the two (the engine's overlapped loop, core/engine_overlap.c,
+     * runs only host work there). wait_step returns 0 when nothing is
+     * pending, else the step's copy-out status (a greedy row with no
+     * token, a device error). */
+    int (*defer_step)(executor *ex);
+    int (*wait_step)(executor *ex);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

@@ -1002,6 +1002,20 @@ static int backend_sample_rows(void *ctx, const pg_smp_batch *req, pg_error *err
     return model_sample_rows(ctx, req, err);
 }
 
+static int backend_step_defer(void *ctx, pg_error *err)
+{
+    model *m = ctx;
+    int rc = m->ex->op->defer_step(m->ex);
+    return rc ? op_failed(m, rc, "defer_step", -1, err) : PG_OK;
+}
+
+static int backend_step_wait(void *ctx, pg_error *err)
+{
+    model *m = ctx;
+    int rc = m->ex->op->wait_step(m->ex);
+    return rc ? op_failed(m, rc, "wait_step", -1, err) : PG_OK;
+}
+
 static int backend_copy_blocks(void *ctx, const int32_t *src_dst, int32_t n_pairs,
                                pg_error *err)
 {
@@ -1029,6 +1043,9 @@ engine_backend model_backend(model *m)
         .logprob_rows = m->ex->op->logprob_rows ? backend_logprob_rows : NULL,
         /* likewise sampled rows */
         .sample_rows = m->ex->op->sample_rows ? backend_sample_rows : NULL,
+        /* an asynchronous executor (CUDA): the engine's overlapped loop */
+        .step_defer = m->ex->op->defer_step && m->ex->op->wait_step ? backend_step_defer : NULL,
+        .step_wait = m->ex->op->defer_step && m->ex->op->wait_step ? backend_step_wait : NULL,
     };
     return be;
 }

@@ -84,6 +84,16 @@ void scheduler_add(scheduler *s, request *r) { list_push_back(&s->waiting, r); }
 void scheduler_remove(scheduler *s, request *r) { list_remove(&s->running, r); }
 void scheduler_remove_waiting(scheduler *s, request *r) { list_remove(&s->waiting, r); }
 
+void scheduler_remove_either(scheduler *s, request *r)
+{
+    for (request *w = s->waiting.head; w; w = w->next)
+        if (w == r) {
+            list_remove(&s->waiting, r);
+            return;
+        }
+    list_remove(&s->running, r);
+}
+
 int32_t scheduler_num_running(const scheduler *s) { return s->running.n; }
 int32_t scheduler_num_waiting(const scheduler *s) { return s->waiting.n; }
 request *scheduler_running(const scheduler *s) { return s->running.head; }
@@ -118,6 +128,16 @@ static void preempt(scheduler *s, request *r)
 static bool one_row(const scheduler *s, const request *r)
 {
     return r->plp && s->p.plp_one_per_step;
+}
+
+/* The tokens of q below end that are known: a placeholder (the overlapped
+ * loop's, sequence_push_placeholder) is scheduled but not committed — its
+ * block's hash would name a token not sampled yet; the engine commits it
+ * once the id is in (engine_overlap.c). */
+static int32_t known_end(const sequence *q, int32_t end)
+{
+    int32_t known = q->n_tokens - q->n_placeholder;
+    return end < known ? end : known;
 }
 
 static void add_entry(sched_step *out, sequence *q, int32_t n_new, int32_t target)
@@ -174,7 +194,7 @@ static bool schedule_running(scheduler *s, request *r, sched_step *out, int32_t 
     for (int32_t i = first_entry; i < out->n_entries; i++) {
         const sched_entry *en = &out->entries[i];
         kv_pool_commit(s->pool, en->seq->table, en->seq->tokens,
-                       en->seq->num_computed + en->n_new);
+                       known_end(en->seq, en->seq->num_computed + en->n_new));
     }
     return true;
 }
@@ -246,7 +266,7 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         q->num_computed = n_hits * bs;
         /* the blocks this chunk fills are findable from now on (a request
          * admitted after this one in the same step shares them) */
-        kv_pool_commit(s->pool, q->table, q->tokens, q->num_computed + n_new);
+        kv_pool_commit(s->pool, q->table, q->tokens, known_end(q, q->num_computed + n_new));
         drop_out_of_window(s, q); /* prefix hits behind the first query's window */
         if (s->p.prefix_caching) out->prefix_queries += (uint64_t)max_hit_blocks;
         out->prefix_hits += (uint64_t)n_hits;

@@ -116,6 +116,11 @@ int scheduler_schedule(scheduler *s, sched_step *out, pg_error *err);
 void scheduler_remove(scheduler *s, request *r);
 /* Removes a waiting request (abort, teardown). */
 void scheduler_remove_waiting(scheduler *s, request *r);
+/* Removes a request whose sequences are all finished from the queue it is
+ * in: running, or waiting when the engine's overlapped loop preempted it
+ * while scheduling the next step before its last token arrived
+ * (engine_overlap.c). O(waiting) when it is running. */
+void scheduler_remove_either(scheduler *s, request *r);
 
 int32_t scheduler_num_running(const scheduler *s);
 int32_t scheduler_num_waiting(const scheduler *s);

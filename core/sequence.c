@@ -215,6 +215,39 @@ static int text_append(sequence *s, const char *t, size_t len)
     return PG_OK;
 }
 
+/* Room for one more token in s->tokens (at most n_prompt + max_output). */
+static int grow_tokens(sequence *s)
+{
+    request *r = s->req;
+    if (s->n_tokens < s->cap) return PG_OK;
+    int32_t cap = s->cap + (s->cap - r->n_prompt > 16 ? s->cap - r->n_prompt : 16);
+    if (cap > r->n_prompt + r->max_output) cap = r->n_prompt + r->max_output;
+    if (cap <= s->n_tokens) return PG_EINVAL;
+    int32_t *nt = realloc(s->tokens, (size_t)cap * sizeof *nt);
+    if (!nt) return PG_ENOMEM;
+    s->tokens = nt;
+    s->cap = cap;
+    return PG_OK;
+}
+
+int sequence_push_placeholder(sequence *s, pg_error *err)
+{
+    int rc = grow_tokens(s);
+    if (rc)
+        return pg_error_set(err, rc, "sequence: no room for a placeholder token (%d of %d)",
+                            (int)s->n_tokens, (int)s->cap);
+    s->tokens[s->n_tokens++] = -1;
+    s->n_placeholder = 1;
+    return PG_OK;
+}
+
+void sequence_pop_placeholder(sequence *s)
+{
+    if (!s->n_placeholder) return;
+    s->n_tokens--;
+    s->n_placeholder = 0;
+}
+
 /* Appends id (tokens, logprobs); feeds the text stream when `text`. */
 static int append(sequence *s, int32_t id, const sampler_result *res, bool text, pg_error *err)
 {

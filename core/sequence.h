@@ -53,6 +53,10 @@ typedef struct sequence {
     grammar_state gst;          /* structured outputs: the automaton after the generated
                                    tokens (host state: kept across preemption, which
                                    re-computes KV but samples nothing again) */
+    int32_t n_placeholder;      /* 1 while the last token is a placeholder for an id the
+                                   device has not returned yet (the engine's overlapped
+                                   loop, engine_overlap.c: scheduled ahead, never
+                                   committed to the prefix cache, never fed); else 0 */
     bool finished;
     finish_reason finish;
     int32_t stop_token_id;      /* the eos id or stop_token_ids entry that stopped it, or -1 */
@@ -154,6 +158,14 @@ int sequence_append(sequence *s, int32_t id, const sampler_result *res, pg_error
  * borrowed. Returns 0 or an error. */
 int sequence_accept(sequence *s, int32_t id, const sampler_result *res, const int32_t *eos_ids,
                     int32_t n_eos, pg_error *err);
+
+/* The overlapped loop (engine_overlap.c): appends a placeholder token
+ * (-1, n_placeholder = 1) so the scheduler gives s its next decode row
+ * before the id of the step in flight is known; pop takes it off again
+ * before that id is accepted. Nothing else (text, logprobs, stop rules)
+ * sees a placeholder. PG_ENOMEM: nothing changed. */
+int sequence_push_placeholder(sequence *s, pg_error *err);
+void sequence_pop_placeholder(sequence *s);
 
 /* Finishes s now for a reason outside the stop rules (a structured-output
  * automaton that can only end: FINISH_STOP, or a dead end: FINISH_ABORT);

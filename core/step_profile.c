@@ -22,7 +22,7 @@ double step_profile_now(void)
 const char *step_profile_phase_name(step_phase ph)
 {
     static const char *const names[SP_COUNT] = {"schedule", "metadata", "h2d copy", "launch",
-                                                "wait for device", "d2h copy", "sample",
+                                                "next step ahead", "wait for device", "d2h copy", "sample",
                                                 "output"};
     return (unsigned)ph < SP_COUNT ? names[ph] : "?";
 }

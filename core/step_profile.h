@@ -12,6 +12,9 @@
  *              its host -> device copy (a graph step: the fixed buffers')
  *   launch     the rest of the forward call on the host: model.c's op
  *              calls and the kernels they queue, or a graph replay
+ *   ahead      the overlapped loop (engine_overlap.c): scheduling and
+ *              building the next step while the device runs this one —
+ *              host time taken out of the wait below (0 in the serial loop)
  *   wait       executor: waiting for the device to finish the step
  *   d2h        executor: ids, logprob results and logits rows out of
  *              pinned memory into the engine's buffers
@@ -37,6 +40,7 @@ typedef enum step_phase {
     SP_METADATA,
     SP_H2D,
     SP_LAUNCH,
+    SP_AHEAD,
     SP_WAIT,
     SP_D2H,
     SP_SAMPLE,

@@ -109,6 +109,21 @@ typedef struct cuda_exec {
     /* what run_step launched (cuda_executor_launch_counts) */
     cuda_launch_counts last_step;
     struct cuda_sprof *sprof;     /* --profile-steps (cuda_step_profile.h), or NULL */
+    /* an asynchronous step (cuda_executor_defer_step / _wait_step): defer_next
+     * armed for the next run_step, defer_now for the copy-out running now
+     * (never a graph's warm-up or capture), pend the copy-out queued and not
+     * waited for: cx_logits_out's state until cx_logits_finish */
+    int defer_next, defer_now;
+    struct cx_pending {
+        int active;
+        float *logits_host;
+        const float *h;               /* pinned rows */
+        const uint8_t *gm;            /* greedy mask, or NULL */
+        int32_t *ids_host;
+        const int32_t *ids_pinned;
+        pg_lsm_row *lp;               /* logprob rows, or NULL */
+        int32_t lp_n, L, V;
+    } pend;
 } cuda_exec;
 
 #define STAGE_BYTES ((size_t)16 << 20)
@@ -187,6 +202,10 @@ int cx_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
                    size_t block_elems, const int32_t *src_dst_host, int32_t n_pairs);
 
 /* ---- cuda_logits.c -------------------------------------------------------- */
+
+/* The copy-out cx_logits_out queued under defer_now: waits for the stream
+ * and hands the rows, ids and logprob results over. 0 when none. */
+int cx_logits_finish(cuda_exec *c);
 
 /* The pending logprob rows of logits_d [L][V] launched (sets c->lp_n). */
 int cx_lp_launch(cuda_exec *c, const float *logits_d, int32_t L, int32_t V);

@@ -118,6 +118,20 @@ cuda_exec *cx_as_cuda(executor *ex)
     return ex && ex->op == &cuda_ops ? cx(ex) : NULL;
 }
 
+/* An asynchronous step (executor.h defer_step / wait_step): the next
+ * run_step returns with its copy-out queued (cx_logits_out), wait_step
+ * waits for it (cx_logits_finish). */
+static int cx_defer_step(executor *ex)
+{
+    cx(ex)->defer_next = 1;
+    return 0;
+}
+
+static int cx_wait_step(executor *ex)
+{
+    return cx_logits_finish(cx(ex));
+}
+
 static const executor_ops cuda_ops = {
     .destroy = cuda_destroy,
     .last_error = cuda_last_error,
@@ -147,6 +161,8 @@ static const executor_ops cuda_ops = {
     .rope_kv = cx_rope_kv,
     .set_step_profile = cx_set_step_profile,
     .op_mark = cx_op_mark,
+    .defer_step = cx_defer_step,
+    .wait_step = cx_wait_step,
 };
 
 void cuda_executor_launch_counts(executor *ex, cuda_launch_counts *total,

@@ -354,8 +354,10 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
                          cuda_launch_counts *mark)
 {
     cuda_graphs *g = c->graphs;
-    if (!g || !graph_eligible(g, b))
+    if (!g || !graph_eligible(g, b)) {
+        c->defer_now = c->defer_next;
         return forward(ctx, b, logits_host); /* prefill, mixed, too large: eager */
+    }
     /* the checks the eager begin_step and embed make, on the real batch */
     int rc = cx_begin_step_impl(c, b, 0);
     if (rc)
@@ -386,8 +388,10 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
         return pg_error_set(&c->err, PG_EINVAL,
                             "cuda graph: no bucket of %d sequences with contexts of %d tokens",
                             (int)P, (int)max_len);
-    if (bk->eager)
+    if (bk->eager) {
+        c->defer_now = c->defer_next;
         return forward(ctx, b, logits_host);
+    }
     /* a buffer a graph uses was reallocated since its capture: capture again */
     if (bk->exec && bk->generation != graph_generation(c))
         graph_drop_all(g);
@@ -402,6 +406,7 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     if (!bk->exec && graph_capture(c, bk, &pb, forward, ctx)) {
         graph_fall_back(c, bk);
         *mark = cx_counts(c);
+        c->defer_now = c->defer_next;
         return forward(ctx, b, logits_host);
     }
     if (bk->logits_rows != P || bk->logits_V < 1) {
@@ -420,6 +425,7 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     if ((rc = cx_lp_launch(c, g->logits_d, S, bk->logits_V)) ||
         (rc = cuda_smp_launch(&c->smp, g->logits_d, S, bk->logits_V, &c->lk)))
         return rc;
+    c->defer_now = c->defer_next;
     return cx_logits_out(c, logits_host, g->logits_d, &g->logits_h, g->ids_h.h, S, bk->logits_V);
 }
 
@@ -436,7 +442,11 @@ int cx_run_step(executor *ex, const step_batch *b, float *logits_host,
     cuda_sprof_step_done(c->sprof, rc);
     c->greedy_L = 0; /* a greedy mask is for this step only, even one that failed */
     c->lp_L = 0;
-    cuda_smp_clear(&c->smp);
+    c->defer_next = c->defer_now = 0; /* so is step_defer */
+    if (rc)
+        c->pend.active = 0;
+    if (!c->pend.active) /* (a deferred copy-out still reads it: cx_logits_finish) */
+        cuda_smp_clear(&c->smp);
     return rc;
 }
 

@@ -75,7 +75,9 @@ int cx_lp_launch(cuda_exec *c, const float *logits_d, int32_t L, int32_t V)
  * an argmax copy queued on the stream), the others their V floats, through
  * pinned memory (a DMA straight from the device; a pageable copy is staged
  * by the driver in pieces) — one copy per run of consecutive rows. Waits
- * for the stream; consumes the mask. */
+ * for the stream (cx_logits_finish) unless defer_now: an asynchronous step
+ * returns with the copies queued, its results written by
+ * cuda_executor_wait_step; consumes the mask. */
 int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinned_buf *ph,
                       const int32_t *ids_pinned, int32_t L, int32_t V)
 {
@@ -111,10 +113,46 @@ int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinne
         c->logits_copy_bytes += (size_t)(r1 - r) * row_bytes;
         c->logits_copy_total += (size_t)(r1 - r) * row_bytes;
     }
+    struct cx_pending *pd = &c->pend;
+    pd->logits_host = logits_host;
+    pd->h = h;
+    pd->gm = gm;
+    pd->ids_host = ids_host;
+    pd->ids_pinned = ids_pinned;
+    pd->lp = lp;
+    pd->lp_n = lp_n;
+    pd->L = L;
+    pd->V = V;
+    pd->active = 1;
+    if (c->defer_now) { /* an asynchronous step: cx_logits_finish comes */
+        c->defer_now = 0;
+        return 0;
+    }
+    return cx_logits_finish(c);
+}
+
+int cx_logits_finish(cuda_exec *c)
+{
+    struct cx_pending *pd = &c->pend;
+    if (!pd->active)
+        return 0;
+    pd->active = 0;
+    float *logits_host = pd->logits_host;
+    const float *h = pd->h;
+    const uint8_t *gm = pd->gm;
+    int32_t *ids_host = pd->ids_host;
+    const int32_t *ids_pinned = pd->ids_pinned;
+    pg_lsm_row *lp = pd->lp;
+    const int32_t lp_n = pd->lp_n, L = pd->L, V = pd->V;
+    const size_t row_bytes = (size_t)V * 4u;
     step_profile *sp = cuda_sprof_profile(c->sprof);
     double t0 = step_profile_now();
-    CUDA_TRY(&c->err, "cudaStreamSynchronize (logits)", cudaStreamSynchronize(c->stream));
+    cudaError_t e = cudaStreamSynchronize(c->stream);
     step_profile_add(sp, SP_WAIT, t0);
+    if (e != cudaSuccess) {
+        cuda_smp_clear(&c->smp);
+        return cx_fail(&c->err, PG_EDEVICE, "cudaStreamSynchronize (logits)", e);
+    }
     t0 = step_profile_now();
     const pg_lsm_row *lp_out = lp_n ? c->lp_out_h.h : NULL;
     for (int32_t r = 0, q = 0; r < L; r++) {
@@ -129,10 +167,12 @@ int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinne
             continue;
         }
         ids_host[r] = ids_pinned[r];
-        if (ids_host[r] < 0)
+        if (ids_host[r] < 0) {
+            cuda_smp_clear(&c->smp);
             return pg_error_set(&c->err, PG_EINVAL,
                                 "cuda logits: greedy row %d: no token can be sampled: all %d logits "
                                 "are -inf or nan", (int)r, (int)V);
+        }
     }
     cuda_smp_finish(&c->smp);
     step_profile_add(sp, SP_D2H, t0);
@@ -196,7 +236,8 @@ int cx_logits(executor *ex, float *logits_host, const void *x, const void *w, in
     if (!cx_graph_bound(c)) { /* a mask is for one step, whatever happened (a graph's is the replay's) */
         c->greedy_L = 0;
         c->lp_L = 0;
-        cuda_smp_clear(&c->smp);
+        if (!c->pend.active) /* (a deferred copy-out still reads it) */
+            cuda_smp_clear(&c->smp);
     }
     return rc;
 }

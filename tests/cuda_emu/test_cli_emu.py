@@ -25,6 +25,16 @@ Cases:
                 step line names the model's layers and the same count eager
                 and graphed, and the outputs are the bytes of a run without it
 
+  overlap       issue 30 item 3: the engine's overlapped loop (the host
+                schedules and builds step N+1 while the device runs N) against
+                PAGEDGEN_OVERLAP=off, eager and through graphs, in each thread
+                order (EMU_ORDERS fwd, rev, rand): greedy, seeded sampled, a
+                stop string, n = 3, logprobs, greedy and sampled regex
+                constraints, in a pool of 14 blocks of 4 tokens
+                (preemptions, copy-on-write) — every run byte-identical;
+                --profile-steps shows time in 'next step ahead' overlapped and
+                none with PAGEDGEN_OVERLAP=off; a bad value is refused
+
   multi_device  issue 32 item 3: --device cuda:0,1 and cuda:0,1,2 (and
                 cuda:all with EMU_DEVICE_COUNT=3) over 24 stories260K lines
                 (greedy token-id and text prompts, a seeded sampled line, a
@@ -422,6 +432,64 @@ def case_profile_steps():
         for ph in ["h2d copy", "wait for device", "d2h copy"]:
             check(d["phases"][ph] == 0.0, f"cpu: time in the executor phase '{ph}': {d['phases']}")
         check(d["phases"]["launch"] > 0.0, f"cpu: no forward time: {d['phases']}")
+
+
+def overlap_lines():
+    """12 requests: greedy, seeded sampled, a stop string, n = 3 sampled,
+    greedy with logprobs (6 to 24 tokens); a greedy and a sampled regex."""
+    prompts = ["Once upon a time", "The cat sat", "Lily went", "One day", "Tom had a"]
+    lines = []
+    for i in range(10):
+        k = i % 5
+        d = {"prompt": prompts[k] + " " * (i // 5), "max_tokens": 6 + 2 * i}
+        if k == 0:
+            d["temperature"] = 0
+        elif k == 1:
+            d.update(temperature=0.8, seed=7 + i)
+        elif k == 2:
+            d.update(temperature=0, stop=["the"])
+        elif k == 3:
+            d.update(temperature=0.9, seed=3 + i, n=3)
+        else:
+            d.update(temperature=0, logprobs=2)
+        lines.append(json.dumps(d) + "\n")
+    # constrained rows: their masks read the previous step's ids
+    lines.append(json.dumps({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
+                             "structured_outputs": {"regex": "[A-Z][a-z]{1,8} (is|was) [a-z]{1,10}\\."}}) + "\n")
+    lines.append(json.dumps({"prompt": "The dog", "max_tokens": 24, "temperature": 0.9, "seed": 5,
+                             "structured_outputs": {"regex": "[a-z]{2,6}( [a-z]{2,6}){1,3}\\."}}) + "\n")
+    return lines
+
+
+def case_overlap():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "in.jsonl")
+        with open(path, "w") as f:
+            f.writelines(overlap_lines())
+        base = ["-m", MODEL, "-i", path, "--device", "cuda", "--block-size", "4", "--num-kv-blocks", "14",
+                "--max-num-seqs", "8"]
+        rc, out, err, _ = run(base + ["-q"], env_set={"PAGEDGEN_OVERLAP": "maybe"})
+        check(rc == 2 and b"PAGEDGEN_OVERLAP" in err and out == b"", f"PAGEDGEN_OVERLAP=maybe: exit {rc}: {err[-400:]!r}")
+        want = None
+        for order in ["fwd", "rev", "rand"]:
+            for mode, extra in [("off", ["--enforce-eager"]), ("on", ["--enforce-eager"]), ("on", [])]:
+                what = f"EMU_ORDERS={order} PAGEDGEN_OVERLAP={mode} {' '.join(extra) or 'graphs'}"
+                rc, out, err, _ = run(base + extra + ["--profile-steps"],
+                                      env_set={"EMU_ORDERS": order, "PAGEDGEN_OVERLAP": mode})
+                check(rc == 0, f"{what}: exit {rc}: {err.decode()[-1500:]}")
+                text = err.decode(errors="replace")
+                check("preemptions 0 " not in text and "preemptions" in text, f"{what}: no preemption: {text[-800:]}")
+                prof, _ = parse_profile(err, what)
+                ahead = prof["decode steps"]["phases"].get("next step ahead")
+                check(ahead is not None, f"{what}: no 'next step ahead' line")
+                if mode == "on":
+                    check(ahead > 0.0, f"{what}: no step prepared ahead: {prof['decode steps']['phases']}")
+                else:
+                    check(ahead == 0.0, f"{what}: time ahead in the serial loop: {ahead}")
+                check(len(out.splitlines()) == 12, f"{what}: {len(out.splitlines())} records")
+                if want is None:
+                    want = out
+                check(out == want, f"{what}: output differs from the serial loop: {diff_at(out, want)}")
 
 
 def main():
