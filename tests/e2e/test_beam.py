@@ -24,6 +24,7 @@ $PAGEDGEN_SHARED/models/stories260K (skipped without it, failed in CI).
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -165,9 +166,16 @@ def case_invariance():
     lines = beam_lines()
     base = run(lines, ["--block-size", "4"]).stdout
     for flags in (["--max-num-seqs", "4"], ["--threads", "1"], ["--threads", "2"],
-                  ["--num-kv-blocks", "40"], ["--max-num-batched-tokens", "8"]):
-        out = run(lines, ["--block-size", "4"] + flags).stdout
-        check(out == base, f"beam lines differ with {flags}")
+                  ["--num-kv-blocks", "30"], ["--max-num-batched-tokens", "8"],
+                  ["--no-prefix-caching", "--num-kv-blocks", "40"]):
+        p = subprocess.run([EXE, "-m", MODEL, "--block-size", "4"] + flags,
+                           input="".join(json.dumps(l) + "\n" for l in lines).encode(),
+                           capture_output=True, timeout=300)
+        check(p.returncode == 0, f"{flags}: exit {p.returncode}: {p.stderr.decode()[-800:]}")
+        check(p.stdout == base, f"beam lines differ with {flags}")
+        if "30" in flags:  # the smallest pool the width-4 group fits: it must preempt
+            m = re.search(r"preemptions (\d+)", p.stderr.decode())
+            check(m and int(m.group(1)) > 0, f"{flags}: expected preemptions: {p.stderr.decode()[-400:]}")
     # beside other requests: sampled and greedy neighbours, in between
     mixed = []
     for k, l in enumerate(lines):
