@@ -360,13 +360,15 @@ int beam_group_outputs(beam_group *g, request_output *o)
         so->has_cumulative_logprob = true;
         so->cumulative_logprob = h->cum_logprob;
         if (g->tok) {
-            /* the OpenAI server's beam_search: decode(tokens) without a
-             * final eos */
+            /* the OpenAI server's beam_search: transformers' decode of the
+             * ids without a final eos (skip_special_tokens as the request
+             * says; clean_up_tokenization_spaces as the tokenizer config) */
             int32_t n = h->n;
             if (n > 0 && h->finish == FINISH_STOP && h->tokens[n - 1] == g->eos) n--;
+            unsigned flags = (r->sp.skip_special_tokens ? TOK_DECODE_SKIP_SPECIAL : 0u) |
+                             (tok_cleanup_default(g->tok) ? TOK_DECODE_CLEANUP : 0u);
             pg_error e;
-            if (tok_decode(g->tok, h->tokens, (size_t)n, r->sp.skip_special_tokens, &so->text,
-                           &so->text_len, &e))
+            if (tok_decode_ex(g->tok, h->tokens, (size_t)n, flags, &so->text, &so->text_len, &e))
                 return PG_ENOMEM;
         }
     }

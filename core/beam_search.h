@@ -30,7 +30,8 @@
  *     the prompt and the generated tokens but not a final eos id.
  * Outputs take the OpenAI server's shapes: token_ids are the generated
  * ids (a completing eos not among them unless include_stop_str_in_output),
- * text = the tokenizer's decode of the ids without the eos, finish
+ * text = transformers' decode of the ids without the eos (skip_special_tokens
+ * as asked, clean_up_tokenization_spaces as the tokenizer config), finish
  * "stop" (stop_token_id = eos) for a completed beam, "length" otherwise;
  * cumulative_logprob includes the eos's logprob. The eos id is the first
  * of the engine's eos ids (vLLM uses the tokenizer's single eos_token_id).
