@@ -168,6 +168,7 @@ int bench_run(bench_model *bm, const bench_workload *w, const bench_run_params *
     ep.layout = rp->layout;
     ep.check_invariants = false;
     ep.fan_out_always = rp->fan_out_always;
+    ep.beam_copy_blocks = rp->beam_copy_blocks;
     ep.prompt_logprobs_per_step = rp->prompt_logprobs_per_step;
     ep.sliding_window = rp->keep_window_blocks ? 0 : bm->cfg.sliding_window;
     ep.eos_token_ids = bm->cfg.eos_token_ids;

@@ -82,6 +82,8 @@ typedef struct bench_run_params {
     bool first_ahead;
     bool beam_search;                /* every request a beam search of width n
                                         (sampling_params.use_beam_search, greedy) */
+    bool beam_copy_blocks;           /* engine_params.beam_copy_blocks: beams copy their
+                                        parent's blocks instead of sharing them */
 } bench_run_params;
 
 typedef struct bench_result {

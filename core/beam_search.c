@@ -262,8 +262,36 @@ static void idle_slot(kv_pool *pool, sequence *q)
     q->finished = true;
 }
 
-int beam_group_advance(beam_group *g, kv_pool *pool, int32_t *n_new_tokens, pg_error *err)
+/* d's table gets fresh blocks holding a copy of p's (the bench's run
+ * without sharing). */
+static int copy_table(const beam_kv *kv, const sequence *p, sequence *d, pg_error *err)
 {
+    int32_t nb_src;
+    const int32_t *src = kv_pool_table_blocks(kv->pool, p->table, &nb_src);
+    int rc = kv_pool_allocate(kv->pool, d->table, NULL, 0, p->num_computed, NULL, NULL);
+    if (rc == PG_ENOSPACE)
+        return pg_error_set(err, rc, "engine: beam search without sharing: no free block to copy a "
+                            "beam into (a bench mode: give it a larger pool)");
+    if (rc) return pg_error_set(err, rc, "engine: out of memory copying a beam");
+    int32_t nb;
+    const int32_t *dst = kv_pool_table_blocks(kv->pool, d->table, &nb);
+    int32_t *pairs = malloc((size_t)(nb > 0 ? nb : 1) * 2 * sizeof *pairs);
+    if (!pairs) return pg_error_set(err, PG_ENOMEM, "engine: out of memory copying a beam");
+    int32_t n = 0;
+    for (int32_t i = 0; i < nb && i < nb_src; i++) {
+        if (src[i] < 0) continue; /* dropped behind a window */
+        pairs[2 * n] = src[i];
+        pairs[2 * n + 1] = dst[i];
+        n++;
+    }
+    rc = n > 0 ? kv->copy(kv->ctx, pairs, n, err) : PG_OK;
+    free(pairs);
+    return rc;
+}
+
+int beam_group_advance(beam_group *g, const beam_kv *kv, int32_t *n_new_tokens, pg_error *err)
+{
+    kv_pool *pool = kv->pool;
     request *r = g->r;
     *n_new_tokens = 0;
     if (g->finished || g->n_live == 0) return PG_OK;
@@ -309,8 +337,12 @@ int beam_group_advance(beam_group *g, kv_pool *pool, int32_t *n_new_tokens, pg_e
         sequence *d = &r->seqs[next_free];
         const sequence *p = &r->seqs[g->rank[g->cands[g->sel[j]].parent]];
         if (!seq_reserve(d, p->n_tokens + 1)) goto oom;
-        int rc = kv_pool_fork(pool, p->table, d->table);
-        if (rc) goto oom;
+        if (kv->copy) {
+            int rc = copy_table(kv, p, d, err);
+            if (rc) return rc;
+        } else if (kv_pool_fork(pool, p->table, d->table)) {
+            goto oom;
+        }
         memcpy(d->tokens, p->tokens, (size_t)p->n_tokens * sizeof *d->tokens);
         d->n_tokens = p->n_tokens;
         d->num_computed = p->num_computed;

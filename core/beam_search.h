@@ -108,13 +108,25 @@ void beam_group_take(beam_group *g, int32_t slot, const pg_lsm_row *lp);
 /* The top entries a live slot's row must return: 2 * width, at most V. */
 int32_t beam_group_k(const beam_group *g);
 
+/* How a survivor that takes a free slot gets its parent's KV: shared
+ * (copy == NULL: kv_pool_fork) or, for the bench's "without sharing" run,
+ * fresh blocks that copy(ctx, src_dst pairs, n_pairs) fills at once
+ * (engine_backend copy_blocks). */
+typedef struct beam_kv {
+    kv_pool *pool;
+    int (*copy)(void *ctx, const int32_t *src_dst, int32_t n_pairs, pg_error *err);
+    void *ctx;
+} beam_kv;
+
 /* Runs the step's selection when every live beam's candidates are in
  * (else returns at once): prunes (kv_pool_table_release), forks
- * (kv_pool_fork), appends each survivor's token to its slot; at max_output
- * or with no live beam left, ranks the final list and finishes the
- * request (every table released, r->n_live = 0). *n_new_tokens gets the
- * tokens appended. PG_ENOMEM: the engine must stop (state is mid-step). */
-int beam_group_advance(beam_group *g, kv_pool *pool, int32_t *n_new_tokens, pg_error *err);
+ * (kv_pool_fork, or a copy: beam_kv), appends each survivor's token to
+ * its slot; at max_output or with no live beam left, ranks the final list
+ * and finishes the request (every table released, r->n_live = 0).
+ * *n_new_tokens gets the tokens appended. An error (PG_ENOMEM, a copy
+ * that finds the pool full: PG_ENOSPACE, the backend's) means the engine
+ * must stop (state is mid-step). */
+int beam_group_advance(beam_group *g, const beam_kv *kv, int32_t *n_new_tokens, pg_error *err);
 
 /* Fills o->outputs (room for r->n) and o->n_outputs with the best beams,
  * best first (index = rank); a group not finished (engine_abort_all) is

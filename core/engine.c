@@ -176,6 +176,8 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
         if (p->eos_token_ids[i] < 0 || p->eos_token_ids[i] >= backend->vocab_size)
             return pg_error_set(err, PG_EINVAL, "engine: eos id %d: expected an id in [0, %d)",
                                 (int)p->eos_token_ids[i], (int)backend->vocab_size);
+    if (p->beam_copy_blocks && !backend->copy_blocks)
+        return pg_error_set(err, PG_EINVAL, "engine: beam_copy_blocks needs backend copy_blocks");
     if (p->beam_eos_token_id < -1 || p->beam_eos_token_id >= backend->vocab_size)
         return pg_error_set(err, PG_EINVAL, "engine: beam_eos_token_id %d: expected -1 or an id in "
                             "[0, %d)", (int)p->beam_eos_token_id, (int)backend->vocab_size);
@@ -1302,7 +1304,9 @@ int engine_step(engine *e, pg_error *err)
         request *r = st.entries[i].seq->req;
         if (!r->beam || !entry_samples(&st.entries[i])) continue;
         int32_t n_new = 0;
-        if ((rc = beam_group_advance(r->beam, e->pool, &n_new, err))) return rc;
+        beam_kv kv = {.pool = e->pool, .copy = e->p.beam_copy_blocks ? e->be.copy_blocks : NULL,
+                      .ctx = e->be.ctx};
+        if ((rc = beam_group_advance(r->beam, &kv, &n_new, err))) return rc;
         e->stats.generated_tokens += (uint64_t)n_new;
         if (n_new > 0 && !request_root(r)->sampled_once) {
             r->sampled_once = true;

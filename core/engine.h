@@ -126,6 +126,12 @@ typedef struct engine_params {
                                         once. With nothing running the head request is
                                         admitted anyway. Paged layout only; 0 disables;
                                         default 0.01 */
+    bool beam_copy_blocks;           /* beam search without sharing (bench and tests): a
+                                        beam that takes a new slot gets fresh blocks with a
+                                        copy of its parent's (backend copy_blocks) instead
+                                        of forking its table; the same outputs, more blocks.
+                                        The pool must hold it (else the step fails); default
+                                        false */
     bool fan_out_always;             /* run every n > 1 request as n independent child
                                         requests, never as a forked group (benchmarks and
                                         tests; outputs are the same); default false */

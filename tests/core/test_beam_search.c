@@ -230,6 +230,8 @@ static void test_engine_invariance(void **state)
 }
 
 /* Runs one request through a fresh engine; the output and the stats. */
+static bool copy_mode; /* engine_params.beam_copy_blocks for run_one */
+
 static request_output *run_one(const int32_t *prompt, int32_t np, const sampling_params *sp,
                                int32_t num_blocks, engine_stats *st)
 {
@@ -243,6 +245,7 @@ static request_output *run_one(const int32_t *prompt, int32_t np, const sampling
     ep.num_blocks = num_blocks;
     ep.max_model_len = 256;
     ep.check_invariants = true;
+    ep.beam_copy_blocks = copy_mode;
     ep.eos_token_ids = eos;
     ep.n_eos_token_ids = 1;
     engine_backend be = fake_backend_iface(f);
@@ -329,6 +332,34 @@ static void test_blocks_shared_and_ranked(void **state)
     assert_true(n_stop > 0);
 }
 
+/* The bench's run without sharing: beams copy their parent's blocks; the
+ * same beams, more blocks, no copy-on-write. */
+static void test_copy_mode_same_beams(void **state)
+{
+    (void)state;
+    int32_t prompt[21];
+    for (int i = 0; i < 21; i++) prompt[i] = 2 + (i * 11) % 60;
+    sampling_params b = beam_sp(4, 20, 1.0, false);
+    engine_stats s_shared, s_copy;
+    copy_mode = false;
+    request_output *a = run_one(prompt, 21, &b, 512, &s_shared);
+    copy_mode = true;
+    request_output *c = run_one(prompt, 21, &b, 512, &s_copy);
+    copy_mode = false;
+    assert_int_equal(a->n_outputs, c->n_outputs);
+    for (int32_t i = 0; i < a->n_outputs; i++) {
+        assert_int_equal(a->outputs[i].n_tokens, c->outputs[i].n_tokens);
+        assert_memory_equal(a->outputs[i].token_ids, c->outputs[i].token_ids,
+                            (size_t)a->outputs[i].n_tokens * sizeof(int32_t));
+        assert_true(a->outputs[i].cumulative_logprob == c->outputs[i].cumulative_logprob);
+    }
+    assert_true(s_copy.blocks_in_use_peak > s_shared.blocks_in_use_peak);
+    assert_int_equal(s_copy.cow_copies, 0);
+    assert_true(s_shared.cow_copies > 0);
+    request_output_free(a);
+    request_output_free(c);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -369,6 +400,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_width1_is_greedy),
         cmocka_unit_test(test_blocks_shared_and_ranked),
+        cmocka_unit_test(test_copy_mode_same_beams),
         cmocka_unit_test(test_engine_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
