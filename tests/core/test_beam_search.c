@@ -360,6 +360,51 @@ static void test_copy_mode_same_beams(void **state)
     request_output_free(c);
 }
 
+/* An interrupted run (engine_abort_all) hands out the group ranked as it
+ * stands: the live beams with FINISH_ABORT, best first. */
+static void test_abort_mid_search(void **state)
+{
+    (void)state;
+    fake_backend_params fp = {.vocab_size = HARNESS_VOCAB, .num_blocks = 128, .block_size = 4,
+                              .window = 4, .salt = 9, .follow_tokens = true};
+    fake_backend *f = fake_backend_create(&fp);
+    assert_non_null(f);
+    engine_params ep = engine_params_default();
+    ep.block_size = 4;
+    ep.num_blocks = 128;
+    ep.max_model_len = 128;
+    ep.check_invariants = true;
+    engine_backend be = fake_backend_iface(f);
+    engine *e = NULL;
+    pg_error err = {{0}};
+    if (engine_create(&e, &ep, &be, NULL, &err)) fail_msg("%s", err.msg);
+    fake_backend_attach(f, e);
+    const int32_t prompt[] = {7, 8, 9, 10, 11, 12};
+    sampling_params b = beam_sp(3, 40, 1.0, true);
+    uint64_t id;
+    if (engine_add_request(e, prompt, 6, &b, NULL, &id, &err)) fail_msg("%s", err.msg);
+    fake_backend_set_prompt(f, id, prompt, 6);
+    for (int k = 0; k < 5; k++)
+        if (engine_step(e, &err)) fail_msg("%s", err.msg);
+    engine_abort_all(e);
+    request_output *o = NULL;
+    assert_true(engine_pop_finished(e, &o));
+    assert_int_equal(o->n_outputs, 3);
+    double prev = INFINITY;
+    for (int32_t i = 0; i < 3; i++) {
+        assert_int_equal(o->outputs[i].finish, FINISH_ABORT);
+        assert_int_equal(o->outputs[i].n_tokens, 5); /* a token a step, the prompt step too */
+        assert_true(o->outputs[i].cumulative_logprob <= prev);
+        prev = o->outputs[i].cumulative_logprob;
+    }
+    request_output_free(o);
+    kv_pool_metrics m;
+    kv_pool_get_metrics(engine_kv_pool(e), &m);
+    assert_int_equal(m.blocks_in_use, 0);
+    engine_destroy(e);
+    fake_backend_destroy(f);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -401,6 +446,7 @@ int main(void)
         cmocka_unit_test(test_width1_is_greedy),
         cmocka_unit_test(test_blocks_shared_and_ranked),
         cmocka_unit_test(test_copy_mode_same_beams),
+        cmocka_unit_test(test_abort_mid_search),
         cmocka_unit_test(test_engine_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
