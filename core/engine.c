@@ -910,13 +910,13 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
     return accept_sampled(e, q, &res, err);
 }
 
+static int32_t beam_row_k(const engine *e, const request *r);
+
 /* True when sample_seq would take the plain argmax of q's logits row as
  * the forward gives it (sampler_plain_argmax: greedy, no penalties, no
  * banned ids, no logprobs; and no grammar mask), so the backend may take
  * it on the device (engine_backend greedy_rows). A request of n > 1 stays
  * on the host: its fresh fork samples every sequence from one row. */
-static int32_t beam_row_k(const engine *e, const request *r);
-
 static bool seq_plain_greedy(const sequence *q)
 {
     const request *r = q->req;

@@ -290,6 +290,15 @@ void engine_destroy(engine *e);
  * sequence i samples from RNG stream i, so the outputs are the same; the
  * request finishes when its last sequence does, outputs in index order.
  *
+ * Beam search (sp->use_beam_search; core/beam_search.h): vLLM's algorithm
+ * with n = the beam width, its n sequences beam slots whose block tables
+ * fork (ref counts, copy-on-write); admitted and preempted as one group of
+ * n slots, never fanned out. Refused: the contiguous layout, a width beyond
+ * the sequences a step holds, and a group that could not fit the pool with
+ * every beam on its own blocks (with the prefix cache: the prompt's full
+ * blocks once). Outputs: the best beams, best first, with
+ * cumulative_logprob; the eos is beam_eos_token_id.
+ *
  * Stop rules, in vLLM v1's order, after each sampled token: the length cap
  * (max_tokens or the context: FINISH_LENGTH, the token is kept); an eos id
  * (unless ignore_eos) or a stop_token_ids entry (FINISH_STOP, the token is
