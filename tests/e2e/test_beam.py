@@ -11,6 +11,9 @@ Cases:
               the same order, token ids, finish reasons, and cumulative
               logprobs within 1e-4; widths 1-4, length_penalty 0 / 1 / 2,
               ignore_eos on and off.
+  reference_eos  the same with the tokenizer's eos set to "<s>" (id 1, where
+              stories260K's stories end): beams completed by eos, one ranked
+              first at length_penalty 0.
   invariance  the same file, byte for byte, across --max-num-seqs, --threads
               1/2, a KV pool that preempts, and beside other requests.
   openai      /v1/completions and /v1/chat/completions bodies with
@@ -84,12 +87,12 @@ def beam_lines():
 
 # ---- the reference: vLLM's loop over float64 logprobs ----------------------
 
-def reference_beams(W, cfg, prompt, width, max_tokens, length_penalty, ignore_eos):
+def reference_beams(W, cfg, prompt, width, max_tokens, length_penalty, ignore_eos, eos=EOS):
     import numpy as np
     from ppl_reference import forward
 
     def score(tokens, cum):
-        n = len(tokens) - (1 if tokens[-1] == EOS else 0)
+        n = len(tokens) - (1 if tokens[-1] == eos else 0)
         return cum / (n ** length_penalty)
 
     beams = [(list(prompt), 0.0)]
@@ -107,7 +110,7 @@ def reference_beams(W, cfg, prompt, width, max_tokens, length_penalty, ignore_eo
             order = sorted(range(len(lp)), key=lambda v: (-lp[v], v))[:2 * width]
             for t in order:
                 cand = (tokens + [t], cum + float(lp[t]))
-                if t == EOS and not ignore_eos:
+                if t == eos and not ignore_eos:
                     completed.append((tokens, cand[1], "stop"))
                 else:
                     new.append(cand)
@@ -125,6 +128,50 @@ def reference_beams(W, cfg, prompt, width, max_tokens, length_penalty, ignore_eo
     if len(final_sorted) > width:
         margin = min(margin, fscore(final_sorted[width - 1]) - fscore(final_sorted[width]))
     return [(t[len(prompt):], c, f) for t, c, f in final_sorted[:width]], margin
+
+
+EOS_MODEL_PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426,
+                    338, 286, 393, 426]  # "Once upon a time, there was a little girl named Lily. She was happy."
+
+
+def case_reference_eos():
+    """stories260K with its tokenizer's eos_token set to "<s>" (id 1, how its
+    stories end): beams complete by eos, and with length_penalty 0 a
+    completed beam outranks the live ones at the end."""
+    import tempfile
+    import numpy_or_skip
+    numpy_or_skip.require("test_beam")
+    from ppl_reference import read_safetensors
+    with open(os.path.join(MODEL, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    W = read_safetensors(os.path.join(MODEL, "model.safetensors"))
+    with tempfile.TemporaryDirectory() as d:
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+            os.symlink(os.path.join(MODEL, name), os.path.join(d, name))
+        with open(os.path.join(MODEL, "tokenizer_config.json"), encoding="utf-8") as f:
+            tc = json.load(f)
+        tc["eos_token"] = "<s>"
+        with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(tc, f)
+        line = {"id": "e", "prompt_token_ids": EOS_MODEL_PROMPT, "use_beam_search": True, "n": 3,
+                "temperature": 0, "max_tokens": 200, "length_penalty": 0.0}
+        p = subprocess.run([EXE, "-m", d, "-q"], input=(json.dumps(line) + "\n").encode(),
+                           capture_output=True, timeout=300)
+        check(p.returncode == 0, f"exit {p.returncode}: {p.stderr.decode()[-800:]}")
+        outs = json.loads(p.stdout.decode())["outputs"]
+    want, margin = reference_beams(W, cfg, EOS_MODEL_PROMPT, 3, 200, 0.0, False, eos=1)
+    check(want[0][2] == "stop", f"the reference's best beam is not a completed one: {[w[2] for w in want]}")
+    check(len(outs) == len(want), f"{len(outs)} beams, the reference {len(want)}")
+    for i, (o, (t, c, f)) in enumerate(zip(outs, want)):
+        check(o["token_ids"] == t, f"beam {i}: {o['token_ids']}, the float64 reference {t} "
+                                   f"(its smallest score gap at a cut {margin:.3g})")
+        check(o["finish_reason"] == f, f"beam {i}: finish {o['finish_reason']}, want {f}")
+        if f == "stop":
+            check(o["stop_reason"] == 1, f"beam {i}: stop_reason {o['stop_reason']}")
+        check(abs(o["cumulative_logprob"] - c) <= 1e-4, f"beam {i}: cumulative_logprob "
+                                                       f"{o['cumulative_logprob']}, reference {c:.7f}")
+    print(f"reference_eos: {len(outs)} beams equal to the float64 reference, "
+          f"finishes {[o['finish_reason'] for o in outs]}")
 
 
 def case_reference():
@@ -242,7 +289,8 @@ def main():
         print(f"SKIP: no {MODEL}")
         sys.exit(77)
     try:
-        {"reference": case_reference, "invariance": case_invariance, "openai": case_openai,
+        {"reference": case_reference, "reference_eos": case_reference_eos,
+         "invariance": case_invariance, "openai": case_openai,
          "errors": case_errors}[sys.argv[2]]()
     except Fail as e:
         print(f"FAIL: {e}")
