@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bench_machine.h"
+#include "kv_pool.h"
 #include "cpu_executor.h"
 #include "safetensors.h"
 
@@ -129,6 +130,10 @@ static int add_requests(engine *e, const bench_workload *w, const bench_run_para
         if (rp->top_p > 0.0f) sp.top_p = rp->top_p;
         sp.seed = rp->seed + (uint64_t)i;
         sp.ignore_eos = true;
+        if (rp->beam_search) {
+            sp.use_beam_search = true;
+            sp.temperature = 0.0f;
+        }
         sp.prompt_logprobs = rp->prompt_logprobs;
         sp.prompt_logprobs_from = rp->prompt_logprobs_from ? rp->prompt_logprobs_from[i] : 0;
         uint64_t id;
@@ -163,6 +168,7 @@ int bench_run(bench_model *bm, const bench_workload *w, const bench_run_params *
     ep.layout = rp->layout;
     ep.check_invariants = false;
     ep.fan_out_always = rp->fan_out_always;
+    ep.beam_copy_blocks = rp->beam_copy_blocks;
     ep.prompt_logprobs_per_step = rp->prompt_logprobs_per_step;
     ep.sliding_window = rp->keep_window_blocks ? 0 : bm->cfg.sliding_window;
     ep.eos_token_ids = bm->cfg.eos_token_ids;
@@ -207,6 +213,11 @@ int bench_run(bench_model *bm, const bench_workload *w, const bench_run_params *
             out->decode_generated += after.generated_tokens - before.generated_tokens;
         }
         occ_sum += (double)after.blocks_in_use / (double)(after.num_blocks > 0 ? after.num_blocks : 1);
+        int64_t entries = kv_pool_table_entries(engine_kv_pool(e));
+        out->kv_shared_sum += (double)after.blocks_in_use;
+        out->kv_unshared_sum += (double)entries;
+        if (after.blocks_in_use > out->kv_shared_peak) out->kv_shared_peak = after.blocks_in_use;
+        if (entries > out->kv_unshared_peak) out->kv_unshared_peak = entries;
         run_sum += (double)after.running;
         steps++;
         before = after;

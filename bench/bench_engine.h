@@ -80,6 +80,10 @@ typedef struct bench_run_params {
      * paper's shared-prefix experiment has it precomputed; otherwise requests
      * admitted in the same step all miss (nothing is cached yet). */
     bool first_ahead;
+    bool beam_search;                /* every request a beam search of width n
+                                        (sampling_params.use_beam_search, greedy) */
+    bool beam_copy_blocks;           /* engine_params.beam_copy_blocks: beams copy their
+                                        parent's blocks instead of sharing them */
 } bench_run_params;
 
 typedef struct bench_result {
@@ -95,6 +99,12 @@ typedef struct bench_result {
     double occupancy_mean;           /* mean over steps of blocks_in_use / num_blocks */
     double running_mean;             /* mean over steps of running requests */
     engine_stats stats;              /* at the end of the run */
+    /* KV blocks with sharing (referenced blocks) against without (every
+     * block table entry its own block: kv_pool_table_entries), summed over
+     * steps and at their peaks */
+    double kv_shared_sum, kv_unshared_sum;
+    int32_t kv_shared_peak;
+    int64_t kv_unshared_peak;
 } bench_result;
 
 bench_run_params bench_run_params_default(const bench_model *bm);

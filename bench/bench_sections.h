@@ -86,5 +86,6 @@ int bench_section_storage(bench_ctx *c);  /* f32/bf16/int8 weights x f32/bf16 kv
 int bench_section_scoring(bench_ctx *c);  /* prompt logprobs: prefill pass vs one row a step */
 int bench_section_host(bench_ctx *c);     /* the engine's host share of a decode step */
 int bench_section_sampling(bench_ctx *c); /* greedy vs sampled rows at V = 151,936 */
+int bench_section_beam(bench_ctx *c);     /* beam search: KV blocks shared vs copied */
 
 #endif /* PG_BENCH_SECTIONS_H */

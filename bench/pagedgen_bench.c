@@ -23,6 +23,8 @@
  *               (bench_sec_host.c).
  *   sampling    Issue 30: greedy vs temperature 0.8 (and + top_p 0.95) generated
  *               tok/s at V = 151,936 on one thread (bench_sec_sampling.c).
+ *   beam        Issue 35: beam search at widths 2/4/6, KV blocks with sharing vs
+ *               each beam its own copy, throughput (bench_sec_beam.c).
  *
  * The engine is driven directly (prompts as token ids, EOS ignored, greedy
  * unless said otherwise, fixed seeds, a warm-up run per model). Figures go
@@ -75,7 +77,7 @@ static int mkdir_p(const char *path)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage|scoring|host|sampling]\n"
+    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage|scoring|host|sampling|beam]\n"
                "                      [--model-dir DIR] [--threads N] [--out DIR] [--shared DIR]\n"
                "                      [--git-commit SHA] [--batches 1,8,...] [--skip-ceilings]\n"
                "  --model-dir  folder with the synthetic models 15m, 110m, gqa-110m (default\n"
@@ -182,14 +184,15 @@ int main(int argc, char **argv)
         return 2;
     }
     static const char *const sections[] = {"machine", "throughput", "paged", "scaling", "prefix", "storage",
-                                           "scoring", "host", "sampling"};
+                                           "scoring", "host", "sampling", "beam"};
+    enum { N_SECTIONS = sizeof(sections) / sizeof(sections[0]) };
     if (c.only) {
         bool known = false;
         for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
             known = known || strcmp(c.only, sections[i]) == 0;
         if (!known) {
             fprintf(stderr, "pagedgen_bench: --only: expected machine, throughput, paged, "
-                            "scaling, prefix, storage, scoring, host or sampling, got '%s'\n", c.only);
+                            "scaling, prefix, storage, scoring, host, sampling or beam, got '%s'\n", c.only);
             return 2;
         }
     }
@@ -243,9 +246,9 @@ int main(int argc, char **argv)
                                                      bench_section_paged, bench_section_scaling,
                                                      bench_section_prefix, bench_section_storage,
                                                      bench_section_scoring, bench_section_host,
-                                                     bench_section_sampling};
-    double section_s[8] = {0};
-    for (size_t i = 1; i < 8 && rc == 0; i++) {
+                                                     bench_section_sampling, bench_section_beam};
+    double section_s[N_SECTIONS] = {0};
+    for (size_t i = 1; i < N_SECTIONS && rc == 0; i++) {
         if (!bench_section_on(&c, sections[i]))
             continue;
         double ts = bench_now_s();
@@ -254,7 +257,7 @@ int main(int argc, char **argv)
         printf("  (%s: %.1f s)\n", sections[i], section_s[i]);
     }
     bench_json_obj(c.j, "section_seconds");
-    for (size_t i = 1; i < 8; i++)
+    for (size_t i = 1; i < N_SECTIONS; i++)
         if (section_s[i] > 0.0)
             bench_json_num(c.j, sections[i], section_s[i]);
     bench_json_end(c.j);

@@ -70,6 +70,11 @@ static void put_stop_reason(json_buf *b, const cli_output_ctx *c, const seq_outp
         json_buf_string(b, s->stop_str, strlen(s->stop_str));
         return;
     }
+    if (s->finish == FINISH_STOP && s->stop_token_id >= 0 && s->has_cumulative_logprob) {
+        /* beam search: vLLM's beam_search sets stop_reason = eos_token_id */
+        json_buf_printf(b, "%d", (int)s->stop_token_id);
+        return;
+    }
     if (s->finish == FINISH_STOP && s->stop_token_id >= 0) {
         bool is_null = c->primary_eos >= 0 ? s->stop_token_id == c->primary_eos : false;
         for (int32_t k = 0; c->primary_eos < 0 && k < c->n_eos_ids; k++)
@@ -660,6 +665,15 @@ void cli_output_result(json_buf *b, const cli_output_ctx *c, const cli_pending *
         }
         json_buf_puts(b, ",\"token_ids\":");
         put_ids(b, s->token_ids, s->n_tokens);
+        if (s->has_cumulative_logprob) {
+            /* beam search: vLLM's CompletionOutput.cumulative_logprob, a
+             * Python float (17 digits round-trip the double) */
+            json_buf_puts(b, ",\"cumulative_logprob\":");
+            if (isfinite(s->cumulative_logprob))
+                json_buf_printf(b, "%.17g", s->cumulative_logprob);
+            else
+                json_buf_puts(b, "-9999.0");
+        }
         json_buf_printf(b, ",\"finish_reason\":\"%s\",\"stop_reason\":", finish_name(s->finish));
         put_stop_reason(b, c, s);
         if (s->token_logprobs) {

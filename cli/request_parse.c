@@ -335,7 +335,7 @@ static int unsupported_field(pctx *c, int key, bool *is_unsupported)
 {
     static const char *const fields[][2] = {
         {"logit_bias", "{}"}, {"allowed_token_ids", ""},
-        {"bad_words", "[]"}, {"best_of", "1"}, {"use_beam_search", "false"},
+        {"bad_words", "[]"}, {"best_of", "1"},
         {"truncate_prompt_tokens", ""}, {"spaces_between_special_tokens", "true"},
         {"suffix", ""},
     };
@@ -386,7 +386,8 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
             "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n",
             "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
             "skip_special_tokens", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "logprobs", "prompt_logprobs"};
+            "repetition_penalty", "logprobs", "prompt_logprobs", "use_beam_search",
+            "length_penalty"};
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
             if (json_str_eq(d, key, known[k])) {
                 if (k == 0)
@@ -435,6 +436,19 @@ static int sampling_field(pctx *c, int key, int v, bool openai)
         return get_i32(c, "prompt_logprobs", v, 0, SAMPLING_PARAMS_MAX_LOGPROBS, &sp->prompt_logprobs);
     if (json_str_eq(d, key, "ignore_eos"))
         return get_bool(c, "ignore_eos", v, &sp->ignore_eos);
+    /* beam search: vLLM's use_beam_search (n = the beam width) and
+     * length_penalty (vllm/entrypoints/openai/protocol.py, both bodies);
+     * length_penalty is used only with use_beam_search, as there */
+    if (json_str_eq(d, key, "use_beam_search"))
+        return get_bool(c, "use_beam_search", v, &sp->use_beam_search);
+    if (json_str_eq(d, key, "length_penalty")) {
+        /* a double, as vLLM's Python float: the score divides by seq_len**it */
+        pg_error e;
+        if (!json_is_number(d, v) || json_get_double(d, v, &sp->length_penalty, &e) != PG_OK ||
+            !isfinite(sp->length_penalty))
+            return type_error(c, "length_penalty", v, "a finite number");
+        return PG_OK;
+    }
     if (json_str_eq(d, key, "include_stop_str_in_output"))
         return get_bool(c, "include_stop_str_in_output", v, &sp->include_stop_str_in_output);
     if (json_str_eq(d, key, "skip_special_tokens"))
@@ -1002,7 +1016,7 @@ int cli_request_parse_ex(cli_request *out, const char *line, size_t len, cli_for
     /* vLLM's SamplingParams._verify_greedy_sampling (sampling_params.py at
      * 00388f65): greedy (temperature < _SAMPLING_EPS = 1e-5) with n > 1 is
      * refused, with its message */
-    if (out->sp.temperature < 1e-5f && out->sp.n > 1)
+    if (out->sp.temperature < 1e-5f && out->sp.n > 1 && !out->sp.use_beam_search)
         return pg_error_set(err, PG_EINVAL, "n must be 1 when using greedy sampling, got %d.", (int)out->sp.n);
     return PG_OK;
 }

@@ -781,6 +781,9 @@ static int load_model(run_state *s)
         return -1;
     }
     ep.serial_loop = overlap && strcmp(overlap, "off") == 0;
+    /* beam search's eos is the tokenizer's eos_token_id (vLLM's beam_search) */
+    if (s->tok && tok_eos_id(s->tok) >= 0 && tok_eos_id(s->tok) < s->cfg.vocab_size)
+        ep.beam_eos_token_id = tok_eos_id(s->tok);
     engine_backend be = model_backend(s->mdl);
     if (engine_create(&s->eng, &ep, &be, s->tok, &s->err) != PG_OK) {
         fail(s, CLI_EXIT_MODEL, "engine");

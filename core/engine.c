@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "engine_phase.h"
+#include "beam_search.h"
 #include "grammar.h"
 #include "kv_pool.h"
 #include "pg_logsoftmax.h"
@@ -79,6 +80,7 @@ struct engine {
     uint32_t *row_ver;                          /* [max_seqs] */
     int32_t *row_n;                             /* [max_seqs] */
     uint64_t *seq_ids;                          /* [max_seqs] */
+    const sequence **seq_at;                    /* [max_seqs] the step's sequences */
     request **done;                             /* [max_seqs] retiring this step */
     float *logits;                              /* [max_seqs][vocab] sampling rows */
     float *scratch;                             /* [vocab] */
@@ -137,6 +139,7 @@ engine_params engine_params_default(void)
     p.layout = KV_LAYOUT_PAGED;
     p.check_invariants = false;
     p.watermark = 0.01f;
+    p.beam_eos_token_id = -1;
     return p;
 }
 
@@ -176,6 +179,11 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
         if (p->eos_token_ids[i] < 0 || p->eos_token_ids[i] >= backend->vocab_size)
             return pg_error_set(err, PG_EINVAL, "engine: eos id %d: expected an id in [0, %d)",
                                 (int)p->eos_token_ids[i], (int)backend->vocab_size);
+    if (p->beam_copy_blocks && !backend->copy_blocks)
+        return pg_error_set(err, PG_EINVAL, "engine: beam_copy_blocks needs backend copy_blocks");
+    if (p->beam_eos_token_id < -1 || p->beam_eos_token_id >= backend->vocab_size)
+        return pg_error_set(err, PG_EINVAL, "engine: beam_eos_token_id %d: expected -1 or an id in "
+                            "[0, %d)", (int)p->beam_eos_token_id, (int)backend->vocab_size);
     engine *e = calloc(1, sizeof *e);
     if (!e) return pg_error_set(err, PG_ENOMEM, "engine: out of memory");
     e->p = *p;
@@ -220,6 +228,7 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->row_ver = malloc(S * sizeof(uint32_t));
     e->row_n = malloc(S * sizeof(int32_t));
     e->seq_ids = malloc(S * sizeof(uint64_t));
+    e->seq_at = calloc(S, sizeof *e->seq_at);
     e->done = malloc(S * sizeof(request *));
     e->logits = malloc(S * V * sizeof(float));
     e->scratch = malloc(V * sizeof(float));
@@ -232,7 +241,7 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
         (!e->plp_per_step && !e->slice) || !e->block_tables || !e->row_tab || !e->row_ver ||
-        !e->row_n || !e->seq_ids || !e->done || !e->logits ||
+        !e->row_n || !e->seq_ids || !e->seq_at || !e->done || !e->logits ||
         !e->scratch || !e->greedy || !e->greedy_ids || !e->dsamp || !e->srows || !e->samp_lrow ||
         (backend->logprob_rows && !e->lp_rows)) {
         rc = pg_error_set(err, PG_ENOMEM, "engine: out of memory for step buffers (%zu tokens, "
@@ -371,6 +380,7 @@ void engine_destroy(engine *e)
     free(e->row_ver);
     free(e->row_n);
     free(e->seq_ids);
+    free(e->seq_at);
     free(e->done);
     free(e->logits);
     free(e->scratch);
@@ -477,11 +487,38 @@ static int add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
                             (int)e->p.block_size, (int)e->p.num_blocks);
     bool must_fan_out = e->p.fan_out_always || sp->n > e->max_seqs ||
                         request_blocks_needed(e, n_prompt, sp->n, max_output) > e->p.num_blocks;
+    if (sp->use_beam_search && !pl) {
+        /* a beam group runs as one unit: its n slots in one step, and after a
+         * preemption every beam recomputed on its own blocks (the prompt's full
+         * blocks shared only through the prefix cache) */
+        if (e->p.layout != KV_LAYOUT_PAGED)
+            return pg_error_set(err, PG_EINVAL, "request: beam search needs the paged KV layout");
+        if (sp->n > e->max_seqs)
+            return pg_error_set(err, PG_EINVAL, "request: beam width %d exceeds the %d sequences "
+                                "a step holds (max_num_seqs, max_num_batched_tokens)",
+                                (int)sp->n, (int)e->max_seqs);
+        int64_t need = e->p.prefix_caching
+                           ? request_blocks_needed(e, n_prompt, sp->n, max_output)
+                           : (int64_t)sp->n * ceil_div(n_prompt + max_output, e->p.block_size);
+        if (need > e->p.num_blocks)
+            return pg_error_set(err, PG_EINVAL, "request: a beam group of width %d needs up to %lld "
+                                "KV blocks (%d prompt tokens, up to %d generated, block size %d), "
+                                "the pool has %d", (int)sp->n, (long long)need, (int)n_prompt,
+                                (int)max_output, (int)e->p.block_size, (int)e->p.num_blocks);
+        must_fan_out = false;
+    }
     request *r;
     rc = request_create(&r, e->next_id, prompt_ids, n_prompt, sp, e->p.max_model_len, e->eos,
                         e->n_eos, e->tok, user, err);
     if (rc) return rc;
     r->must_fan_out = must_fan_out && !pl;
+    if (sp->use_beam_search && !pl &&
+        (rc = beam_group_create(&r->beam, r,
+                                e->p.beam_eos_token_id >= 0 ? e->p.beam_eos_token_id
+                                : e->n_eos > 0 ? e->eos[0] : -1, e->tok, err))) {
+        request_destroy(r);
+        return rc;
+    }
     if (sp->structured_kind != GRAMMAR_NONE) {
         gram_entry *g = NULL;
         if ((rc = ensure_grammar_vocab(e, err)) || (rc = gram_acquire(e, sp, &g, err))) {
@@ -776,6 +813,7 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
         e->seq_lens[i] = len;
         table_row(e, i, q, blocks, ceil_div(len, bs));
         e->seq_ids[i] = (q->req->id << 8) | (uint64_t)q->index;
+        e->seq_at[i] = q;
         if (len > max_seq) max_seq = len;
         if (en->n_new > max_q) max_q = en->n_new;
         int32_t lo, hi = prompt_rows(e, en, q->num_computed, &lo);
@@ -886,6 +924,8 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
     return accept_sampled(e, q, &res, err);
 }
 
+static int32_t beam_row_k(const engine *e, const request *r);
+
 /* True when sample_seq would take the plain argmax of q's logits row as
  * the forward gives it (sampler_plain_argmax: greedy, no penalties, no
  * banned ids, no logprobs; and no grammar mask), so the backend may take
@@ -896,7 +936,7 @@ static bool seq_plain_greedy(const sequence *q)
     const request *r = q->req;
     int32_t n_out = q->n_tokens - r->n_prompt;
     sampler_seq_view view = {.n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0};
-    return !r->gram && r->n == 1 && sampler_plain_argmax(&r->sp, &view);
+    return !r->gram && !r->beam && r->n == 1 && sampler_plain_argmax(&r->sp, &view);
 }
 
 /* True when sample_seq would take the plain argmax of q's row and its
@@ -906,7 +946,7 @@ static bool seq_plain_greedy(const sequence *q)
 static bool seq_greedy_logprobs(const sequence *q)
 {
     const request *r = q->req;
-    if (r->sp.logprobs < 0 || r->gram || r->n != 1) return false;
+    if (r->sp.logprobs < 0 || r->gram || r->beam || r->n != 1) return false;
     int32_t n_out = q->n_tokens - r->n_prompt;
     sampler_seq_view view = {.n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0};
     sampling_params sp = r->sp;
@@ -921,7 +961,7 @@ static bool seq_greedy_logprobs(const sequence *q)
 static bool seq_device_sampled(const sequence *q)
 {
     const request *r = q->req;
-    return r->n == 1 && r->sp.logprobs < 0;
+    return r->n == 1 && r->sp.logprobs < 0 && !r->beam;
 }
 
 /* Hands the step's device-sampled rows to the backend (sample_rows): every
@@ -1000,11 +1040,12 @@ static int mark_logprob_rows(engine *e, const sched_step *st, const step_batch *
     for (int32_t i = 0, s = 0; i < st->n_entries; i++) {
         if (!entry_samples(&st->entries[i])) continue;
         int32_t j = e->samp_lrow[s++];
-        if (!seq_greedy_logprobs(st->entries[i].seq)) continue;
+        const request *br = st->entries[i].seq->req;
+        if (!br->beam && !seq_greedy_logprobs(st->entries[i].seq)) continue;
         pg_lsm_row *q = &e->lp_rows[j];
         q->want = 1;
         q->token = -1;
-        q->k = st->entries[i].seq->req->sp.logprobs;
+        q->k = br->beam ? beam_row_k(e, br) : br->sp.logprobs; /* a beam's top 2W candidates */
         n++;
     }
     if (n == 0) return PG_OK;
@@ -1012,6 +1053,29 @@ static int mark_logprob_rows(engine *e, const sched_step *st, const step_batch *
     if (rc) return rc;
     e->lp_active = true;
     return PG_OK;
+}
+
+/* The top entries a beam slot's row gives: 2 * width, at most V. */
+static int32_t beam_row_k(const engine *e, const request *r)
+{
+    int32_t k = beam_group_k(r->beam);
+    return k < e->be.vocab_size ? k : e->be.vocab_size;
+}
+
+/* A beam slot's row (host logits, or lp already taken by the backend):
+ * its candidates to the group (beam_search.h). */
+static void beam_take(engine *e, sequence *q, const float *row, const pg_lsm_row *lp)
+{
+    pg_lsm_row mine;
+    if (!lp) {
+        memset(&mine, 0, sizeof mine);
+        mine.want = 1;
+        mine.token = -1;
+        mine.k = beam_row_k(e, q->req);
+        pg_lsm_row_eval(&mine, row, e->be.vocab_size);
+        lp = &mine;
+    }
+    beam_group_take(q->req->beam, q->index, lp);
 }
 
 /* A sampling row the backend took (mark_logprob_rows): its token and
@@ -1123,6 +1187,9 @@ bool engine_phase_needs_serial(const engine *e, const sched_step *st)
         const sequence *q = st->entries[i].seq;
         const request *r = q->req;
         if (request_root((request *)r)->pooler) return true;
+        /* a beam group's selection rewrites its beams' tokens and block
+         * tables after the step: nothing of its next step is known before */
+        if (r->beam) return true;
         /* the fork after the prompt (engine_phase_finish): the leader has
          * just computed it (num_computed moved at launch) */
         if (e->p.layout == KV_LAYOUT_PAGED && !r->forked && r->n_live > 1 &&
@@ -1275,7 +1342,7 @@ int engine_phase_finish(engine *e, const sched_step *st, const step_batch *b, sc
         sequence *q = st->entries[i].seq;
         request *r = q->req;
         bool fresh_fork = false;
-        if (e->p.layout == KV_LAYOUT_PAGED && !r->forked && r->n_live > 1 &&
+        if (e->p.layout == KV_LAYOUT_PAGED && !r->beam && !r->forked && r->n_live > 1 &&
             q == request_leader(r) && q->num_computed == r->n_prompt) {
             for (int32_t k = 0; k < r->n; k++) {
                 sequence *o = &r->seqs[k];
@@ -1289,6 +1356,13 @@ int engine_phase_finish(engine *e, const sched_step *st, const step_batch *b, sc
         }
         if (!entry_samples(&st->entries[i])) continue;
         const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
+        if (r->beam) { /* candidates now, the selection once every beam's are in */
+            const pg_lsm_row *lp = e->lp_active && e->lp_rows[e->samp_lrow[row]].want
+                                       ? &e->lp_rows[e->samp_lrow[row]] : NULL;
+            row++;
+            beam_take(e, q, lrow, lp);
+            continue;
+        }
         if (e->lp_active && e->lp_rows[e->samp_lrow[row]].want) {
             row++; /* never a fresh fork: seq_greedy_logprobs leaves n > 1 to the host */
             if ((rc = sample_from_lp(e, q, &e->lp_rows[e->samp_lrow[row - 1]], err))) return rc;
@@ -1323,6 +1397,21 @@ int engine_phase_finish(engine *e, const sched_step *st, const step_batch *b, sc
                     return rc;
         } else if ((rc = sample_seq(e, q, lrow, err))) {
             return rc;
+        }
+    }
+    /* beam groups whose every live beam has its candidates: the step's
+     * selection (prunes, forks, appends; finishes the group at the end) */
+    for (int32_t i = 0; i < st->n_entries; i++) {
+        request *r = st->entries[i].seq->req;
+        if (!r->beam || !entry_samples(&st->entries[i])) continue;
+        int32_t n_new = 0;
+        beam_kv kv = {.pool = e->pool, .copy = e->p.beam_copy_blocks ? e->be.copy_blocks : NULL,
+                      .ctx = e->be.ctx};
+        if ((rc = beam_group_advance(r->beam, &kv, &n_new, err))) return rc;
+        e->stats.generated_tokens += (uint64_t)n_new;
+        if (n_new > 0 && !request_root(r)->sampled_once) {
+            r->sampled_once = true;
+            r->t_first_token_ms = now_ms();
         }
     }
     /* the step scheduled ahead loses the rows of sequences that just
@@ -1404,6 +1493,12 @@ void engine_get_stats(const engine *e, engine_stats *s)
 const kv_pool *engine_kv_pool(const engine *e) { return e->pool; }
 
 const uint64_t *engine_step_seq_ids(const engine *e) { return e->seq_ids; }
+
+const int32_t *engine_step_seq_tokens(const engine *e, int32_t s, int32_t *n)
+{
+    *n = e->seq_at[s]->n_tokens;
+    return e->seq_at[s]->tokens;
+}
 
 int32_t engine_waiting_ids(const engine *e, uint64_t *ids, int32_t max)
 {

@@ -139,6 +139,12 @@ typedef struct engine_params {
                                         once. With nothing running the head request is
                                         admitted anyway. Paged layout only; 0 disables;
                                         default 0.01 */
+    bool beam_copy_blocks;           /* beam search without sharing (bench and tests): a
+                                        beam that takes a new slot gets fresh blocks with a
+                                        copy of its parent's (backend copy_blocks) instead
+                                        of forking its table; the same outputs, more blocks.
+                                        The pool must hold it (else the step fails); default
+                                        false */
     bool fan_out_always;             /* run every n > 1 request as n independent child
                                         requests, never as a forked group (benchmarks and
                                         tests; outputs are the same); default false */
@@ -163,6 +169,9 @@ typedef struct engine_params {
     const int32_t *eos_token_ids;    /* [n_eos_token_ids] ids in [0, vocab) that stop a
                                         sequence (unless ignore_eos); copied at create */
     int32_t n_eos_token_ids;         /* default 0: no eos */
+    int32_t beam_eos_token_id;       /* the one eos id of beam search (vLLM's tokenizer
+                                        eos_token_id: beam_search.h), in [0, vocab) or -1
+                                        (default): the first of eos_token_ids */
 } engine_params;
 
 /* The defaults above (no eos ids). */
@@ -203,6 +212,10 @@ typedef struct seq_output {
     int32_t *top_ids;            /* [n_tokens][n_top] best ids, best first */
     float *top_logprobs;         /* [n_tokens][n_top] their logprobs, descending */
     int32_t n_top;               /* k (rows hold -1 / 0 past min(k, vocab) entries) */
+    /* beam search (sampling_params.use_beam_search): the beam's summed
+     * logprobs (vLLM's cumulative_logprob); false / 0 otherwise */
+    bool has_cumulative_logprob;
+    double cumulative_logprob;
 } seq_output;
 
 /* A finished request, handed to the caller by engine_pop_finished. */
@@ -210,8 +223,9 @@ typedef struct request_output {
     uint64_t request_id;         /* as returned by engine_add_request */
     void *user;                  /* as given to engine_add_request (not touched) */
     int32_t n_prompt_tokens;
-    int32_t n_outputs;           /* the request's n */
-    seq_output *outputs;         /* [n_outputs], ordered by index; owned */
+    int32_t n_outputs;           /* the request's n (beam search: the best beams, at most n) */
+    seq_output *outputs;         /* [n_outputs], ordered by index (beam search: best
+                                    first, index = rank); owned */
     /* wall-clock times since engine_add_request (only meaningful to
      * --metrics; never part of default output): to the first admission and
      * to the first sampled token (0 when it never got there), to the finish */
@@ -298,6 +312,15 @@ void engine_destroy(engine *e);
  * sequence i samples from RNG stream i, so the outputs are the same; the
  * request finishes when its last sequence does, outputs in index order.
  *
+ * Beam search (sp->use_beam_search; core/beam_search.h): vLLM's algorithm
+ * with n = the beam width, its n sequences beam slots whose block tables
+ * fork (ref counts, copy-on-write); admitted and preempted as one group of
+ * n slots, never fanned out. Refused: the contiguous layout, a width beyond
+ * the sequences a step holds, and a group that could not fit the pool with
+ * every beam on its own blocks (with the prefix cache: the prompt's full
+ * blocks once). Outputs: the best beams, best first, with
+ * cumulative_logprob; the eos is beam_eos_token_id.
+ *
  * Stop rules, in vLLM v1's order, after each sampled token: the length cap
  * (max_tokens or the context: FINISH_LENGTH, the token is kept); an eos id
  * (unless ignore_eos) or a stop_token_ids entry (FINISH_STOP, the token is
@@ -362,6 +385,11 @@ const kv_pool *engine_kv_pool(const engine *e);
 /* Inside backend->forward: for each of the step's b->num_seqs sequences,
  * (request_id << 8) | sequence index. Borrowed, valid during the step. */
 const uint64_t *engine_step_seq_ids(const engine *e);
+/* Inside backend->forward: the tokens (prompt then generated) of the
+ * step's sequence s < b->num_seqs, *n of them. Borrowed, valid during the
+ * step. A beam search slot's tokens change when it takes another beam
+ * (beam_search.h): a fake backend follows them here. */
+const int32_t *engine_step_seq_tokens(const engine *e, int32_t s, int32_t *n);
 /* The waiting queue front to back (request ids; a fanned-out request's
  * waiting children each give its id), up to max; returns the total number
  * waiting. */

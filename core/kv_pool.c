@@ -579,6 +579,14 @@ int kv_pool_fork(kv_pool *p, int32_t src, int32_t dst)
     return PG_OK;
 }
 
+int64_t kv_pool_table_entries(const kv_pool *p)
+{
+    int64_t n = 0;
+    for (int32_t t = 0; t < p->n_tables; t++)
+        if (p->tables[t].live) n += p->tables[t].n_blocks - p->tables[t].n_dropped;
+    return n;
+}
+
 /* ---- invariant checker ---------------------------------------------------- */
 
 int kv_pool_check(const kv_pool *p, pg_error *err)

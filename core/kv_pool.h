@@ -175,5 +175,10 @@ void kv_pool_commit(kv_pool *p, int32_t table, const int32_t *ids, int32_t n_com
  * Returns 0 or PG_EINVAL with the first violation in err. O(num_blocks +
  * table entries). */
 int kv_pool_check(const kv_pool *p, pg_error *err);
+/* Block table entries held now, summed over every table (dropped entries
+ * not counted): the blocks the live sequences would hold if nothing were
+ * shared (beam search's and parallel sampling's "without sharing"; the
+ * bench's beam section). O(tables). */
+int64_t kv_pool_table_entries(const kv_pool *p);
 
 #endif /* PG_KV_POOL_H */

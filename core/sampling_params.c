@@ -4,6 +4,8 @@
 
 #include <math.h>
 
+static int beam_params_validate(const sampling_params *p, pg_error *err);
+
 sampling_params sampling_params_default(void)
 {
     sampling_params p = {
@@ -27,6 +29,8 @@ sampling_params sampling_params_default(void)
         .prompt_logprobs = -1,
         .structured_kind = GRAMMAR_NONE,
         .structured = NULL, .structured_len = 0,
+        .use_beam_search = false,
+        .length_penalty = 1.0,
     };
     return p;
 }
@@ -96,5 +100,43 @@ int sampling_params_validate(const sampling_params *p, pg_error *err)
     if (p->structured_kind != GRAMMAR_NONE && p->structured_kind != GRAMMAR_JSON_OBJECT &&
         !p->structured)
         return pg_error_set(err, PG_EINVAL, "structured outputs: expected the constraint text, got NULL");
+    if (p->use_beam_search) return beam_params_validate(p, err);
+    return PG_OK;
+}
+
+/* Beam search takes vLLM's BeamSearchParams only (beam_width = n,
+ * max_tokens, ignore_eos, temperature, length_penalty,
+ * include_stop_str_in_output): vllm/entrypoints/openai/protocol.py
+ * to_beam_search_params drops every other field, so here a line that
+ * sets one is refused by name rather than silently run without it. */
+static int beam_params_validate(const sampling_params *p, pg_error *err)
+{
+    const char *bad = NULL;
+    if (p->n > SAMPLING_PARAMS_MAX_BEAM)
+        return pg_error_set(err, PG_EINVAL, "beam search: n (the beam width) must be in [1, %d] "
+                            "(2 * n logprobs a step, at most %d), got %d", SAMPLING_PARAMS_MAX_BEAM,
+                            SAMPLING_PARAMS_MAX_LOGPROBS, (int)p->n);
+    if (!isfinite(p->length_penalty))
+        return pg_error_set(err, PG_EINVAL, "beam search: length_penalty must be finite, got %g",
+                            p->length_penalty);
+    if (p->temperature >= 1e-5f)
+        return pg_error_set(err, PG_EINVAL, "beam search: temperature %g is not supported (only 0: "
+                            "vLLM adds the token it samples at temperature > 0 to the candidates)",
+                            (double)p->temperature);
+    if (p->n_stop > 0) bad = "stop";
+    else if (p->n_stop_token_ids > 0) bad = "stop_token_ids";
+    else if (p->min_tokens > 0) bad = "min_tokens";
+    else if (p->logprobs >= 0) bad = "logprobs";
+    else if (p->prompt_logprobs >= 0) bad = "prompt_logprobs";
+    else if (p->presence_penalty != 0.0f) bad = "presence_penalty";
+    else if (p->frequency_penalty != 0.0f) bad = "frequency_penalty";
+    else if (p->repetition_penalty != 1.0f) bad = "repetition_penalty";
+    else if (p->top_p != 1.0f) bad = "top_p";
+    else if (p->top_k > 0) bad = "top_k";
+    else if (p->min_p != 0.0f) bad = "min_p";
+    else if (p->structured_kind != GRAMMAR_NONE) bad = "structured outputs";
+    if (bad)
+        return pg_error_set(err, PG_EINVAL, "beam search: %s is not supported (vLLM's beam search "
+                            "ignores it)", bad);
     return PG_OK;
 }

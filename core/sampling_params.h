@@ -15,6 +15,9 @@
  * logprobs (vLLM's default max_logprobs = 20). */
 #define SAMPLING_PARAMS_MAX_N 64
 #define SAMPLING_PARAMS_MAX_LOGPROBS 20
+/* Beam width cap: vLLM's beam search asks for 2 * beam_width logprobs a
+ * step, which its max_logprobs (20) bounds. */
+#define SAMPLING_PARAMS_MAX_BEAM (SAMPLING_PARAMS_MAX_LOGPROBS / 2)
 
 typedef struct sampling_params {
     int32_t n;                    /* [1, SAMPLING_PARAMS_MAX_N] parallel samples (share the prompt's blocks) */
@@ -52,6 +55,13 @@ typedef struct sampling_params {
      * compiled by engine_add_request */
     grammar_kind structured_kind;
     const char *structured;       size_t structured_len;
+    /* beam search (vLLM's BeamSearchParams / the OpenAI bodies' use_beam_search:
+     * core/beam_search.h): n is the beam width, in [1, SAMPLING_PARAMS_MAX_BEAM];
+     * greedy temperature only; the fields vLLM's beam search ignores (stop
+     * strings and ids, min_tokens, logprobs, prompt_logprobs, penalties,
+     * top_p/top_k/min_p, structured outputs) are refused by name */
+    bool use_beam_search;
+    double length_penalty;        /* score = cum_logprob / seq_len^length_penalty; default 1 */
 } sampling_params;
 
 /* vLLM's defaults: n 1, max_tokens 16, temperature 1, top_p 1, top_k -1,

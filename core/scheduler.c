@@ -102,7 +102,7 @@ request *scheduler_waiting(const scheduler *s) { return s->waiting.head; }
 int32_t scheduler_running_seqs(const scheduler *s)
 {
     int32_t n = 0;
-    for (const request *r = s->running.head; r; r = r->next) n += r->n_live;
+    for (const request *r = s->running.head; r; r = r->next) n += request_seq_slots(r);
     return n;
 }
 
@@ -211,7 +211,7 @@ static void drop_out_of_window(scheduler *s, sequence *q)
 static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, int32_t *n_seqs)
 {
     int32_t bs = s->block_size;
-    if (*n_seqs + r->n_live > s->p.max_num_seqs) return false;
+    if (*n_seqs + request_seq_slots(r) > s->p.max_num_seqs) return false;
     if (s->p.layout == KV_LAYOUT_CONTIGUOUS) {
         int32_t need = r->n_live * s->max_blocks;
         if (need > kv_pool_num_free(s->pool)) return false;
@@ -273,7 +273,7 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
         add_entry(out, q, n_new, target);
         *budget -= n_new;
     }
-    *n_seqs += r->n_live;
+    *n_seqs += request_seq_slots(r);
     list_remove(&s->waiting, r);
     list_push_back(&s->running, r);
     out->n_admitted++;
@@ -284,7 +284,7 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
  * children instead of one group (see scheduler.h). */
 static bool should_fan_out(const scheduler *s, const request *r, int32_t n_seqs)
 {
-    if (r->parent || r->n_live < 2) return false;
+    if (r->parent || r->beam || r->n_live < 2) return false;
     if (r->must_fan_out || r->n_live > s->p.max_num_seqs) return true;
     /* the group would wait for sequence slots while some are free: its
      * children start now and lose no sharing when the prompt's full blocks

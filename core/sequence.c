@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "beam_search.h"
 #include "pooling.h"
 #include "tokenizer.h"
 
@@ -123,6 +124,7 @@ void request_destroy(request *r)
         free(r);
         return;
     }
+    beam_group_destroy(r->beam);
     if (r->seqs) {
         for (int32_t i = 0; i < r->n; i++) {
             sequence *s = &r->seqs[i];
@@ -191,6 +193,7 @@ sequence *request_leader(request *r)
 int32_t request_seq_target(const request *r, const sequence *s, bool shared_prompt)
 {
     if (s->finished) return s->num_computed;
+    if (r->beam) return s->n_tokens; /* every live beam: its own tokens (beam_search.h) */
     if (shared_prompt && !r->forked && r->n_live > 1) {
         const sequence *lead = request_leader((request *)r);
         return s == lead ? r->n_prompt : 0;
@@ -423,6 +426,10 @@ request_output *request_make_output(const request *r, double now_ms)
             memcpy(o->embedding, r->embedding, (size_t)r->n_embedding * sizeof *o->embedding);
             o->n_embedding = r->n_embedding;
         }
+        return o;
+    }
+    if (r->beam) { /* the best beams, best first */
+        if (beam_group_outputs(r->beam, o)) goto oom;
         return o;
     }
     o->n_outputs = r->n;

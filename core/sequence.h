@@ -117,6 +117,9 @@ struct request {
     int32_t n_children;         /* a fanned-out parent: children not yet retired */
     bool fanned_out;            /* a parent whose live sequences run as children */
     bool must_fan_out;          /* the n sequences can never run together (engine) */
+    struct beam_group *beam;    /* sp.use_beam_search: the group over the n slots
+                                   (beam_search.h; owned), else NULL. Never forked
+                                   the n > 1 way nor fanned out */
     request *prev, *next;       /* links in the scheduler's queues */
 };
 
@@ -140,6 +143,10 @@ static inline request *request_root(request *r) { return r->parent ? r->parent :
  * request_create (not only the leader's, copied at the fork), and a child
  * runs its own. PG_ENOMEM: nothing changed. */
 int request_fan_out(request *r, request **children, int32_t *n_children);
+
+/* Sequence slots r holds in a step: a beam group all of its n (its beams
+ * grow from 1 to n without a new admission), else its live ones. */
+static inline int32_t request_seq_slots(const request *r) { return r->beam ? r->n : r->n_live; }
 
 /* The first live sequence (the leader before a fork), or NULL. */
 sequence *request_leader(request *r);

@@ -260,7 +260,7 @@ static void test_lax_and_strict(void **state)
      * strict or not (never silently ignored) */
     static const char *const unsupported[] = {
         "{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 10}}",
-        "{\"prompt\": \"hi\", \"best_of\": 2}", "{\"prompt\": \"hi\", \"use_beam_search\": true}",
+        "{\"prompt\": \"hi\", \"best_of\": 2}",
         "{\"prompt\": \"hi\", \"bad_words\": [\"x\"]}", "{\"prompt\": \"hi\", \"allowed_token_ids\": [1]}",
         "{\"prompt\": \"hi\", \"spaces_between_special_tokens\": false}",
     };
@@ -272,6 +272,22 @@ static void test_lax_and_strict(void **state)
         assert_non_null(strstr(err.msg, "is not supported by pagedgen"));
         cli_request_free(&r);
     }
+    /* beam search (issue 35): vLLM's fields; n > 1 at temperature 0 is the
+     * width; temperature > 0 is refused by name */
+    assert_int_equal(parse(&r, "{\"prompt\": \"hi\", \"use_beam_search\": true, \"n\": 3, "
+                               "\"temperature\": 0, \"length_penalty\": 0.6}", CLI_FORMAT_JSONL, &err), PG_OK);
+    assert_true(r.sp.use_beam_search);
+    assert_int_equal(r.sp.n, 3);
+    assert_true(r.sp.length_penalty == 0.6);
+    cli_request_free(&r);
+    assert_int_equal(parse(&r, "{\"prompt\": \"hi\", \"use_beam_search\": true, \"n\": 3, \"temperature\": 0.5}",
+                           CLI_FORMAT_JSONL, &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "beam search: temperature"));
+    cli_request_free(&r);
+    assert_int_equal(parse(&r, "{\"prompt\": \"hi\", \"use_beam_search\": true, \"temperature\": 0, "
+                               "\"stop\": [\"x\"]}", CLI_FORMAT_JSONL, &err), PG_EINVAL);
+    assert_non_null(strstr(err.msg, "beam search: stop"));
+    cli_request_free(&r);
     assert_int_equal(parse(&r,
         "{\"prompt\": \"hi\", \"logit_bias\": {}, \"best_of\": 1,"
         " \"use_beam_search\": false, \"bad_words\": [], \"spaces_between_special_tokens\": true}",

@@ -133,6 +133,7 @@ static char *signature(const request_output *o)
                               (double)so->top_logprobs[(size_t)t * (size_t)so->n_top + (size_t)j]);
             }
         }
+        if (so->has_cumulative_logprob) sb_printf(&b, " | cum %a", so->cumulative_logprob);
         if (so->text) sb_printf(&b, " | text %s", so->text);
         sb_printf(&b, "\n");
     }
@@ -171,7 +172,7 @@ void run_workload(const workload *w, const run_cfg *c, run_result *out)
     }
     fake_backend_params fp = {.vocab_size = HARNESS_VOCAB, .num_blocks = nb,
                               .block_size = c->block_size, .window = 4, .salt = 77,
-                              .attn_window = c->attn_window};
+                              .attn_window = c->attn_window, .follow_tokens = c->follow_tokens};
     fake_backend *f = fake_backend_create(&fp);
     assert_non_null(f);
     engine_params ep = engine_params_default();

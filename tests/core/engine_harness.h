@@ -50,6 +50,7 @@ typedef struct run_cfg {
     bool staggered;             /* add requests at their arrive_step */
     bool fan_out_always;        /* engine_params.fan_out_always */
     int32_t attn_window;        /* the fake model's sliding window (fake_backend_params) */
+    bool follow_tokens;         /* fake_backend_params.follow_tokens (beam search) */
     int32_t sliding_window;     /* engine_params.sliding_window: 0 keeps every block */
     float watermark;            /* admission watermark: 0 = the engine's default,
                                    < 0 = none (0 to the engine) */

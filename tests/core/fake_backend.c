@@ -178,6 +178,23 @@ static int fake_forward(void *ctx, const step_batch *b, float *logits, pg_error 
     const uint64_t *sids = engine_step_seq_ids(f->e);
     f->c.steps++;
     f->c.tokens += (uint64_t)b->num_tokens;
+    for (int32_t s = 0; f->p.follow_tokens && s < b->num_seqs; s++) {
+        uint64_t rid = sids[s] >> 8;
+        if ((int64_t)rid >= f->n_reqs || !f->reqs[rid].prompt || (sids[s] & 0xff) >= FAKE_MAX_SEQS)
+            return fail(f, err, "seq %llx: no registered prompt", (unsigned long long)sids[s]);
+        int32_t n;
+        const int32_t *toks = engine_step_seq_tokens(f->e, s, &n);
+        fake_req *r = &f->reqs[rid];
+        fake_hist *h = &r->seqs[sids[s] & 0xff];
+        int32_t n_gen = n - r->n_prompt;
+        if (n_gen > h->cap) {
+            h->cap = n_gen + 16;
+            h->t = realloc(h->t, (size_t)h->cap * sizeof *h->t);
+            if (!h->t) abort();
+        }
+        if (n_gen > 0) memcpy(h->t, toks + r->n_prompt, (size_t)n_gen * sizeof *h->t);
+        h->n = n_gen > 0 ? n_gen : 0;
+    }
     if (b->num_tokens < 1 || b->num_seqs < 1 || b->block_size != bs || b->query_start[0] != 0 ||
         b->query_start[b->num_seqs] != b->num_tokens)
         return fail(f, err, "malformed batch: T %d S %d bs %d", (int)b->num_tokens,

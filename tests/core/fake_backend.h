@@ -44,6 +44,11 @@ typedef struct fake_backend_params {
                               wholly below a sequence's first query - W + 1 may be
                               null (-1) and are skipped */
     uint64_t salt;         /* changes the "model" */
+    bool follow_tokens;    /* take each sequence's expected tokens from the engine
+                              (engine_step_seq_tokens) at every step instead of
+                              requiring that a sequence keep what it fed: beam
+                              search slots change beams. The reads are still
+                              checked against those tokens */
 } fake_backend_params;
 
 typedef struct fake_backend_counts {
