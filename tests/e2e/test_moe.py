@@ -23,6 +23,12 @@ Cases:
               --matmul-precision modes close and batch-invariant
   mixtral     Mixtral: top 2 of 8, always renormalized, w1/w2/w3 keys, a
               sliding window of 5 on every layer
+  batch       the three with real vocabularies and tokenizers from ../shared
+              (Qwen3's for the Qwen MoEs, Mistral-7B's = Mixtral's): one
+              JSONL of a text completion, a token-id completion and a chat
+              line each (Mixtral's tokenizer has no template: samples/
+              chatml.jinja), records in input order, completions equal to
+              the reference on the ids `pagedgen tokenize` gives
 
 numpy comes from /usr/bin/python3 when the python3 running this lacks it;
 without numpy anywhere the case is skipped (exit 77) with a message, or
@@ -177,7 +183,53 @@ def case_mixtral():
         check(raw == base, "mixtral: --keep-out-of-window-blocks changed the output")
 
 
-CASES = {"qwen2_moe": case_qwen2_moe, "qwen3_moe": case_qwen3_moe, "mixtral": case_mixtral}
+SHARED = os.environ.get("PAGEDGEN_SHARED", os.path.join(SRC, "..", "shared"))
+
+
+def case_batch():
+    import shutil
+    for name, preset, tok, vocab, extra in (
+            ("qwen2_moe", "tiny-qwen2-moe", "qwen3", 151936, []),
+            ("qwen3_moe", "tiny-qwen3-moe", "qwen3", 151936, []),
+            ("mixtral", "tiny-mixtral", "mistral-7b", 32000, ["--chat-template",
+                                                             os.path.join(SRC, "samples", "chatml.jinja")])):
+        tdir = os.path.join(SHARED, "tokenizers", tok)
+        if not os.path.isfile(os.path.join(tdir, "tokenizer.json")):
+            if os.environ.get("CI") == "true":
+                raise Fail(f"{tdir} is missing")
+            print(f"SKIP {name}: {tdir} is missing")
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            make_model(d, "--preset", preset, "--vocab", str(vocab), "--std", "0.25", "--seed", "24")
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(tdir, f), d)
+            text = "The café opened at 9."
+            ids = [17, 400, 1234, 5, 99, 3000]
+            lines = [{"id": "text", "prompt": text, "max_tokens": 6, "temperature": 0, "ignore_eos": True},
+                     {"id": "ids", "prompt_token_ids": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": True},
+                     {"id": "chat", "messages": [{"role": "user", "content": "Give me one word."}],
+                      "max_tokens": 6, "temperature": 0, "ignore_eos": True}]
+            p = subprocess.run([EXE, "-m", d, "-q", "--block-size", "4"] + extra,
+                               input="".join(json.dumps(x) + "\n" for x in lines).encode(),
+                               capture_output=True, timeout=300)
+            check(p.returncode == 0, f"{name}: exit {p.returncode}: {p.stderr.decode()[-1500:]}")
+            recs = [json.loads(x) for x in p.stdout.decode().splitlines()]
+            check([r.get("id") for r in recs] == ["text", "ids", "chat"], f"{name}: records {recs}")
+            t = subprocess.run([EXE, "tokenize", "--tokenizer", d, "-i", "-"],
+                               input=(json.dumps({"text": text}) + "\n").encode(), capture_output=True, timeout=60)
+            check(t.returncode == 0, f"{name}: tokenize: {t.stderr.decode()[-500:]}")
+            text_ids = json.loads(t.stdout)["ids"]
+            ref = MoeReference(d)
+            for rec, prompt in ((recs[0], text_ids), (recs[1], ids)):
+                want = [tk for tk, _, _ in ref.greedy(prompt, 6)]
+                got = rec["outputs"][0]["token_ids"]
+                check(got == want, f"{name} {rec['id']}: {got}, the float64 reference {want}")
+            chat = recs[2]["outputs"][0]
+            check(len(chat["token_ids"]) == 6 and chat["finish_reason"] == "length", f"{name}: chat {chat}")
+            print(f"{name}: text, ids and chat lines with the {tok} tokenizer; completions = reference")
+
+
+CASES = {"qwen2_moe": case_qwen2_moe, "qwen3_moe": case_qwen3_moe, "mixtral": case_mixtral, "batch": case_batch}
 
 
 def main():
