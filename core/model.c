@@ -59,6 +59,12 @@ typedef struct model_layer {
     void **w_exp_gate_up; /* [E] host array of [2Ie][H] wt: experts.e.gate_proj | up_proj (Mixtral w1 | w3) */
     void **w_exp_down;  /* [E] host array of [H][Ie] wt: experts.e.down_proj (Mixtral w2) */
     void *w_sgate;      /* [1][H] wt    mlp.shared_expert_gate.weight (Qwen2-MoE), else NULL */
+    /* The experts' matrices in two buffers, [E][2Ie][H] and [E][H][Ie] wt,
+     * that w_exp_gate_up / w_exp_down point into (one allocation each: huge
+     * pages, where 1.5 MB experts alone would stream through 4 KiB pages);
+     * NULL when an expert's size is not whole weight blocks (then each
+     * expert has its own buffer). */
+    void *w_exp_gate_up_all, *w_exp_down_all;
 } model_layer;
 
 struct model {
@@ -277,7 +283,8 @@ static void *load_new(model *m, const st_file *w, const char *name, int ndim, in
 }
 
 /* One MLP's fused gate|up [2I][H] (gate rows, then up rows) and down
- * [H][I] from the tensors PREFIX{gate,up,down}.weight. */
+ * [H][I] from the tensors PREFIX{gate,up,down}.weight, into *w_gate_up and
+ * *w_down, each allocated here when NULL. */
 static int load_mlp(model *m, const st_file *w, const char *prefix, const char *gate, const char *up,
                     const char *down, int64_t I, void **w_gate_up, void **w_down, pg_error *err)
 {
@@ -285,7 +292,7 @@ static int load_mlp(model *m, const st_file *w, const char *prefix, const char *
     char name[224];
     int rc = PG_OK;
     snprintf(name, sizeof name, "%sgate_up (fused)", prefix);
-    if (!(*w_gate_up = model_alloc(m, EXEC_WT, (size_t)(2 * I) * (size_t)H, name, &rc, err)))
+    if (!*w_gate_up && !(*w_gate_up = model_alloc(m, EXEC_WT, (size_t)(2 * I) * (size_t)H, name, &rc, err)))
         return rc;
     snprintf(name, sizeof name, "%s%s.weight", prefix, gate);
     if ((rc = load_tensor(m, w, name, 2, I, H, *w_gate_up, EXEC_WT, 0, err)))
@@ -294,6 +301,8 @@ static int load_mlp(model *m, const st_file *w, const char *prefix, const char *
     if ((rc = load_tensor(m, w, name, 2, I, H, *w_gate_up, EXEC_WT, (size_t)I * (size_t)H, err)))
         return rc;
     snprintf(name, sizeof name, "%s%s.weight", prefix, down);
+    if (*w_down)
+        return load_tensor(m, w, name, 2, H, I, *w_down, EXEC_WT, 0, err);
     if (!(*w_down = load_new(m, w, name, 2, H, I, EXEC_WT, &rc, err)))
         return rc;
     return PG_OK;
@@ -330,6 +339,20 @@ static int load_moe(model *m, const st_file *w, int32_t l, model_layer *ly, pg_e
     ly->w_exp_down = calloc((size_t)E, sizeof *ly->w_exp_down);
     if (!ly->w_exp_gate_up || !ly->w_exp_down)
         return pg_error_set(err, PG_ENOMEM, "model: out of host memory for layer %d's expert table", (int)l);
+    const size_t n_gu = (size_t)(2 * Ie) * (size_t)H, n_down = (size_t)H * (size_t)Ie;
+    const size_t wblk = m->ex->wt_block_elems;
+    if (!wblk || (n_gu % wblk == 0 && n_down % wblk == 0)) {
+        snprintf(name, sizeof name, "%sexperts [E][2Ie][H]", pre);
+        if (!(ly->w_exp_gate_up_all = model_alloc(m, EXEC_WT, (size_t)E * n_gu, name, &rc, err)))
+            return rc;
+        snprintf(name, sizeof name, "%sexperts [E][H][Ie]", pre);
+        if (!(ly->w_exp_down_all = model_alloc(m, EXEC_WT, (size_t)E * n_down, name, &rc, err)))
+            return rc;
+        for (int64_t e = 0; e < E; e++) {
+            ly->w_exp_gate_up[e] = (char *)ly->w_exp_gate_up_all + exec_wt_bytes(m->ex, (size_t)e * n_gu);
+            ly->w_exp_down[e] = (char *)ly->w_exp_down_all + exec_wt_bytes(m->ex, (size_t)e * n_down);
+        }
+    }
     for (int64_t e = 0; e < E; e++) {
         snprintf(name, sizeof name, "%sexperts.%d.", pre, (int)e);
         if ((rc = f->moe_mixtral_keys
@@ -578,7 +601,9 @@ void model_destroy(model *m)
         for (int32_t l = m->NL - 1; l >= 0; l--) {
             model_layer *ly = &m->layers[l];
             ex->op->free(ex, ly->w_sgate);
-            for (int32_t e = m->cfg->family.n_experts - 1; e >= 0; e--) {
+            ex->op->free(ex, ly->w_exp_down_all);
+            ex->op->free(ex, ly->w_exp_gate_up_all);
+            for (int32_t e = m->cfg->family.n_experts - 1; e >= 0 && !ly->w_exp_gate_up_all; e--) {
                 if (ly->w_exp_down)
                     ex->op->free(ex, ly->w_exp_down[e]);
                 if (ly->w_exp_gate_up)
