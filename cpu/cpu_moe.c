@@ -27,11 +27,12 @@
  * is bounded ([rows * k][H + 3 Ie] floats) however large the step; a
  * slice's experts read their weights once per slice.
  *
- * Threads: when every group is small (at most CPU_MOE_SMALL rows: decode),
- * the experts themselves are the parallel chunks (each expert's products
- * on one thread, whole), instead of splitting each small product's columns
- * over the pool — at batch 1 that is 2k pool dispatches a layer saved
- * (measured: 2.8x the dense MLP's time per byte without it). Which thread
+ * Threads: when every group is small (at most CPU_MOE_SMALL rows: decode)
+ * or there are many groups (at least 4 per thread: prefill over many
+ * experts), the experts themselves are the parallel chunks (each expert's
+ * products on one thread, whole), instead of splitting each product's
+ * columns over the pool — at batch 1 that is 2k pool dispatches a layer
+ * saved. Otherwise (a few big groups) each product is split by columns. Which thread
  * computes an expert never changes a value (the GEMM's results do not
  * depend on the pool: cpu_gemm.h), and the silu here is cpu_ops.c's
  * expression, so both ways give the same bits (tests/ops/test_moe_ops).
@@ -111,6 +112,14 @@ static size_t align64(size_t n)
     return (n + 63) / 64 * 64;
 }
 
+/* Bytes of the modes' scratch per row of an expert's two products (K = H,
+ * then K = I; cpu_gemm_mode_scratch_bytes is linear in the rows). */
+static size_t mode_row_bytes(cpu_matmul_precision prec, int32_t H, int32_t I)
+{
+    const size_t a = cpu_gemm_mode_scratch_bytes(prec, 1, H), b = cpu_gemm_mode_scratch_bytes(prec, 1, I);
+    return a > b ? a : b;
+}
+
 /* The experts of one slice as parallel chunks (see the header). */
 typedef struct moe_job {
     cpu_exec *ce;
@@ -118,8 +127,7 @@ typedef struct moe_job {
     void *const *w_gate_up, *const *w_down;
     const float *xs;
     float *gu, *act, *ys;
-    char *mode_scratch;          /* per active expert: mode_stride bytes */
-    size_t mode_stride;
+    char *mode_scratch;          /* the modes' rounded rows (see cpu_op_moe_experts) */
     int32_t H, I;
 } moe_job;
 
@@ -132,7 +140,10 @@ static void moe_expert_chunk(void *ctx, int32_t c, int32_t n_chunks)
     const int64_t s0 = j->off[e];
     const cpu_matmul_precision prec = (cpu_matmul_precision)ce->precision;
     const cpu_gemm_variant v = (cpu_gemm_variant)ce->gemm_variant;
-    void *scratch = j->mode_stride ? j->mode_scratch + (size_t)c * j->mode_stride : NULL;
+    /* the groups' regions, each 64-aligned, follow each other without
+     * overlap: [align64(s0 * row) + 64 c, + m * row) */
+    const size_t row = mode_row_bytes(prec, H, I);
+    void *scratch = row ? j->mode_scratch + align64((size_t)s0 * row) + 64u * (size_t)c : NULL;
     float *gu = j->gu + s0 * 2 * I, *act = j->act + s0 * I;
     cpu_gemm_mode(prec, v, ce->wt, NULL, gu, 2 * I, j->xs + s0 * H, j->w_gate_up[e], m, 2 * I, H, scratch);
     for (int32_t r = 0; r < m; r++) {
@@ -160,8 +171,8 @@ int cpu_op_moe_experts(cpu_exec *ce, float *out, const float *x, const int32_t *
     /* the modes' rounded activations: at most one whole slice's worth, plus
      * one alignment per expert (the scratch is linear in the rows) */
     const cpu_matmul_precision prec = (cpu_matmul_precision)ce->precision;
-    const size_t mode_all = cpu_gemm_mode_scratch_bytes(prec, CPU_MOE_SMALL, H > I ? H : I);
-    const size_t b_active = align64((size_t)E * sizeof(int32_t)), b_mode = align64(mode_all) * (size_t)E;
+    const size_t b_active = align64((size_t)E * sizeof(int32_t)),
+                 b_mode = align64(P * mode_row_bytes(prec, H, I)) + 64u * (size_t)(E + 1);
     int rc = moe_scratch(ce, b_off + b_perm + b_pos + 2 * b_xs + b_gu + b_act + b_active + b_mode);
     if (rc)
         return rc;
@@ -174,7 +185,8 @@ int cpu_op_moe_experts(cpu_exec *ce, float *out, const float *x, const int32_t *
     float *gu = (float *)((char *)ys + b_xs);             /* [P][2I] */
     float *act = (float *)((char *)gu + b_gu);            /* [P][I] */
     int32_t *active = (int32_t *)((char *)act + b_act);   /* [E] experts with rows */
-    char *mode_scratch = (char *)active + b_active;       /* [E][align64(mode_all)] */
+    char *mode_scratch = (char *)active + b_active;       /* per active expert c, its rows' worth:
+                                                             align64(bytes(rows before it)) + 64 c */
     for (int32_t t0 = 0; t0 < T; t0 += R) {
         const int32_t n = T - t0 < R ? T - t0 : R;
         const int32_t *id = ids + (int64_t)t0 * k;
@@ -203,12 +215,12 @@ int cpu_op_moe_experts(cpu_exec *ce, float *out, const float *x, const int32_t *
                 active[n_active++] = e;
             biggest = m > biggest ? m : biggest;
         }
-        if (biggest <= CPU_MOE_SMALL) { /* decode: the experts in parallel */
-            moe_job job = {ce, off, active, w_gate_up, w_down, xs, gu, act, ys, mode_scratch, align64(mode_all),
-                           H, I};
+        const int by_expert = biggest <= CPU_MOE_SMALL || n_active >= 4 * ce->n_threads;
+        if (by_expert) { /* the experts in parallel */
+            moe_job job = {ce, off, active, w_gate_up, w_down, xs, gu, act, ys, mode_scratch, H, I};
             cpu_pool_run_chunks(ce->pool, n_active, moe_expert_chunk, &job);
         }
-        for (int32_t e = 0; e < E && biggest > CPU_MOE_SMALL; e++) {
+        for (int32_t e = 0; e < E && !by_expert; e++) {
             const int32_t m = off[e + 1] - off[e];
             if (m == 0)
                 continue; /* not read */

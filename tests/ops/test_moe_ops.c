@@ -141,14 +141,11 @@ static void twin_row(executor *ex, const experts *x, const float *xt, const int3
     free(y);
 }
 
-static void test_experts(void **state)
+static void check_experts(int32_t H, int32_t I, int32_t T, uint64_t seed)
 {
-    (void)state;
-    pg_test_rng rng = {31};
-    /* H = 40 and I = 24: K tails that are not multiples of 16; I * H a
-     * multiple of 32 (int8 blocks) */
-    experts x = {.E = 7, .H = 40, .I = 24};
-    const int32_t T = 300, k = 3; /* > 256 rows: two slices */
+    pg_test_rng rng = {seed};
+    experts x = {.E = 7, .H = H, .I = I};
+    const int32_t k = 3;
     x.gu_host = malloc(sizeof(float) * (size_t)x.E * 2 * x.I * x.H);
     x.down_host = malloc(sizeof(float) * (size_t)x.E * x.H * x.I);
     pg_test_fill_uniform(&rng, x.gu_host, (size_t)x.E * 2 * x.I * x.H, -0.3f, 0.3f);
@@ -224,6 +221,18 @@ static void test_experts(void **state)
     free(in);
     free(x.gu_host);
     free(x.down_host);
+}
+
+static void test_experts(void **state)
+{
+    (void)state;
+    /* H = 40, I = 24: K tails that are not multiples of 16 (I * H a
+     * multiple of 32: int8 blocks); 300 rows: two slices, the experts as
+     * chunks with 1 thread and column-split with 3 */
+    check_experts(40, 24, 300, 31);
+    /* H = 64, I = 40: the int8 mode quantizes x for the gate|up product
+     * (K = 64) but not for down (K = 40); 13 rows: groups of a few rows */
+    check_experts(64, 40, 13, 32);
 }
 
 static void test_shared_add(void **state)
