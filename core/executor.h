@@ -264,6 +264,42 @@ typedef struct executor_ops {
      * token, a device error). */
     int (*defer_step)(executor *ex);
     int (*wait_step)(executor *ex);
+
+    /* ---- mixture of experts (optional: NULL where the executor has none,
+     * the model then refuses an MoE checkpoint; Mixtral, Qwen2-MoE,
+     * Qwen3-MoE: config.h llama_family) ------------------------------- */
+    /* Routing of every row t < T, as transformers' SparseMoeBlocks
+     * (modeling_mixtral.py, modeling_qwen2_moe.py, modeling_qwen3_moe.py):
+     *   p[e] = exp(router[t][e] - max) / sum     f32, over all E experts,
+     *          the sum in increasing e
+     *   ids[t][r], r < k: the k largest p in decreasing order, ties to the
+     *          lower expert id (torch.topk leaves ties unspecified)
+     *   weights[t][r] = p[ids[t][r]], divided by their sum (in rank order)
+     *          when norm_topk != 0
+     * router [T][E] act (h @ gate^T, from matmul); ids [T][k] i32; weights
+     * [T][k] f32. A row's result depends on its own logits only. */
+    int (*moe_route)(executor *ex, int32_t *ids, float *weights, const void *router, int32_t T,
+                     int32_t E, int32_t k, int32_t norm_topk);
+    /* The routed experts of every row t < T, summed in rank order:
+     *   out[t] = sum_{r < k} weights[t][r] * y_r     (r = 0 first; a * b then +)
+     *   y_r = (silu(x[t] @ G^T) * (x[t] @ U^T)) @ D^T of expert e = ids[t][r],
+     *         G, U rows 0..I-1 and I..2I-1 of w_gate_up[e], D = w_down[e]
+     * Each y_r must be the bits of the dense MLP ops (matmul, silu_mul,
+     * matmul) over that row alone: a row's result does not depend on which
+     * or how many other rows share its experts (rows are grouped by expert,
+     * then by row index, and each group goes through the row-invariant
+     * products). out, x [T][H] act; ids, weights as moe_route's;
+     * w_gate_up, w_down: host arrays of E device pointers to [2I][H] wt and
+     * [H][I] wt; an expert no row picks is not read. */
+    int (*moe_experts)(executor *ex, void *out, const void *x, const int32_t *ids, const float *weights,
+                       void *const *w_gate_up, void *const *w_down, int32_t T, int32_t H, int32_t I,
+                       int32_t E, int32_t k);
+    /* Qwen2-MoE's shared expert: out[t][n] = out[t][n] + sigmoid(gate[t]) *
+     * shared[t][n] (Qwen2MoeSparseMoeBlock: F.sigmoid(shared_expert_gate(h))
+     * * shared_expert(h), then added). out, shared [T][N] act; gate [T][1]
+     * act (h @ shared_expert_gate^T). */
+    int (*moe_shared_add)(executor *ex, void *out, const void *shared, const void *gate, int32_t T,
+                          int32_t N);
 } executor_ops;
 
 /* Backends embed this as the first member of their own struct. */

@@ -19,6 +19,12 @@
  *     m = (silu(h @ w_gate^T) * (h @ w_up^T)) @ w_down^T    = mlp_out
  *   rows = the L sampling rows of (x + mlp_out), final rmsnorm, @ lm_head^T
  *
+ * A mixture-of-experts layer (llama_layer_moe: Mixtral, Qwen2-MoE, Qwen3-MoE)
+ * replaces the last line (forward_moe):
+ *     ids, w = top-k of softmax_f32(h @ w_router^T)          (moe_route)
+ *     m = sum over ranks r of w_r * expert_{ids_r}(h)          (moe_experts)
+ *     [Qwen2-MoE: m += sigmoid(h @ w_sgate^T) * shared_expert(h)]
+ *
  * What a family changes is data (cfg->family, config.h): the bracketed
  * steps run only where the family's struct asks for them, so a Llama runs
  * exactly the ops it always did. Qwen2: modeling_qwen2.py Qwen2Attention
@@ -46,6 +52,19 @@ typedef struct model_layer {
     float *mlp_norm;    /* [H] f32  post_attention_layernorm.weight */
     void *w_gate_up;    /* [2I][H] wt   rows: gate_proj (I), up_proj (I) */
     void *w_down;       /* [H][I] wt    down_proj */
+    /* A mixture-of-experts layer (llama_layer_moe), else all NULL. Its
+     * w_gate_up / w_down above are Qwen2-MoE's shared expert
+     * (mlp.shared_expert.*, [2Is][H], [H][Is]) or NULL (no shared expert). */
+    void *w_router;     /* [E][H] wt    mlp.gate.weight (Mixtral: block_sparse_moe.gate.weight) */
+    void **w_exp_gate_up; /* [E] host array of [2Ie][H] wt: experts.e.gate_proj | up_proj (Mixtral w1 | w3) */
+    void **w_exp_down;  /* [E] host array of [H][Ie] wt: experts.e.down_proj (Mixtral w2) */
+    void *w_sgate;      /* [1][H] wt    mlp.shared_expert_gate.weight (Qwen2-MoE), else NULL */
+    /* The experts' matrices in two buffers, [E][2Ie][H] and [E][H][Ie] wt,
+     * that w_exp_gate_up / w_exp_down point into (one allocation each: huge
+     * pages, where 1.5 MB experts alone would stream through 4 KiB pages);
+     * NULL when an expert's size is not whole weight blocks (then each
+     * expert has its own buffer). */
+    void *w_exp_gate_up_all, *w_exp_down_all;
 } model_layer;
 
 struct model {
@@ -81,6 +100,13 @@ struct model {
     void *rows_x;                 /* [Smax][H] act    gathered residual rows */
     void *rows_mlp;               /* [Smax][H] act    gathered last mlp_out rows */
     void *rows_out;               /* [Smax][H] act    final-normed rows */
+    /* MoE workspace (NULL for dense models); E experts, k per token */
+    void *router;                 /* [Tmax][E] act    router logits */
+    int32_t *moe_ids;             /* [Tmax][k] i32    routed experts, rank order */
+    float *moe_wts;               /* [Tmax][k] f32    their weights */
+    void *sgate;                  /* [Tmax][1] act    shared-expert gate logit (Qwen2-MoE) */
+    void *shared;                 /* [Tmax][H] act    shared-expert output (Qwen2-MoE) */
+    int32_t I_mlp;                /* max(I, shared expert's): gate_up / mlp widths */
 
     op_profile *prof;             /* borrowed, NULL: no timing (model_set_op_profile) */
     int op_marks;                 /* the executor times ops on the device (model_set_step_profile) */
@@ -104,9 +130,20 @@ size_t model_weight_bytes(const llama_config *cfg, const executor *ex)
     size_t Q = (size_t)cfg->num_attention_heads * (size_t)cfg->head_dim;
     size_t KVD = (size_t)cfg->num_key_value_heads * (size_t)cfg->head_dim;
     size_t V = (size_t)cfg->vocab_size;
-    size_t per_layer_wt = (Q + 2 * KVD) * H + H * Q + 2 * I * H + H * I;
+    size_t per_layer_wt = (Q + 2 * KVD) * H + H * Q;
     size_t wt = V * H * (cfg->tie_word_embeddings ? 1u : 2u) +
                 (size_t)cfg->num_hidden_layers * per_layer_wt;
+    const llama_family *f = &cfg->family;
+    for (int32_t l = 0; l < cfg->num_hidden_layers; l++) {
+        if (!llama_layer_moe(cfg, l)) {
+            wt += 3u * I * H;
+            continue;
+        }
+        /* router, experts, shared expert + its gate */
+        wt += (size_t)f->n_experts * H * (1u + 3u * (size_t)f->moe_intermediate_size);
+        if (f->shared_expert_intermediate_size > 0)
+            wt += 3u * (size_t)f->shared_expert_intermediate_size * H + H;
+    }
     size_t f32 = (size_t)cfg->num_hidden_layers * 2u * H + H + (size_t)cfg->head_dim / 2u;
     if (cfg->family.qkv_bias)
         f32 += (size_t)cfg->num_hidden_layers * (Q + 2 * KVD);
@@ -245,11 +282,102 @@ static void *load_new(model *m, const st_file *w, const char *name, int ndim, in
     return p;
 }
 
+/* One MLP's fused gate|up [2I][H] (gate rows, then up rows) and down
+ * [H][I] from the tensors PREFIX{gate,up,down}.weight, into *w_gate_up and
+ * *w_down, each allocated here when NULL. */
+static int load_mlp(model *m, const st_file *w, const char *prefix, const char *gate, const char *up,
+                    const char *down, int64_t I, void **w_gate_up, void **w_down, pg_error *err)
+{
+    const int64_t H = m->H;
+    char name[224];
+    int rc = PG_OK;
+    snprintf(name, sizeof name, "%sgate_up (fused)", prefix);
+    if (!*w_gate_up && !(*w_gate_up = model_alloc(m, EXEC_WT, (size_t)(2 * I) * (size_t)H, name, &rc, err)))
+        return rc;
+    snprintf(name, sizeof name, "%s%s.weight", prefix, gate);
+    if ((rc = load_tensor(m, w, name, 2, I, H, *w_gate_up, EXEC_WT, 0, err)))
+        return rc;
+    snprintf(name, sizeof name, "%s%s.weight", prefix, up);
+    if ((rc = load_tensor(m, w, name, 2, I, H, *w_gate_up, EXEC_WT, (size_t)I * (size_t)H, err)))
+        return rc;
+    snprintf(name, sizeof name, "%s%s.weight", prefix, down);
+    if (*w_down)
+        return load_tensor(m, w, name, 2, H, I, *w_down, EXEC_WT, 0, err);
+    if (!(*w_down = load_new(m, w, name, 2, H, I, EXEC_WT, &rc, err)))
+        return rc;
+    return PG_OK;
+}
+
+/* Layer l's mixture of experts, with the hub's per-expert keys:
+ *   Mixtral (modeling_mixtral.py, transformers v4 layout):
+ *     block_sparse_moe.gate.weight [E][H], block_sparse_moe.experts.e.w1 (gate),
+ *     w3 (up) [Ie][H], w2 (down) [H][Ie]
+ *   Qwen2-MoE / Qwen3-MoE: mlp.gate.weight [E][H], mlp.experts.e.gate_proj,
+ *     up_proj [Ie][H], down_proj [H][Ie]; Qwen2-MoE also
+ *     mlp.shared_expert.{gate,up,down}_proj [Is][H] / [H][Is] and
+ *     mlp.shared_expert_gate.weight [1][H].
+ * transformers 5 fuses the experts in memory (experts.gate_up_proj
+ * [E][2Ie][H], experts.down_proj [E][H][Ie]); a checkpoint that stores
+ * them so is refused by name. */
+static int load_moe(model *m, const st_file *w, int32_t l, model_layer *ly, pg_error *err)
+{
+    const llama_family *f = &m->cfg->family;
+    const int64_t H = m->H, E = f->n_experts, Ie = f->moe_intermediate_size;
+    const char *blk = f->moe_mixtral_keys ? "block_sparse_moe" : "mlp";
+    char pre[160], name[224];
+    int rc = PG_OK;
+    snprintf(pre, sizeof pre, "%slayers.%d.%s.", m->pfx, (int)l, blk);
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj", pre);
+    if (st_find(w, name))
+        return pg_error_set(err, PG_EUNSUPPORTED, "model: tensor '%s': fused expert tensors (transformers 5's "
+                            "in-memory layout) are not supported: expected per-expert tensors "
+                            "'%sexperts.0.%s.weight', ...", name, pre, f->moe_mixtral_keys ? "w1" : "gate_proj");
+    snprintf(name, sizeof name, "%sgate.weight", pre);
+    if (!(ly->w_router = load_new(m, w, name, 2, E, H, EXEC_WT, &rc, err)))
+        return rc;
+    ly->w_exp_gate_up = calloc((size_t)E, sizeof *ly->w_exp_gate_up);
+    ly->w_exp_down = calloc((size_t)E, sizeof *ly->w_exp_down);
+    if (!ly->w_exp_gate_up || !ly->w_exp_down)
+        return pg_error_set(err, PG_ENOMEM, "model: out of host memory for layer %d's expert table", (int)l);
+    const size_t n_gu = (size_t)(2 * Ie) * (size_t)H, n_down = (size_t)H * (size_t)Ie;
+    const size_t wblk = m->ex->wt_block_elems;
+    if (!wblk || (n_gu % wblk == 0 && n_down % wblk == 0)) {
+        snprintf(name, sizeof name, "%sexperts [E][2Ie][H]", pre);
+        if (!(ly->w_exp_gate_up_all = model_alloc(m, EXEC_WT, (size_t)E * n_gu, name, &rc, err)))
+            return rc;
+        snprintf(name, sizeof name, "%sexperts [E][H][Ie]", pre);
+        if (!(ly->w_exp_down_all = model_alloc(m, EXEC_WT, (size_t)E * n_down, name, &rc, err)))
+            return rc;
+        for (int64_t e = 0; e < E; e++) {
+            ly->w_exp_gate_up[e] = (char *)ly->w_exp_gate_up_all + exec_wt_bytes(m->ex, (size_t)e * n_gu);
+            ly->w_exp_down[e] = (char *)ly->w_exp_down_all + exec_wt_bytes(m->ex, (size_t)e * n_down);
+        }
+    }
+    for (int64_t e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "%sexperts.%d.", pre, (int)e);
+        if ((rc = f->moe_mixtral_keys
+                      ? load_mlp(m, w, name, "w1", "w3", "w2", Ie, &ly->w_exp_gate_up[e], &ly->w_exp_down[e], err)
+                      : load_mlp(m, w, name, "gate_proj", "up_proj", "down_proj", Ie, &ly->w_exp_gate_up[e],
+                                 &ly->w_exp_down[e], err)))
+            return rc;
+    }
+    if (f->shared_expert_intermediate_size > 0) {
+        snprintf(name, sizeof name, "%sshared_expert.", pre);
+        if ((rc = load_mlp(m, w, name, "gate_proj", "up_proj", "down_proj", f->shared_expert_intermediate_size,
+                           &ly->w_gate_up, &ly->w_down, err)))
+            return rc;
+        snprintf(name, sizeof name, "%sshared_expert_gate.weight", pre);
+        if (!(ly->w_sgate = load_new(m, w, name, 2, 1, H, EXEC_WT, &rc, err)))
+            return rc;
+    }
+    return PG_OK;
+}
+
 static int load_weights(model *m, const st_file *w, pg_error *err)
 {
     int rc = PG_OK;
     const int64_t H = m->H, I = m->I, Q = m->Q, KVD = m->KVD, V = m->V;
-    char name[160];
+    char name[224];
 
     /* a base model saved by sentence-transformers (Qwen3-Embedding-8B's
      * index: "embed_tokens.weight", "layers.0...", no lm_head) has no
@@ -317,21 +445,15 @@ static int load_weights(model *m, const st_file *w, pg_error *err)
                                       0, EXEC_F32, &rc, err)))
             return rc;
 
-        /* fused gate|up [2I][H]: gate rows, then up rows */
-        ly->w_gate_up = model_alloc(m, EXEC_WT, (size_t)(2 * I) * (size_t)H,
-                                    LAYER_NAME("mlp.gate_up (fused)"), &rc, err);
-        if (!ly->w_gate_up)
-            return rc;
-        if ((rc = load_tensor(m, w, LAYER_NAME("mlp.gate_proj.weight"), 2, I, H, ly->w_gate_up,
-                              EXEC_WT, 0, err)))
-            return rc;
-        if ((rc = load_tensor(m, w, LAYER_NAME("mlp.up_proj.weight"), 2, I, H, ly->w_gate_up,
-                              EXEC_WT, (size_t)I * (size_t)H, err)))
-            return rc;
-
-        if (!(ly->w_down = load_new(m, w, LAYER_NAME("mlp.down_proj.weight"), 2, H, I, EXEC_WT,
-                                    &rc, err)))
-            return rc;
+        if (llama_layer_moe(m->cfg, l)) {
+            if ((rc = load_moe(m, w, l, ly, err)))
+                return rc;
+        } else {
+            snprintf(name, sizeof name, "%slayers.%d.mlp.", m->pfx, (int)l);
+            if ((rc = load_mlp(m, w, name, "gate_proj", "up_proj", "down_proj", I, &ly->w_gate_up,
+                               &ly->w_down, err)))
+                return rc;
+        }
 #undef LAYER_NAME
     }
     return PG_OK;
@@ -342,7 +464,7 @@ static int alloc_state(model *m, pg_error *err)
     int rc = PG_OK;
     const model_params *p = &m->p;
     size_t T = (size_t)p->max_num_batched_tokens, S = (size_t)p->max_num_seqs;
-    size_t H = (size_t)m->H, I = (size_t)m->I;
+    size_t H = (size_t)m->H, I = (size_t)m->I_mlp;
 
     /* RoPE table */
     float host_freq[512];
@@ -405,6 +527,18 @@ static int alloc_state(model *m, pg_error *err)
         if (!*ws[i].dst)
             return rc;
     }
+    const llama_family *f = &m->cfg->family;
+    if (f->n_experts > 0) {
+        const size_t E = (size_t)f->n_experts, k = (size_t)f->n_experts_per_tok;
+        if (!(m->router = model_alloc(m, EXEC_ACT, T * E, "workspace router [T][E]", &rc, err)) ||
+            !(m->moe_ids = model_alloc(m, EXEC_I32, T * k, "workspace moe ids [T][k]", &rc, err)) ||
+            !(m->moe_wts = model_alloc(m, EXEC_F32, T * k, "workspace moe weights [T][k]", &rc, err)))
+            return rc;
+        if (f->shared_expert_intermediate_size > 0 &&
+            (!(m->sgate = model_alloc(m, EXEC_ACT, T, "workspace shared gate [T][1]", &rc, err)) ||
+             !(m->shared = model_alloc(m, EXEC_ACT, T * H, "workspace shared expert [T][H]", &rc, err))))
+            return rc;
+    }
     return PG_OK;
 }
 
@@ -431,6 +565,15 @@ int model_create(model **out, executor *ex, const llama_config *cfg, const st_fi
     m->Q = m->nh * m->hd;
     m->KVD = m->nkv * m->hd;
     m->QKV = m->Q + 2 * m->KVD;
+    m->I_mlp = m->I;
+    if (cfg->family.shared_expert_intermediate_size > m->I_mlp)
+        m->I_mlp = cfg->family.shared_expert_intermediate_size;
+    if (cfg->family.n_experts > 0 &&
+        (!ex->op->moe_route || !ex->op->moe_experts || !ex->op->moe_shared_add)) {
+        free(m);
+        return pg_error_set(err, PG_EUNSUPPORTED, "model: %s is a mixture of experts: the %s executor does not "
+                            "run mixture-of-experts layers (the CPU executor does)", cfg->architecture, ex->name);
+    }
     m->layers = calloc((size_t)m->NL, sizeof *m->layers);
     if (!m->layers) {
         free(m);
@@ -449,13 +592,26 @@ void model_destroy(model *m)
     if (!m)
         return;
     executor *ex = m->ex;
-    void *ws[] = {m->rows_out, m->rows_mlp, m->rows_x, m->mlp, m->gate_up, m->attn,
+    void *ws[] = {m->shared, m->sgate, m->moe_wts, m->moe_ids, m->router,
+                  m->rows_out, m->rows_mlp, m->rows_x, m->mlp, m->gate_up, m->attn,
                   m->qkv, m->proj, m->normed, m->x, m->kv, m->inv_freq};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
         ex->op->free(ex, ws[i]);
     if (m->layers) {
         for (int32_t l = m->NL - 1; l >= 0; l--) {
             model_layer *ly = &m->layers[l];
+            ex->op->free(ex, ly->w_sgate);
+            ex->op->free(ex, ly->w_exp_down_all);
+            ex->op->free(ex, ly->w_exp_gate_up_all);
+            for (int32_t e = m->cfg->family.n_experts - 1; e >= 0 && !ly->w_exp_gate_up_all; e--) {
+                if (ly->w_exp_down)
+                    ex->op->free(ex, ly->w_exp_down[e]);
+                if (ly->w_exp_gate_up)
+                    ex->op->free(ex, ly->w_exp_gate_up[e]);
+            }
+            free(ly->w_exp_down);
+            free(ly->w_exp_gate_up);
+            ex->op->free(ex, ly->w_router);
             ex->op->free(ex, ly->w_down);
             ex->op->free(ex, ly->w_gate_up);
             ex->op->free(ex, ly->mlp_norm);
@@ -588,6 +744,43 @@ int model_set_step_profile(model *m, step_profile *p)
     return PG_OK;
 }
 
+/* A mixture-of-experts MLP over all T rows (model.c's header; executor.h
+ * moe_route / moe_experts / moe_shared_add): h in m->normed, its output
+ * (mlp_out) into m->proj. */
+static int forward_moe(model *m, const model_layer *ly, int32_t T, const char **failed)
+{
+    executor *ex = m->ex;
+    const executor_ops *op = ex->op;
+    const llama_family *f = &m->cfg->family;
+    const int32_t H = m->H, E = f->n_experts, k = f->n_experts_per_tok;
+    int rc;
+    double t0 = prof_begin(m);
+    *failed = "router matmul";
+    if ((rc = op->matmul(ex, m->router, m->normed, ly->w_router, T, E, H)))
+        return rc;
+    *failed = "moe route";
+    if ((rc = op->moe_route(ex, m->moe_ids, m->moe_wts, m->router, T, E, k, f->norm_topk_prob)))
+        return rc;
+    prof_end(m, OPP_MOE_ROUTER, t0);
+    t0 = prof_begin(m);
+    *failed = "moe experts";
+    if ((rc = op->moe_experts(ex, m->proj, m->normed, m->moe_ids, m->moe_wts, ly->w_exp_gate_up, ly->w_exp_down,
+                              T, H, f->moe_intermediate_size, E, k)))
+        return rc;
+    if (ly->w_sgate) { /* Qwen2-MoE: the shared expert, a dense MLP, gated */
+        const int32_t Is = f->shared_expert_intermediate_size;
+        *failed = "shared expert";
+        if ((rc = op->matmul(ex, m->gate_up, m->normed, ly->w_gate_up, T, 2 * Is, H)) ||
+            (rc = op->silu_mul(ex, m->mlp, m->gate_up, T, Is)) ||
+            (rc = op->matmul(ex, m->shared, m->mlp, ly->w_down, T, H, Is)) ||
+            (rc = op->matmul(ex, m->sgate, m->normed, ly->w_sgate, T, 1, H)) ||
+            (rc = op->moe_shared_add(ex, m->proj, m->shared, m->sgate, T, H)))
+            return rc;
+    }
+    prof_end(m, OPP_MOE_EXPERTS, t0);
+    return PG_OK;
+}
+
 /* One decoder layer over all T rows. On entry m->x holds the residual
  * stream and, for l > 0, m->proj the previous layer's mlp_out (not yet
  * added); on return the same holds for layer l + 1. *failed names the op
@@ -646,6 +839,8 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     if ((rc = op->rmsnorm(ex, m->normed, m->x, m->proj, ly->mlp_norm, T, H, eps)))
         return rc;
     prof_end(m, OPP_POST_NORM, t0);
+    if (ly->w_router)
+        return forward_moe(m, ly, T, failed);
     *failed = "gate_up matmul";
     t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->gate_up, m->normed, ly->w_gate_up, T, 2 * I, H)))

@@ -14,7 +14,8 @@ const char *op_profile_name(op_profile_op op)
 {
     static const char *const names[OPP_COUNT] = {
         "embed",   "input rmsnorm", "qkv matmul",    "rope",           "kv_write",  "attention",
-        "o matmul", "post rmsnorm", "gate_up matmul", "silu_mul",      "down matmul", "head (norm, lm_head)"};
+        "o matmul", "post rmsnorm", "gate_up matmul", "silu_mul",      "down matmul", "moe router",
+        "moe experts", "head (norm, lm_head)"};
     return (unsigned)op < OPP_COUNT ? names[op] : "?";
 }
 

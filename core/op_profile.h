@@ -31,6 +31,8 @@ typedef enum op_profile_op {
     OPP_GATE_UP,
     OPP_SILU_MUL,
     OPP_DOWN,
+    OPP_MOE_ROUTER,  /* MoE layers: router matmul + routing */
+    OPP_MOE_EXPERTS, /* MoE layers: the routed experts (+ the shared expert) */
     OPP_HEAD,        /* gather rows, final rmsnorm, lm_head, logits to the host */
     OPP_COUNT
 } op_profile_op;

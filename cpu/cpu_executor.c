@@ -49,7 +49,7 @@ static cpu_exec *cpu_of(executor *ex)
 }
 
 /* y [M][ldy] = x @ w^T in the executor's matmul precision (cpu_gemm_modes.h) */
-static int cpu_product(cpu_exec *ce, float *y, int64_t ldy, const float *x, const void *w, int32_t M, int32_t N,
+int cpu_product(cpu_exec *ce, float *y, int64_t ldy, const float *x, const void *w, int32_t M, int32_t N,
                        int32_t K)
 {
     const cpu_matmul_precision prec = (cpu_matmul_precision)ce->precision;
@@ -86,6 +86,7 @@ static void cpu_destroy(executor *ex)
     free(ce->attn_tiles);
     free(ce->tok_seq);
     free(ce->act_q);
+    free(ce->moe_buf);
     free(ce);
 }
 
@@ -373,6 +374,36 @@ static int cpu_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plan
     return cpu_op_copy_blocks(ce, kv, n_planes, plane_elems, block_elems, src_dst_host, n_pairs);
 }
 
+static int cpu_moe_route(executor *ex, int32_t *ids, float *weights, const void *router, int32_t T, int32_t E,
+                         int32_t k, int32_t norm_topk)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(ids && weights && router, "moe_route: NULL argument");
+    CPU_REQUIRE(T >= 0 && E >= 1 && k >= 1 && k <= E, "moe_route: expected T >= 0, 1 <= k <= E, got %d, %d, %d",
+                (int)T, (int)k, (int)E);
+    return cpu_op_moe_route(ce, ids, weights, router, T, E, k, norm_topk);
+}
+
+static int cpu_moe_experts(executor *ex, void *out, const void *x, const int32_t *ids, const float *weights,
+                           void *const *w_gate_up, void *const *w_down, int32_t T, int32_t H, int32_t I, int32_t E,
+                           int32_t k)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(out && x && ids && weights && w_gate_up && w_down, "moe_experts: NULL argument");
+    CPU_REQUIRE(T >= 0 && H >= 1 && I >= 1 && E >= 1 && k >= 1 && k <= E,
+                "moe_experts: expected T >= 0, H, I >= 1, 1 <= k <= E, got %d, %d, %d, %d, %d", (int)T, (int)H,
+                (int)I, (int)k, (int)E);
+    return cpu_op_moe_experts(ce, out, x, ids, weights, w_gate_up, w_down, T, H, I, E, k);
+}
+
+static int cpu_moe_shared_add(executor *ex, void *out, const void *shared, const void *gate, int32_t T, int32_t N)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(out && shared && gate, "moe_shared_add: NULL argument");
+    CPU_REQUIRE(T >= 0 && N >= 1, "moe_shared_add: expected T >= 0, N >= 1, got %d, %d", (int)T, (int)N);
+    return cpu_op_moe_shared_add(ce, out, shared, gate, T, N);
+}
+
 static const executor_ops cpu_ops_table = {
     .destroy = cpu_destroy,
     .last_error = cpu_last_error,
@@ -395,6 +426,9 @@ static const executor_ops cpu_ops_table = {
     .gather_rows = cpu_gather_rows,
     .logits = cpu_logits,
     .copy_blocks = cpu_copy_blocks,
+    .moe_route = cpu_moe_route,
+    .moe_experts = cpu_moe_experts,
+    .moe_shared_add = cpu_moe_shared_add,
 };
 
 int cpu_executor_create(executor **out, const cpu_executor_params *p, pg_error *err)

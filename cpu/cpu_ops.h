@@ -34,6 +34,8 @@ typedef struct cpu_exec {
     size_t tok_seq_cap;
     int32_t *attn_tiles;    /* [attn_tiles_cap] first token row of each attention tile, then T */
     size_t attn_tiles_cap;
+    void *moe_buf;          /* [moe_cap] bytes: moe_experts' grouped rows (cpu_moe.c) */
+    size_t moe_cap;
     char err[1024];
 } cpu_exec;
 
@@ -71,6 +73,19 @@ int cpu_op_attention(cpu_exec *ce, float *out, const float *qkv, const void *k_c
 int cpu_op_attention_ref(cpu_exec *ce, float *out, const float *qkv, const void *k_cache,
                          const void *v_cache, int32_t nh, int32_t nkv, int32_t hd, float scale,
                          const step_batch *b);
+
+/* y [M][ldy] = x @ w^T (w [N][K] of type ce->wt) in the executor's matmul
+ * precision: the matmul op's product (cpu_executor.c). */
+int cpu_product(cpu_exec *ce, float *y, int64_t ldy, const float *x, const void *w, int32_t M, int32_t N,
+                int32_t K);
+/* Mixture of experts (cpu_moe.c; executor.h moe_route / moe_experts /
+ * moe_shared_add). */
+int cpu_op_moe_route(cpu_exec *ce, int32_t *ids, float *weights, const float *router, int32_t T, int32_t E,
+                     int32_t k, int32_t norm_topk);
+int cpu_op_moe_experts(cpu_exec *ce, float *out, const float *x, const int32_t *ids, const float *weights,
+                       void *const *w_gate_up, void *const *w_down, int32_t T, int32_t H, int32_t I, int32_t E,
+                       int32_t k);
+int cpu_op_moe_shared_add(cpu_exec *ce, float *out, const float *shared, const float *gate, int32_t T, int32_t N);
 
 /* Checks the step batch's own consistency (T, S, query_start, seq_lens vs
  * positions, logits_rows); "where" names the op. */

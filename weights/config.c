@@ -1,7 +1,9 @@
 /* config: Hugging Face LLaMA-family config.json / generation_config.json
  * -> plain data (see config.h). Key names and defaults follow transformers'
  * LlamaConfig (models/llama/configuration_llama.py), and for Qwen2 / Qwen3
- * Qwen2Config / Qwen3Config (models/qwen2|qwen3/configuration_*.py); keys
+ * Qwen2Config / Qwen3Config (models/qwen2|qwen3/configuration_*.py), for
+ * the mixtures of experts MixtralConfig / Qwen2MoeConfig / Qwen3MoeConfig
+ * (parse_moe); keys
  * we do not use are ignored, since real configs carry many. A JSON null
  * counts as absent (except num_key_value_heads and sliding_window on Qwen,
  * where null and absent differ). */
@@ -254,7 +256,9 @@ static int parse_rope(llama_config *c, const json_doc *d, const char *label, pg_
     if (prf != 1.0f)
         return pg_error_set(err, PG_EUNSUPPORTED, "%s: partial_rotary_factor %g: partial rotary embeddings are not supported (only 1.0)",
                             label, (double)prf);
-    c->rope_theta = 10000.0f; /* LlamaConfig / RotaryEmbeddingConfigMixin default_theta */
+    /* LlamaConfig / RotaryEmbeddingConfigMixin default_theta; MixtralConfig
+     * sets default_theta = 1e6 */
+    c->rope_theta = strcmp(c->architecture, "MixtralForCausalLM") == 0 ? 1000000.0f : 10000.0f;
     if ((rc = agree_float(&c->rope_theta, &have, "rope_theta", top_theta, has_top_theta, "rope_theta", &first, label,
                           err)) ||
         (rc = agree_float(&c->rope_theta, &have, "rope_theta", rp.theta, rp.has_theta, "rope_parameters.rope_theta",
@@ -290,6 +294,10 @@ static int parse_rope(llama_config *c, const json_doc *d, const char *label, pg_
 static int parse_sliding_window(llama_config *c, const json_doc *d, const char *label, pg_error *err)
 {
     bool mistral = strcmp(c->architecture, "MistralForCausalLM") == 0;
+    /* MixtralConfig: sliding_window defaults to None; set, every layer's
+     * MixtralAttention gets it (modeling_mixtral.py sliding_window=
+     * config.sliding_window), as Mistral */
+    bool mixtral = strcmp(c->architecture, "MixtralForCausalLM") == 0;
     int v = json_obj_get(d, 0, "sliding_window");
     c->sliding_window = 0;
     if (v < 0) {
@@ -299,7 +307,7 @@ static int parse_sliding_window(llama_config *c, const json_doc *d, const char *
     }
     if (json_is_null(d, v))
         return PG_OK;
-    if (!mistral)
+    if (!mistral && !mixtral)
         return pg_error_set(err, PG_EUNSUPPORTED, "%s: sliding_window is set for %s: LlamaConfig has no sliding window (supported: MistralForCausalLM's)",
                             label, c->architecture);
     return opt_int(d, 0, "sliding_window", 1, 1 << 24, &c->sliding_window, label, err);
@@ -314,6 +322,9 @@ static const struct {
     {"MistralForCausalLM", "mistral"},
     {"Qwen2ForCausalLM", "qwen2"},  /* Qwen2 and Qwen2.5 */
     {"Qwen3ForCausalLM", "qwen3"},  /* Qwen3 dense */
+    {"MixtralForCausalLM", "mixtral"},       /* mixture of experts */
+    {"Qwen2MoeForCausalLM", "qwen2_moe"},    /* Qwen1.5-MoE, Qwen2-MoE */
+    {"Qwen3MoeForCausalLM", "qwen3_moe"},    /* Qwen3-30B-A3B, ... */
 };
 /* The bare transformer of each family (no lm_head): how embedding models
  * built on them name themselves (e5-mistral-7b-instruct: MistralModel;
@@ -329,35 +340,41 @@ static const struct {
     {"Qwen2Model", "Qwen2ForCausalLM"},
     {"Qwen3Model", "Qwen3ForCausalLM"},
 };
-/* Refused by name: their MLP is a mixture of experts. */
+/* Refused by name: mixtures of experts whose routing or experts differ
+ * from the three above (sigmoid or grouped routers, biased experts, MLA
+ * attention, ...). */
 static const struct {
     const char *arch, *model_type;
 } moe_table[] = {
-    {"Qwen2MoeForCausalLM", "qwen2_moe"},
-    {"Qwen3MoeForCausalLM", "qwen3_moe"},
-    {"MixtralForCausalLM", "mixtral"},
+    {"GptOssForCausalLM", "gpt_oss"},
+    {"DeepseekV2ForCausalLM", "deepseek_v2"},
+    {"DeepseekV3ForCausalLM", "deepseek_v3"},
+    {"OlmoeForCausalLM", "olmoe"},
+    {"PhimoeForCausalLM", "phimoe"},
+    {"Qwen3NextForCausalLM", "qwen3_next"},
+    {"Llama4ForCausalLM", "llama4_text"},
 };
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 static int parse_architecture(llama_config *c, const json_doc *d, const char *label, pg_error *err)
 {
     static const char *const supported =
-        "supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM "
-        "(and their bare LlamaModel, MistralModel, Qwen2Model, Qwen3Model for embeddings)";
+        "supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+        "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM (and their bare LlamaModel, MistralModel, Qwen2Model, Qwen3Model for embeddings)";
     int a = get_key(d, "architectures");
     if (a < 0) {
         /* no architectures: fall back on model_type, as transformers' AutoModel does */
         int mt = get_key(d, "model_type");
         for (size_t k = 0; k < ARRAY_LEN(moe_table); k++)
             if (json_str_eq(d, mt, moe_table[k].model_type))
-                return pg_error_set(err, PG_EUNSUPPORTED, "%s: model_type '%s' (%s) is a mixture-of-experts model: not supported (%s)",
+                return pg_error_set(err, PG_EUNSUPPORTED, "%s: model_type '%s' (%s) is a mixture-of-experts model not implemented here (%s)",
                                     label, moe_table[k].model_type, moe_table[k].arch, supported);
         for (size_t k = 0; k < ARRAY_LEN(arch_table); k++)
             if (json_str_eq(d, mt, arch_table[k].model_type)) {
                 snprintf(c->architecture, sizeof c->architecture, "%s", arch_table[k].arch);
                 return PG_OK;
             }
-        return pg_error_set(err, PG_EUNSUPPORTED, "%s: no architectures and no llama/mistral/qwen2/qwen3 model_type (%s)",
+        return pg_error_set(err, PG_EUNSUPPORTED, "%s: no architectures and no llama/mistral/qwen2/qwen3/mixtral/qwen2_moe/qwen3_moe model_type (%s)",
                             label, supported);
     }
     int first = json_is_array(d, a) && json_size(d, a) >= 1 ? a + 1 : -1;
@@ -374,7 +391,7 @@ static int parse_architecture(llama_config *c, const json_doc *d, const char *la
             }
         for (size_t k = 0; k < ARRAY_LEN(moe_table); k++)
             if (strcmp(c->architecture, moe_table[k].arch) == 0)
-                return pg_error_set(err, PG_EUNSUPPORTED, "%s: architectures [\"%s\"] is a mixture-of-experts model: not supported (%s)",
+                return pg_error_set(err, PG_EUNSUPPORTED, "%s: architectures [\"%s\"] is a mixture-of-experts model not implemented here (%s)",
                                     label, moe_table[k].arch, supported);
     }
     char raw[64];
@@ -384,10 +401,24 @@ static int parse_architecture(llama_config *c, const json_doc *d, const char *la
     return pg_error_set(err, PG_EUNSUPPORTED, "%s: architectures %s not supported (%s)", label, raw, supported);
 }
 
-typedef enum cfg_family { FAM_LLAMA, FAM_MISTRAL, FAM_QWEN2, FAM_QWEN3 } cfg_family;
+typedef enum cfg_family {
+    FAM_LLAMA,
+    FAM_MISTRAL,
+    FAM_QWEN2,
+    FAM_QWEN3,
+    FAM_MIXTRAL,
+    FAM_QWEN2_MOE,
+    FAM_QWEN3_MOE
+} cfg_family;
 
 static cfg_family family_of(const char *arch)
 {
+    if (strcmp(arch, "MixtralForCausalLM") == 0)
+        return FAM_MIXTRAL;
+    if (strcmp(arch, "Qwen2MoeForCausalLM") == 0)
+        return FAM_QWEN2_MOE;
+    if (strcmp(arch, "Qwen3MoeForCausalLM") == 0)
+        return FAM_QWEN3_MOE;
     if (strcmp(arch, "MistralForCausalLM") == 0)
         return FAM_MISTRAL;
     if (strcmp(arch, "Qwen2ForCausalLM") == 0)
@@ -465,6 +496,106 @@ static int parse_qwen_window(llama_config *c, const json_doc *d, const char *lab
     return PG_OK;
 }
 
+/* Qwen2MoeConfig / Qwen3MoeConfig windows: refused when on. The two
+ * transformers versions disagree on which layers slide (v5 main 008e5743:
+ * Qwen2-MoE's default layer_types slide the even layers below
+ * max_window_layers, Qwen3MoeAttention gives every layer
+ * config.sliding_window), and no released MoE checkpoint sets
+ * use_sliding_window; an explicit all-"full_attention" layer_types is
+ * accepted. */
+static int parse_qwen_moe_window(llama_config *c, const json_doc *d, const char *label, pg_error *err)
+{
+    bool use = false;
+    int rc;
+    if ((rc = opt_bool(d, 0, "use_sliding_window", &use, NULL, label, err)))
+        return rc;
+    if (use)
+        return pg_error_set(err, PG_EUNSUPPORTED, "%s: use_sliding_window is true: sliding windows of %s are not supported",
+                            label, c->architecture);
+    int lt = get_key(d, "layer_types");
+    if (lt < 0)
+        return PG_OK;
+    if (!json_is_array(d, lt) || json_size(d, lt) != c->num_hidden_layers)
+        return pg_error_set(err, PG_EFORMAT, "%s: layer_types: expected a list of %d strings (num_hidden_layers)",
+                            label, (int)c->num_hidden_layers);
+    int j = lt + 1;
+    for (int32_t l = 0; l < c->num_hidden_layers; l++, j = json_skip(d, j))
+        if (!json_str_eq(d, j, "full_attention"))
+            return pg_error_set(err, PG_EUNSUPPORTED, "%s: layer_types[%d]: expected \"full_attention\" (%s windows are not supported)",
+                                label, (int)l, c->architecture);
+    return PG_OK;
+}
+
+/* The mixture of experts (config.h llama_family: n_experts ...), as
+ * transformers v5 main 008e5743 reads it (configuration_mixtral.py,
+ * configuration_qwen2_moe.py, configuration_qwen3_moe.py; modeling_*.py's
+ * decoder layers and SparseMoeBlocks):
+ *   Mixtral: num_local_experts 8, num_experts_per_tok 2, the experts are
+ *     intermediate_size wide, every layer sparse, the top-k weights always
+ *     renormalized (MixtralSparseMoeBlock); router_jitter_noise is training
+ *     only (ignored).
+ *   Qwen2-MoE: num_experts 60, num_experts_per_tok 4, moe_intermediate_size
+ *     1408, shared_expert_intermediate_size 5632, norm_topk_prob false.
+ *   Qwen3-MoE: num_experts 128, num_experts_per_tok 8, moe_intermediate_size
+ *     768, norm_topk_prob false, no shared expert.
+ *   Qwen: layer l is sparse iff l not in mlp_only_layers (default []) and
+ *     num_experts > 0 and (l + 1) % decoder_sparse_step == 0 (default 1);
+ *     other layers are a dense MLP of intermediate_size. */
+static int parse_moe(llama_config *c, const json_doc *d, cfg_family fam, const char *label, pg_error *err)
+{
+    llama_family *f = &c->family;
+    const bool mixtral = fam == FAM_MIXTRAL;
+    const int32_t L = c->num_hidden_layers;
+    int32_t E = mixtral ? 8 : fam == FAM_QWEN2_MOE ? 60 : 128;
+    int32_t k = mixtral ? 2 : fam == FAM_QWEN2_MOE ? 4 : 8;
+    int32_t Ie = mixtral ? c->intermediate_size : fam == FAM_QWEN2_MOE ? 1408 : 768;
+    int32_t Is = fam == FAM_QWEN2_MOE ? 5632 : 0;
+    int32_t step = 1;
+    bool norm = mixtral;
+    int rc;
+    if ((rc = opt_int(d, 0, mixtral ? "num_local_experts" : "num_experts", mixtral ? 1 : 0, 1 << 16, &E, label,
+                      err)) ||
+        (rc = opt_int(d, 0, "num_experts_per_tok", 1, 1 << 16, &k, label, err)))
+        return rc;
+    if (!mixtral &&
+        ((rc = opt_int(d, 0, "moe_intermediate_size", 1, 1 << 22, &Ie, label, err)) ||
+         (rc = opt_bool(d, 0, "norm_topk_prob", &norm, NULL, label, err)) ||
+         (rc = opt_int(d, 0, "decoder_sparse_step", 1, 1 << 24, &step, label, err))))
+        return rc;
+    if (fam == FAM_QWEN2_MOE && (rc = opt_int(d, 0, "shared_expert_intermediate_size", 0, 1 << 22, &Is, label, err)))
+        return rc;
+    if (E > 0 && k > E)
+        return pg_error_set(err, PG_EFORMAT, "%s: num_experts_per_tok: expected at most %s %d, got %d", label,
+                            mixtral ? "num_local_experts" : "num_experts", (int)E, (int)k);
+    memset(f->moe_layers, 0, sizeof f->moe_layers);
+    if (E > 0)
+        for (int32_t l = 0; l < L; l++)
+            if (mixtral || (l + 1) % step == 0)
+                f->moe_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    int ml = get_key(d, "mlp_only_layers");
+    if (!mixtral && ml >= 0) {
+        if (!json_is_array(d, ml))
+            return pg_error_set(err, PG_EFORMAT, "%s: mlp_only_layers: expected a list of layer indices", label);
+        int j = ml + 1;
+        for (int n = 0; n < json_size(d, ml); n++, j = json_skip(d, j)) {
+            int64_t l;
+            /* transformers tests `layer_idx not in mlp_only_layers`: an
+             * index past the layers changes nothing, nor do we */
+            if (json_get_int(d, j, 0, INT32_MAX, &l, err))
+                return pg_error_wrap(err, PG_EFORMAT, "%s: mlp_only_layers[%d]", label, n);
+            if (l < L)
+                f->moe_layers[l / 64] &= ~((uint64_t)1 << (l % 64));
+        }
+    }
+    f->n_experts = E;
+    f->n_experts_per_tok = k;
+    f->moe_intermediate_size = Ie;
+    f->shared_expert_intermediate_size = Is;
+    f->norm_topk_prob = norm;
+    f->moe_mixtral_keys = mixtral;
+    return PG_OK;
+}
+
 static int parse_doc(llama_config *c, const json_doc *d, const char *label, pg_error *err)
 {
     int rc;
@@ -480,20 +611,26 @@ static int parse_doc(llama_config *c, const json_doc *d, const char *label, pg_e
         return rc;
     const cfg_family fam = family_of(c->architecture);
     const bool qwen = fam == FAM_QWEN2 || fam == FAM_QWEN3;
+    const bool qwen_moe = fam == FAM_QWEN2_MOE || fam == FAM_QWEN3_MOE;
     int nh = c->num_attention_heads;
-    /* absent: LlamaConfig's None -> nh; Qwen2Config / Qwen3Config's 32.
+    /* absent: LlamaConfig's None -> nh; Qwen2Config / Qwen3Config's 32;
+     * Qwen2MoeConfig 16, Qwen3MoeConfig 4, MixtralConfig 8.
      * null: nh for every family ("for backward compatibility") */
     c->num_key_value_heads = nh;
-    if (qwen && json_obj_get(d, 0, "num_key_value_heads") < 0)
-        c->num_key_value_heads = 32;
+    if (json_obj_get(d, 0, "num_key_value_heads") < 0)
+        c->num_key_value_heads = qwen ? 32 : fam == FAM_QWEN2_MOE ? 16 : fam == FAM_QWEN3_MOE ? 4
+                                 : fam == FAM_MIXTRAL ? 8 : nh;
     if ((rc = opt_int(d, 0, "num_key_value_heads", 1, nh, &c->num_key_value_heads, label, err)))
         return rc;
     if (c->num_key_value_heads > nh || nh % c->num_key_value_heads != 0)
         return pg_error_set(err, PG_EFORMAT, "%s: num_key_value_heads: expected a divisor of num_attention_heads %d, got %d%s",
                             label, nh, c->num_key_value_heads,
-                            qwen && json_obj_get(d, 0, "num_key_value_heads") < 0 ? " (the Qwen default when absent)" : "");
+                            fam == FAM_LLAMA || fam == FAM_MISTRAL || json_obj_get(d, 0, "num_key_value_heads") >= 0
+                                ? "" : fam == FAM_MIXTRAL ? " (the Mixtral default when absent)"
+                                                          : " (the Qwen default when absent)");
     /* absent: hidden_size / nh (LlamaConfig; modeling_qwen2.py's getattr
-     * default), Qwen3Config's 128 */
+     * default; MixtralConfig's None; Qwen3MoeConfig has no head_dim and
+     * Qwen3MoeAttention's getattr falls back on it too), Qwen3Config's 128 */
     c->head_dim = fam == FAM_QWEN3 ? 128 : 0;
     if ((rc = opt_int(d, 0, "head_dim", 2, 4096, &c->head_dim, label, err)))
         return rc;
@@ -506,18 +643,24 @@ static int parse_doc(llama_config *c, const json_doc *d, const char *label, pg_e
     if (c->head_dim % 2 != 0)
         return pg_error_set(err, PG_EFORMAT, "%s: head_dim: expected an even number (rope rotates pairs), got %d", label,
                             c->head_dim);
-    c->max_position_embeddings = qwen ? 32768 : 2048; /* Qwen2Config / Qwen3Config; LlamaConfig */
-    c->rms_norm_eps = 1e-6f;           /* LlamaConfig, Qwen2Config, Qwen3Config */
+    /* Qwen2Config / Qwen3Config / Qwen2MoeConfig / Qwen3MoeConfig;
+     * MixtralConfig 4096 * 32; LlamaConfig */
+    c->max_position_embeddings = qwen || qwen_moe ? 32768 : fam == FAM_MIXTRAL ? 131072 : 2048;
+    /* LlamaConfig and the Qwen configs; MixtralConfig 1e-5 */
+    c->rms_norm_eps = fam == FAM_MIXTRAL ? 1e-5f : 1e-6f;
     if ((rc = opt_int(d, 0, "max_position_embeddings", 1, 1 << 24, &c->max_position_embeddings, label, err)) ||
         (rc = opt_float(d, 0, "rms_norm_eps", 0.0, 1, 1.0, &c->rms_norm_eps, NULL, label, err)) ||
         (rc = opt_bool(d, 0, "tie_word_embeddings", &c->tie_word_embeddings, NULL, label, err)))
         return rc;
     if ((rc = parse_rope(c, d, label, err)))
         return rc;
-    if ((rc = qwen ? parse_qwen_window(c, d, label, err) : parse_sliding_window(c, d, label, err)))
+    if ((rc = qwen ? parse_qwen_window(c, d, label, err)
+                   : qwen_moe ? parse_qwen_moe_window(c, d, label, err) : parse_sliding_window(c, d, label, err)))
+        return rc;
+    if ((fam == FAM_MIXTRAL || qwen_moe) && (rc = parse_moe(c, d, fam, label, err)))
         return rc;
 
-    if (!qwen) {
+    if (!qwen && !qwen_moe) {
         static const char *const biases[] = {"attention_bias", "mlp_bias"};
         for (int k = 0; k < 2; k++) {
             bool b = false;
@@ -533,8 +676,16 @@ static int parse_doc(llama_config *c, const json_doc *d, const char *label, pg_e
      * q_norm/k_norm always; attention_bias (default false) would add biases
      * to q, k, v and o_proj. */
     c->family.qkv_bias = fam == FAM_QWEN2;
-    c->family.qk_norm = fam == FAM_QWEN3;
-    if (fam == FAM_QWEN3) {
+    c->family.qk_norm = fam == FAM_QWEN3 || fam == FAM_QWEN3_MOE;
+    /* Qwen2MoeAttention: q/k/v_proj bias=config.qkv_bias (Qwen2MoeConfig
+     * default true), o_proj none */
+    if (fam == FAM_QWEN2_MOE) {
+        bool b = true;
+        if ((rc = opt_bool(d, 0, "qkv_bias", &b, NULL, label, err)))
+            return rc;
+        c->family.qkv_bias = b;
+    }
+    if (fam == FAM_QWEN3 || fam == FAM_QWEN3_MOE) {
         bool b = false;
         if ((rc = opt_bool(d, 0, "attention_bias", &b, NULL, label, err)))
             return rc;

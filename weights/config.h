@@ -45,14 +45,34 @@ typedef struct llama_family {
      * none does. */
     int32_t layer_window;
     uint64_t window_layers[LLAMA_MAX_LAYERS / 64];
+    /* Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; 0 experts: every
+     * MLP is dense). Layer l's MLP is sparse when bit l of moe_layers is
+     * set (Qwen: decoder_sparse_step and mlp_only_layers; Mixtral: every
+     * layer): router logits = h @ gate^T [E], p = softmax in f32 over all
+     * E, the n_experts_per_tok largest p (ties: the lower expert id),
+     * divided by their sum when norm_topk_prob, each expert an
+     * Llama MLP of moe_intermediate_size, summed in rank order
+     * (core/model.c, executor.h moe_route / moe_experts). */
+    int32_t n_experts;             /* E: num_local_experts (Mixtral) / num_experts (Qwen) */
+    int32_t n_experts_per_tok;     /* k <= E */
+    int32_t moe_intermediate_size; /* Ie: an expert's (Mixtral: intermediate_size) */
+    /* Qwen2-MoE: a shared expert of this size on every sparse layer, scaled
+     * by sigmoid(h @ shared_expert_gate^T) and added; 0 = none */
+    int32_t shared_expert_intermediate_size;
+    bool norm_topk_prob;           /* Mixtral: always */
+    /* checkpoint keys: block_sparse_moe.{gate,experts.E.w1|w3|w2} (Mixtral)
+     * instead of mlp.{gate,experts.E.gate_proj|up_proj|down_proj} (Qwen) */
+    bool moe_mixtral_keys;
+    uint64_t moe_layers[LLAMA_MAX_LAYERS / 64];
 } llama_family;
 
 typedef struct llama_config {
-    /* "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM" or
-     * "Qwen3ForCausalLM" */
+    /* "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+     * "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM" or
+     * "Qwen3MoeForCausalLM" */
     char architecture[64];
     int32_t hidden_size;          /* H */
-    int32_t intermediate_size;    /* I */
+    int32_t intermediate_size;    /* I (dense MLPs; Mixtral: the experts') */
     int32_t num_hidden_layers;    /* L */
     int32_t num_attention_heads;  /* nh */
     int32_t num_key_value_heads;  /* nkv (default nh); nh % nkv == 0 */
@@ -87,7 +107,7 @@ typedef struct llama_config {
 /* Parses config.json text (pure; fuzz target). `label` names the file in
  * messages. Checks ranges (sizes > 0, nh % nkv == 0, head_dim even, ...)
  * and refuses, naming the key, what would change the math and is not
- * implemented: unsupported architectures (MoE variants by name),
+ * implemented: unsupported architectures (other MoE families by name),
  * attention_bias/mlp_bias true on Llama/Mistral and attention_bias on
  * Qwen3, hidden_act other than silu, rope types other than
  * default/linear/llama3, partial_rotary_factor != 1, a sliding_window on a
@@ -108,6 +128,13 @@ int llama_config_merge_generation(llama_config *cfg, const char *json, size_t le
 /* Reads DIR/config.json and, when present, DIR/generation_config.json
  * (through pg_read_file with a size cap). *out is written only on success. */
 int llama_config_load(llama_config *out, const char *model_dir, pg_error *err);
+
+/* Whether layer l's MLP is a mixture of experts (llama_family.moe_layers). */
+static inline bool llama_layer_moe(const llama_config *c, int32_t l)
+{
+    return c->family.n_experts > 0 && l >= 0 && l < LLAMA_MAX_LAYERS &&
+           ((c->family.moe_layers[l / 64] >> (l % 64)) & 1u);
+}
 
 /* The attention window of layer l in tokens, 0 = full attention. */
 static inline int32_t llama_layer_window(const llama_config *c, int32_t l)

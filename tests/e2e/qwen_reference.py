@@ -12,7 +12,8 @@ numpy only (/usr/bin/python3); no torch, no transformers.
   MLP: down(silu(gate(x)) * up(x)); final norm; lm_head (tied: embed_tokens)
 
 Used by test_qwen.py: greedy tokens and logprobs (log_softmax of the raw
-logits) of a prompt.
+logits) of a prompt. moe_reference.py subclasses it for the mixtures of
+experts (the attention is the same; its mlp() differs).
 """
 import json
 import os
@@ -46,12 +47,17 @@ def load_safetensors(path):
 
 
 class QwenReference:
+    ARCHS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
     def __init__(self, model_dir):
         with open(os.path.join(model_dir, "config.json")) as f:
             c = json.load(f)
         arch = c["architectures"][0]
-        assert arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"), arch
+        assert arch in self.ARCHS, arch
+        self.config = c
         self.qwen3 = arch == "Qwen3ForCausalLM"
+        self.qkv_bias = not self.qwen3  # Qwen2Attention: bias=True
+        self.qk_norm = self.qwen3
         self.H = c["hidden_size"]
         self.L = c["num_hidden_layers"]
         self.nh = c["num_attention_heads"]
@@ -98,14 +104,14 @@ class QwenReference:
             q = h @ w[p + "self_attn.q_proj.weight"].T
             k = h @ w[p + "self_attn.k_proj.weight"].T
             v = h @ w[p + "self_attn.v_proj.weight"].T
-            if not self.qwen3:
+            if self.qkv_bias:
                 q = q + w[p + "self_attn.q_proj.bias"]
                 k = k + w[p + "self_attn.k_proj.bias"]
                 v = v + w[p + "self_attn.v_proj.bias"]
             q = q.reshape(n, self.nh, hd).transpose(1, 0, 2)
             k = k.reshape(n, self.nkv, hd).transpose(1, 0, 2)
             v = v.reshape(n, self.nkv, hd).transpose(1, 0, 2)
-            if self.qwen3:
+            if self.qk_norm:
                 q = self.rmsnorm(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rmsnorm(k, w[p + "self_attn.k_norm.weight"])
             q, k = self.rope(q, pos), self.rope(k, pos)
@@ -121,10 +127,19 @@ class QwenReference:
             a = (s / s.sum(axis=-1, keepdims=True)) @ v
             x = x + a.transpose(1, 0, 2).reshape(n, self.nh * hd) @ w[p + "self_attn.o_proj.weight"].T
             h = self.rmsnorm(x, w[p + "post_attention_layernorm.weight"])
-            gt = h @ w[p + "mlp.gate_proj.weight"].T
-            up = h @ w[p + "mlp.up_proj.weight"].T
-            x = x + (gt / (1.0 + np.exp(-gt)) * up) @ w[p + "mlp.down_proj.weight"].T
+            x = x + self.mlp(l, h)
         return self.rmsnorm(x, w["model.norm.weight"])
+
+    def dense_mlp(self, prefix, h, names=("gate_proj", "up_proj", "down_proj")):
+        """down(silu(gate(h)) * up(h)) of the tensors prefix + names"""
+        w = self.w
+        gt = h @ w[prefix + names[0] + ".weight"].T
+        up = h @ w[prefix + names[1] + ".weight"].T
+        return (gt / (1.0 + np.exp(-gt)) * up) @ w[prefix + names[2] + ".weight"].T
+
+    def mlp(self, l, h):
+        """layer l's MLP output for the normed rows h [n][hidden]"""
+        return self.dense_mlp(f"model.layers.{l}.mlp.", h)
 
     def greedy(self, prompt, max_tokens):
         """[(token, logprob, margin)] of greedy decoding: margin is the gap

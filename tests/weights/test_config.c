@@ -347,20 +347,131 @@ static void test_qwen_windows(void **state)
 static void test_qwen_refusals(void **state)
 {
     (void)state;
-    expect_refused(QBASE("Qwen2MoeForCausalLM", ""), "Qwen2MoeForCausalLM", "mixture-of-experts");
-    expect_refused(QBASE("Qwen3MoeForCausalLM", ""), "Qwen3MoeForCausalLM", "mixture-of-experts");
-    expect_refused("{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"intermediate_size\":172,"
+    /* MoE families other than Mixtral / Qwen2-MoE / Qwen3-MoE: by name */
+    expect_refused(QBASE("DeepseekV3ForCausalLM", ""), "DeepseekV3ForCausalLM", "mixture-of-experts");
+    expect_refused(QBASE("GptOssForCausalLM", ""), "GptOssForCausalLM", "mixture-of-experts");
+    expect_refused("{\"model_type\":\"olmoe\",\"hidden_size\":64,\"intermediate_size\":172,"
                    "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512}",
-                   "qwen3_moe", "mixture-of-experts");
-    expect_refused("{\"model_type\":\"qwen2_moe\",\"hidden_size\":64,\"intermediate_size\":172,"
-                   "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512}",
-                   "qwen2_moe", "mixture-of-experts");
+                   "olmoe", "mixture-of-experts");
     expect_refused(QBASE("Qwen3ForCausalLM", ",\"attention_bias\":true"), "attention_bias", NULL);
     expect_refused(QBASE("Qwen3ForCausalLM", ",\"hidden_act\":\"gelu\""), "hidden_act", NULL);
     expect_refused(QBASE("Qwen2ForCausalLM", ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0,"
                          "\"original_max_position_embeddings\":32768}"),
                    "yarn", NULL);
     expect_refused(QBASE("Qwen2VLForConditionalGeneration", ""), "not supported", "Qwen3ForCausalLM");
+}
+
+/* The three MoE families as transformers v5 main 008e5743 reads them
+ * (configuration_mixtral.py, configuration_qwen2_moe.py,
+ * configuration_qwen3_moe.py and their modeling files' decoder layers). */
+static bool layer_moe(const llama_config *c, int32_t l)
+{
+    return llama_layer_moe(c, l);
+}
+
+static void test_moe_configs(void **state)
+{
+    (void)state;
+    llama_config c;
+    /* Mixtral: 8 experts, top 2, experts of intermediate_size, always
+     * renormalized, every layer sparse; MixtralConfig's other defaults */
+    expect_ok(&c, QBASE("MixtralForCausalLM", ""));
+    assert_int_equal(c.family.n_experts, 8);
+    assert_int_equal(c.family.n_experts_per_tok, 2);
+    assert_int_equal(c.family.moe_intermediate_size, 172);
+    assert_int_equal(c.family.shared_expert_intermediate_size, 0);
+    assert_true(c.family.norm_topk_prob);
+    assert_true(c.family.moe_mixtral_keys);
+    assert_false(c.family.qkv_bias || c.family.qk_norm);
+    for (int32_t l = 0; l < 4; l++)
+        assert_true(layer_moe(&c, l));
+    assert_false(layer_moe(&c, 4));
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.head_dim, 2); /* 64 / 32 */
+    assert_true(c.rope_theta == 1000000.0f);
+    assert_true(c.rms_norm_eps == 1e-5f);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_int_equal(c.sliding_window, 0); /* None by default, unlike Mistral's 4096 */
+    expect_ok(&c, QBASE("MixtralForCausalLM", ",\"num_local_experts\":4,\"num_experts_per_tok\":3,"
+                        "\"sliding_window\":64,\"router_jitter_noise\":0.1,\"num_key_value_heads\":null"));
+    assert_int_equal(c.family.n_experts, 4);
+    assert_int_equal(c.family.n_experts_per_tok, 3);
+    assert_int_equal(c.sliding_window, 64);
+    assert_int_equal(c.num_key_value_heads, 32);
+    expect_ok(&c, "{\"model_type\":\"mixtral\",\"hidden_size\":64,\"intermediate_size\":172,"
+                  "\"num_hidden_layers\":4,\"num_attention_heads\":32,\"vocab_size\":512}");
+    assert_string_equal(c.architecture, "MixtralForCausalLM");
+    expect_refused(QBASE("MixtralForCausalLM", ",\"num_experts_per_tok\":9"), "num_experts_per_tok", "8");
+    expect_refused(QBASE("MixtralForCausalLM", ",\"num_local_experts\":0"), "num_local_experts", NULL);
+
+    /* Qwen2-MoE: 60 experts, top 4, 1408 / 5632 wide, no renormalization,
+     * q/k/v biases (qkv_bias), 16 kv heads */
+    expect_ok(&c, QBASE("Qwen2MoeForCausalLM", ""));
+    assert_int_equal(c.family.n_experts, 60);
+    assert_int_equal(c.family.n_experts_per_tok, 4);
+    assert_int_equal(c.family.moe_intermediate_size, 1408);
+    assert_int_equal(c.family.shared_expert_intermediate_size, 5632);
+    assert_false(c.family.norm_topk_prob);
+    assert_false(c.family.moe_mixtral_keys);
+    assert_true(c.family.qkv_bias);
+    assert_false(c.family.qk_norm);
+    assert_int_equal(c.num_key_value_heads, 16);
+    assert_int_equal(c.max_position_embeddings, 32768);
+    assert_true(c.rope_theta == 10000.0f && c.rms_norm_eps == 1e-6f);
+    for (int32_t l = 0; l < 4; l++)
+        assert_true(layer_moe(&c, l));
+    expect_ok(&c, QBASE("Qwen2MoeForCausalLM", ",\"qkv_bias\":false,\"decoder_sparse_step\":2,"
+                        "\"mlp_only_layers\":[3,17],\"norm_topk_prob\":true,\"shared_expert_intermediate_size\":0"));
+    assert_false(c.family.qkv_bias);
+    assert_true(c.family.norm_topk_prob);
+    assert_int_equal(c.family.shared_expert_intermediate_size, 0);
+    /* (l + 1) % 2 == 0 and l not in mlp_only_layers: layer 1 only */
+    assert_false(layer_moe(&c, 0));
+    assert_true(layer_moe(&c, 1));
+    assert_false(layer_moe(&c, 2));
+    assert_false(layer_moe(&c, 3));
+    /* num_experts 0: every layer dense */
+    expect_ok(&c, QBASE("Qwen2MoeForCausalLM", ",\"num_experts\":0"));
+    for (int32_t l = 0; l < 4; l++)
+        assert_false(layer_moe(&c, l));
+    expect_refused(QBASE("Qwen2MoeForCausalLM", ",\"decoder_sparse_step\":0"), "decoder_sparse_step", NULL);
+    expect_refused(QBASE("Qwen2MoeForCausalLM", ",\"mlp_only_layers\":[-1]"), "mlp_only_layers[0]", NULL);
+    expect_refused(QBASE("Qwen2MoeForCausalLM", ",\"use_sliding_window\":true"), "use_sliding_window", NULL);
+
+    /* Qwen3-MoE: 128 experts, top 8, 768 wide, q/k norms, 4 kv heads,
+     * head_dim hidden / heads when absent */
+    expect_ok(&c, QBASE("Qwen3MoeForCausalLM", ""));
+    assert_int_equal(c.family.n_experts, 128);
+    assert_int_equal(c.family.n_experts_per_tok, 8);
+    assert_int_equal(c.family.moe_intermediate_size, 768);
+    assert_int_equal(c.family.shared_expert_intermediate_size, 0);
+    assert_false(c.family.norm_topk_prob);
+    assert_true(c.family.qk_norm);
+    assert_false(c.family.qkv_bias);
+    assert_int_equal(c.num_key_value_heads, 4);
+    assert_int_equal(c.head_dim, 2);
+    /* Qwen3-30B-A3B's config.json (the hub's, trimmed to the keys read) */
+    expect_ok(&c, "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"decoder_sparse_step\":1,\"head_dim\":128,"
+                  "\"hidden_act\":\"silu\",\"hidden_size\":2048,\"intermediate_size\":6144,"
+                  "\"max_position_embeddings\":40960,\"max_window_layers\":48,\"mlp_only_layers\":[],"
+                  "\"model_type\":\"qwen3_moe\",\"moe_intermediate_size\":768,\"norm_topk_prob\":true,"
+                  "\"num_attention_heads\":32,\"num_experts\":128,\"num_experts_per_tok\":8,"
+                  "\"num_hidden_layers\":48,\"num_key_value_heads\":4,\"rms_norm_eps\":1e-06,"
+                  "\"rope_scaling\":null,\"rope_theta\":1000000.0,\"sliding_window\":null,"
+                  "\"tie_word_embeddings\":false,\"use_sliding_window\":false,\"vocab_size\":151936}");
+    assert_true(c.family.norm_topk_prob);
+    assert_int_equal(c.head_dim, 128);
+    for (int32_t l = 0; l < 48; l++)
+        assert_true(layer_moe(&c, l));
+    assert_int_equal(c.sliding_window, 0);
+    expect_refused(QBASE("Qwen3MoeForCausalLM", ",\"attention_bias\":true"), "attention_bias", NULL);
+    expect_refused(QBASE("Qwen3MoeForCausalLM", ",\"layer_types\":[\"full_attention\",\"sliding_attention\","
+                         "\"full_attention\",\"full_attention\"]"),
+                   "layer_types[1]", NULL);
+    /* dense families have no experts */
+    expect_ok(&c, QBASE("Qwen3ForCausalLM", ",\"num_experts\":8"));
+    assert_int_equal(c.family.n_experts, 0);
+    assert_false(layer_moe(&c, 0));
 }
 
 static void test_merge_generation(void **state)
@@ -431,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_qwen_defaults),
         cmocka_unit_test(test_qwen_windows),
         cmocka_unit_test(test_qwen_refusals),
+        cmocka_unit_test(test_moe_configs),
         cmocka_unit_test(test_merge_generation),
         cmocka_unit_test(test_load_errors),
     };
