@@ -783,6 +783,52 @@ static void test_config_rules(void **state)
     lora_config_free(&c);
 }
 
+/* scripts/make-synthetic-lora writes what this library reads: its
+ * layers_to_transform, rank_pattern, rslora and --zero-b arrive as written
+ * (skipped where /usr/bin/python3 with numpy is missing). */
+static void test_synthetic_script(void **state)
+{
+    (void)state;
+    if (system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "no /usr/bin/python3 with numpy: skipped\n");
+        skip();
+    }
+    char dir[256], cmd[2048];
+    const char *tb = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/pg_lora_script_XXXXXX", tb && *tb ? tb : "/tmp");
+    assert_non_null(mkdtemp(dir));
+    char shared[1024];
+    snprintf(shared, sizeof shared, "%s", pg_test_shared_path("models/stories260K"));
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/make-synthetic-lora %s %s --r 4 --alpha 8 --rslora "
+             "--rank-pattern layers.1.self_attn.q_proj=2 --layers 0,1,3 --dtype bf16 --zero-b --seed 7",
+             pg_test_source_root(), shared, dir);
+    assert_int_equal(system(cmd), 0);
+    lora_adapter *ad = NULL;
+    pg_error e = {{0}};
+    if (lora_adapter_load(&ad, dir, &base, &e) != 0) {
+        fprintf(stderr, "%s\n", e.msg);
+        fail();
+    }
+    assert_string_equal(ad->base_model_name_or_path + strlen(ad->base_model_name_or_path) - 11, "stories260K");
+    assert_int_equal(ad->n_adapted, 3 * LORA_NPROJ);
+    assert_int_equal(lora_adapter_at(ad, 1, LORA_Q)->r, 2);
+    assert_int_equal(lora_adapter_at(ad, 1, LORA_K)->r, 4);
+    assert_int_equal(lora_adapter_at(ad, 2, LORA_K)->r, 0);
+    assert_true(fabsf(lora_adapter_at(ad, 1, LORA_Q)->scale - 8.f / sqrtf(2.f)) < 1e-6f);
+    assert_true(lora_adapter_at(ad, 3, LORA_DOWN)->scale == 4.0f);
+    for (int l = 0; l < 5; l++)
+        for (int p = 0; p < LORA_NPROJ; p++) {
+            const lora_weights *w = lora_adapter_at(ad, l, (lora_proj)p);
+            double sa = 0;
+            for (int64_t i = 0; i < (int64_t)w->r * w->in; i++) sa += fabs(w->A[i]);
+            for (int64_t i = 0; i < (int64_t)w->out * w->r; i++) assert_true(w->B[i] == 0.0f);
+            assert_true(w->r == 0 || sa > 0);
+        }
+    lora_adapter_free(ad);
+    snprintf(cmd, sizeof cmd, "rm -r '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -800,6 +846,7 @@ int main(void)
         cmocka_unit_test(test_load_folder),
         cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_config_rules),
+        cmocka_unit_test(test_synthetic_script),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
