@@ -30,7 +30,9 @@ static int compile_re(void **out, const char *pat, size_t len, uint32_t opts, co
 }
 
 /* Matches re against s; returns 1/0 and, when g1 is given, group 1's value
- * as a non-negative integer (-1 when unset or not digits). */
+ * as a non-negative integer (-1 when unset or not digits). A match error
+ * (PCRE2's match limit: catastrophic backtracking) counts as no match
+ * (weights/README.md). */
 static int run_re(const void *re, const char *s, int64_t *g1)
 {
     pcre2_match_data *md = pcre2_match_data_create_from_pattern((const pcre2_code *)re, NULL);
