@@ -520,12 +520,18 @@ static void test_refused_keys(void **state)
             snprintf(cfg, sizeof cfg, "{%s,\"target_modules\":[\"q_proj\"]}", cases[k].extra);
         expect_refused(&a, cfg, cases[k].sub, NULL);
     }
-    /* the same keys at their off values are accepted */
+    /* the same keys at their off values are accepted, beside the rest of
+     * what PEFT 0.20's save_pretrained writes */
     lora_adapter *ad = expect_ok(&a, "{\"r\":2,\"target_modules\":[\"q_proj\"],\"use_dora\":false,"
                                      "\"modules_to_save\":[],\"lora_bias\":false,\"trainable_token_indices\":null,"
                                      "\"target_parameters\":null,\"layer_replication\":null,"
                                      "\"alora_invocation_tokens\":null,\"use_qalora\":false,\"bias\":\"none\","
-                                     "\"peft_type\":\"LORA\",\"exclude_modules\":null}");
+                                     "\"peft_type\":\"LORA\",\"exclude_modules\":null,\"loftq_config\":{},"
+                                     "\"megatron_config\":null,\"megatron_core\":\"megatron.core\","
+                                     "\"runtime_config\":{\"ephemeral_gpu_offload\":false},\"eva_config\":null,"
+                                     "\"corda_config\":null,\"qalora_group_size\":16,\"auto_mapping\":null,"
+                                     "\"arrow_config\":null,\"ensure_weight_tying\":false,\"use_bdlora\":null,"
+                                     "\"kasa_config\":null,\"velora_config\":null,\"monteclora_config\":null}");
     lora_adapter_free(ad);
     expect_refused(&a, "{\"r\":2}", "'target_modules' is absent", NULL);
     expect_refused(&a, "{\"r\":2,\"target_modules\":null}", "'target_modules' is absent", NULL);
