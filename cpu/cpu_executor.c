@@ -140,7 +140,11 @@ static void *cpu_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
     /* Large buffers (weights, the KV cache) are 2 MiB aligned and asked to
      * be backed by transparent huge pages: attention streams K/V rows
      * scattered over the pool, and 4 KiB pages cost it TLB misses (~17%
-     * faster attention in a micro-benchmark). A refusal is harmless. */
+     * faster attention in a micro-benchmark). Measured through the CLI
+     * (bench/RESULTS.md, 2026-11-28, 110m bf16, 64 x 128+128): 4 KiB KV
+     * pages +26% user time, 4 KiB weight pages +23%; what 4 KiB KV pages
+     * save is the first touch of a small run's huge pages (54 vs 9 MiB for
+     * one request: each K/V plane's first 2 MiB). A refusal is harmless. */
     size_t align = bytes >= CPU_HUGE_PAGE_BYTES ? CPU_HUGE_PAGE_BYTES : 64;
     void *p = NULL;
     if (posix_memalign(&p, align, bytes) != 0) {
