@@ -363,8 +363,9 @@ static void cpu_kv_pages(cpu_exec *ce, const char *k_cache, const char *v_cache,
     char *const base = ce->kv_buf;
     const size_t bytes = ce->kv_buf_bytes;
     if (ce->kv_pages_stage == 0) {
-        const size_t plane = v_cache > k_cache ? (size_t)(v_cache - k_cache) : 0;
-        if (k_cache < base || k_cache >= base + bytes || plane == 0 || plane > bytes) {
+        const uintptr_t k = (uintptr_t)k_cache, v = (uintptr_t)v_cache, b0 = (uintptr_t)base;
+        const size_t plane = v > k ? (size_t)(v - k) : 0;
+        if (k < b0 || k >= b0 + bytes || plane == 0 || plane > bytes) {
             ce->kv_pages_stage = 2; /* not the layout above: all huge at once */
             (void)madvise(base, bytes, MADV_HUGEPAGE);
             return;
@@ -393,7 +394,7 @@ static void cpu_kv_pages(cpu_exec *ce, const char *k_cache, const char *v_cache,
             return;
         ce->kv_pages_stage = 2;
         (void)madvise(base, bytes, MADV_HUGEPAGE);
-        const size_t plane = (size_t)(v_cache - k_cache), h = CPU_HUGE_PAGE_BYTES;
+        const size_t plane = (size_t)((uintptr_t)v_cache - (uintptr_t)k_cache), h = CPU_HUGE_PAGE_BYTES;
         for (size_t ps = 0; ps + plane <= bytes; ps += plane) {
             uintptr_t lo, hi;
             const uintptr_t s = (uintptr_t)(base + ps) / h * h;
