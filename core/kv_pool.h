@@ -31,9 +31,10 @@
  * and taking it before an untouched block would evict a prefix that vLLM
  * keeps (vllm/v1/core/block_pool.py: freed blocks, cached or not, are
  * appended to the free queue's tail and new blocks pop its head, so never
- * used blocks go first). A first touch costs the kernel ~0.1 ms per MiB on
- * bare metal; a recomputed 16-token block costs a prefill, so the cache is
- * kept and the walk is the price (bench/RESULTS.md, 2026-11-28).
+ * used blocks go first). A first touch costs the kernel 0.04 ms per MiB
+ * when the host has the memory at hand (up to 2.6 ms on a VM that hands
+ * freed memory back); a recomputed 16-token block costs a prefill, so the
+ * cache is kept and the walk is the price (bench/RESULTS.md, 2026-11-28).
  *
  * Block tables live in the pool (so the invariant checker can see them) and
  * are named by a small integer handle. A table covers n_tokens token slots
