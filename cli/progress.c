@@ -176,8 +176,11 @@ void cli_progress_summary(cli_progress *p, const cli_progress_counts *c, const e
         if (wall > 0.0)
             snprintf(busy, sizeof busy, " in %.2f s since the process started, %.2f cores busy on average",
                      wall, (user + sys) / wall);
-        say(p, "pagedgen: cpu time: %.2f s user, %.2f s system (%.1f%% system)%s\n", user, sys,
-            user + sys > 0 ? 100.0 * sys / (user + sys) : 0.0, busy);
+        /* the page faults and the peak resident set say how much fresh
+         * memory the system time went to (a huge-page fault maps 2 MiB) */
+        say(p, "pagedgen: cpu time: %.2f s user, %.2f s system (sys %.1f%%; %ld page faults, peak "
+            "resident %.0f MiB)%s\n", user, sys, user + sys > 0 ? 100.0 * sys / (user + sys) : 0.0,
+            ru.ru_minflt + ru.ru_majflt, (double)ru.ru_maxrss / 1024.0, busy);
     }
     double peak = s->num_blocks > 0 ? 100.0 * s->blocks_in_use_peak / s->num_blocks : 0.0;
     say(p, "pagedgen: kv cache: %d blocks, peak %d in use (%.1f%%), utilization %.1f%% (mean filled "

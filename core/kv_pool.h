@@ -17,6 +17,25 @@
  * they are evicted last, LRU), freed blocks without one go to the head.
  * Taking an evictable block evicts it (its cache entry is removed).
  *
+ * Which memory a run touches (the KV buffer's pages are faulted in, and on
+ * a first touch zeroed by the kernel, as blocks are first written): the
+ * queue starts in id order, so it is always [free blocks freed since,
+ * newest first] [never-taken blocks, ascending id] [evictable blocks, least
+ * recently freed first]. A never-taken block is taken only when no touched
+ * block is free without a cache entry, and then the lowest id: the touched
+ * blocks are always ids 0 .. n-1 (tests/core/test_kv_pool.c
+ * test_touch_order, and the random walk checks it after every step).
+ * Without prefix caching n is the peak of blocks in use. With prefix
+ * caching a long run of distinct prompts walks the whole pool before its
+ * first eviction: an evictable block is the only one holding its prefix,
+ * and taking it before an untouched block would evict a prefix that vLLM
+ * keeps (vllm/v1/core/block_pool.py: freed blocks, cached or not, are
+ * appended to the free queue's tail and new blocks pop its head, so never
+ * used blocks go first). A first touch costs the kernel 0.04 ms per MiB
+ * when the host has the memory at hand (up to 2.6 ms on a VM that hands
+ * freed memory back); a recomputed 16-token block costs a prefill, so the
+ * cache is kept and the walk is the price (bench/RESULTS.md, 2026-11-28).
+ *
  * Block tables live in the pool (so the invariant checker can see them) and
  * are named by a small integer handle. A table covers n_tokens token slots
  * with ceil(n_tokens / block_size) blocks (contiguous-layout tables may

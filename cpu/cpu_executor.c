@@ -141,17 +141,31 @@ static void *cpu_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
     /* Large buffers (weights, the KV cache) are 2 MiB aligned and asked to
      * be backed by transparent huge pages: attention streams K/V rows
      * scattered over the pool, and 4 KiB pages cost it TLB misses (~17%
-     * faster attention in a micro-benchmark). A refusal is harmless. */
+     * faster attention in a micro-benchmark). Measured through the CLI
+     * (bench/RESULTS.md, 2026-11-28, 110m bf16, 64 x 128+128): 4 KiB KV
+     * pages +26% user time, 4 KiB weight pages +23%. The KV buffer (not
+     * prefaulted) is asked plane by plane at its first write instead, its
+     * leads in 4 KiB pages while the run is small (cpu_kv_pages: one
+     * request touched 54 MiB of huge pages for 9 MiB of slots). A refusal
+     * is harmless. */
     size_t align = bytes >= CPU_HUGE_PAGE_BYTES ? CPU_HUGE_PAGE_BYTES : 64;
     void *p = NULL;
     if (posix_memalign(&p, align, bytes) != 0) {
         cpu_exec_fail(ce, PG_ENOMEM, "alloc: out of memory for %zu bytes", bytes);
         return NULL;
     }
+    if (align == CPU_HUGE_PAGE_BYTES && kind == EXEC_KV && !ce->prefault_kv) {
+        /* huge pages asked for at the first KV write, by plane
+         * (cpu_kv_pages) */
+        ce->kv_buf = p;
+        ce->kv_buf_bytes = bytes;
+        ce->kv_pages_stage = 0;
+        ce->kv_lead_bytes = 0;
+    } else if (align == CPU_HUGE_PAGE_BYTES) {
 #ifdef MADV_HUGEPAGE
-    if (align == CPU_HUGE_PAGE_BYTES)
         (void)madvise(p, bytes, MADV_HUGEPAGE);
 #endif
+    }
     if (kind == EXEC_KV && ce->prefault_kv)
         memset(p, 0, bytes);
     return p;
@@ -159,7 +173,9 @@ static void *cpu_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
 
 static void cpu_free(executor *ex, void *p)
 {
-    (void)ex;
+    cpu_exec *ce = cpu_of(ex);
+    if (p && p == ce->kv_buf)
+        ce->kv_buf = NULL;
     free(p);
 }
 
@@ -311,6 +327,94 @@ static int cpu_rope(executor *ex, void *qkv, const float *inv_freq, int32_t nh, 
     return cpu_op_rope(ce, qkv, inv_freq, nh, nkv, hd, b);
 }
 
+bool cpu_kv_tail_range(uintptr_t ps, size_t plane_bytes, uintptr_t *lo, uintptr_t *hi)
+{
+    const uintptr_t h = CPU_HUGE_PAGE_BYTES, page = 4096;
+    if (plane_bytes > UINTPTR_MAX - ps || ps > UINTPTR_MAX - 2 * h)
+        return false;
+    const uintptr_t a = (ps + h + h - 1) / h * h, e = (ps + plane_bytes) / page * page;
+    if (e <= a)
+        return false;
+    *lo = a;
+    *hi = e;
+    return true;
+}
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1 */
+#endif
+
+/* Huge pages of the KV buffer in proportion to the run (issue 34 item 3).
+ * The pool hands out blocks lowest id first (core/kv_pool.h), so a run
+ * writes each plane's leading slots; asked for huge pages at allocation,
+ * one request's first write in each of the 2 x layers planes faulted in a
+ * whole 2 MiB page (54 MiB resident for 9 MiB of slots, 110m bf16), which
+ * the kernel zeroes. So: at the first write the planes are found (model.c
+ * lays them out back to back, V of a layer one plane after its K) and
+ * every plane but its lead is asked for huge pages; once a write reaches
+ * past the smallest lead, the leads are asked too and collapsed into huge
+ * pages (MADV_COLLAPSE; refused on kernels before 6.1: they stay 4 KiB),
+ * so a long run's attention reads huge pages everywhere, as before
+ * (bench/RESULTS.md, 2026-11-28: 4 KiB KV pages cost +26% user time at
+ * batch 64). Only madvise calls: what the buffer holds never changes. */
+static void cpu_kv_pages(cpu_exec *ce, const char *k_cache, const char *v_cache, int32_t nkv,
+                         int32_t hd, const step_batch *b)
+{
+#ifdef MADV_HUGEPAGE
+    char *const base = ce->kv_buf;
+    const size_t bytes = ce->kv_buf_bytes;
+    if (ce->kv_pages_stage == 0) {
+        const uintptr_t k = (uintptr_t)k_cache, v = (uintptr_t)v_cache, b0 = (uintptr_t)base;
+        const size_t plane = v > k ? (size_t)(v - k) : 0;
+        if (k < b0 || k >= b0 + bytes || plane == 0 || plane > bytes) {
+            ce->kv_pages_stage = 2; /* not the layout above: all huge at once */
+            (void)madvise(base, bytes, MADV_HUGEPAGE);
+            return;
+        }
+        size_t lead = bytes;
+        for (size_t ps = 0; ps + plane <= bytes; ps += plane) {
+            uintptr_t lo, hi;
+            if (cpu_kv_tail_range((uintptr_t)(base + ps), plane, &lo, &hi)) {
+                (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+                if (lo - (uintptr_t)(base + ps) < lead)
+                    lead = lo - (uintptr_t)(base + ps);
+            } else if (plane < lead) {
+                lead = plane;
+            }
+        }
+        ce->kv_lead_bytes = lead;
+        ce->kv_pages_stage = 1;
+    }
+    if (ce->kv_pages_stage == 1) {
+        const size_t slot_bytes = (size_t)nkv * (size_t)hd * (size_t)ce->base.kv_bytes;
+        int64_t top = -1;
+        for (int32_t t = 0; t < b->num_tokens; t++)
+            if (b->slots[t] > top)
+                top = b->slots[t];
+        if (top < 0 || (size_t)(top + 1) * slot_bytes <= ce->kv_lead_bytes)
+            return;
+        ce->kv_pages_stage = 2;
+        (void)madvise(base, bytes, MADV_HUGEPAGE);
+        const size_t plane = (size_t)((uintptr_t)v_cache - (uintptr_t)k_cache), h = CPU_HUGE_PAGE_BYTES;
+        for (size_t ps = 0; ps + plane <= bytes; ps += plane) {
+            uintptr_t lo, hi;
+            const uintptr_t s = (uintptr_t)(base + ps) / h * h;
+            if (!cpu_kv_tail_range((uintptr_t)(base + ps), plane, &lo, &hi))
+                lo = (uintptr_t)(base + ps + plane) / 4096 * 4096;
+            if (lo > s) /* (s >= base: the buffer is 2 MiB aligned) */
+                (void)madvise((void *)s, lo - s, MADV_COLLAPSE);
+        }
+    }
+#else
+    (void)ce;
+    (void)k_cache;
+    (void)v_cache;
+    (void)nkv;
+    (void)hd;
+    (void)b;
+#endif
+}
+
 static int cpu_kv_write(executor *ex, void *k_cache, void *v_cache, const void *qkv, int32_t nh,
                         int32_t nkv, int32_t hd, const step_batch *b)
 {
@@ -319,6 +423,8 @@ static int cpu_kv_write(executor *ex, void *k_cache, void *v_cache, const void *
     if (rc || (rc = cpu_check_heads(ce, "kv_write", nh, nkv, hd)))
         return rc;
     CPU_REQUIRE(k_cache && v_cache && qkv && b->slots, "kv_write: NULL argument");
+    if (ce->kv_buf && ce->kv_pages_stage < 2)
+        cpu_kv_pages(ce, k_cache, v_cache, nkv, hd, b);
     return cpu_op_kv_write(ce, k_cache, v_cache, qkv, nh, nkv, hd, b);
 }
 

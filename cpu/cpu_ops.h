@@ -27,6 +27,14 @@ typedef struct cpu_exec {
     cpu_kv kv;              /* storage of EXEC_KV buffers */
     int32_t precision;      /* cpu_matmul_precision of matmul and logits */
     bool prefault_kv;       /* cpu_executor_params.prefault_kv */
+    /* The KV buffer's huge pages, grown with the run (cpu_executor.c
+     * cpu_kv_pages): the last EXEC_KV buffer allocated without prefault,
+     * its bytes, the stage (0: planes not known yet, 1: each plane's tail
+     * huge, its lead in 4 KiB pages, 2: all huge) and the smallest lead. */
+    char *kv_buf;
+    size_t kv_buf_bytes;
+    int32_t kv_pages_stage;
+    size_t kv_lead_bytes;
     void *act_q;            /* [act_q_cap] bytes: x rounded / quantized for a mode's product */
     size_t act_q_cap;
     cpu_scratch *scratch;   /* [n_threads] */
@@ -38,6 +46,14 @@ typedef struct cpu_exec {
     size_t moe_cap;
     char err[1024];
 } cpu_exec;
+
+/* The part [*lo, *hi) of the KV plane [ps, ps + plane_bytes) asked for
+ * transparent huge pages from a run's first KV write on: from the first
+ * 2 MiB boundary at least 2 MiB past the plane's start to the plane's last
+ * whole 4 KiB page. The lead before it (2 to 4 MiB: the blocks the pool
+ * hands out first) stays in 4 KiB pages until the run outgrows it. False
+ * (nothing asked) when the plane ends inside its lead. */
+bool cpu_kv_tail_range(uintptr_t ps, size_t plane_bytes, uintptr_t *lo, uintptr_t *hi);
 
 /* Formats ce->err; returns status. */
 int cpu_exec_fail(cpu_exec *ce, int status, const char *fmt, ...)

@@ -285,6 +285,30 @@ static void test_contiguous_reservation(void **state)
     kv_pool_destroy(p);
 }
 
+/* Blocks ever taken for content (epoch > 0: what the KV buffer's pages
+ * have been written at). The pool hands out never-taken blocks in address
+ * order, so they are always the leading ids 0 .. n-1: checked here. */
+static int32_t touched_prefix(const kv_pool *p)
+{
+    const int32_t nb = kv_pool_num_blocks(p);
+    int32_t n = 0;
+    while (n < nb && kv_pool_block_epoch(p, n) > 0) n++;
+    for (int32_t b = n; b < nb; b++)
+        if (kv_pool_block_epoch(p, b) > 0)
+            fail_msg("block %d was taken before untouched block %d", (int)b, (int)n);
+    return n;
+}
+
+/* Touched blocks that are free and hold no cache entry (reusable without
+ * evicting anything and without touching a new page). */
+static int32_t touched_free_uncached(const kv_pool *p, int32_t touched)
+{
+    int32_t n = 0;
+    for (int32_t b = 0; b < touched; b++)
+        if (kv_pool_block_ref(p, b) == 0 && !kv_pool_block_cached(p, b)) n++;
+    return n;
+}
+
 /* A random walk of every operation, the checker after each one; at the end
  * every block is free or evictable. */
 static void test_random_walk_keeps_invariants(void **state)
@@ -320,10 +344,19 @@ static void test_random_walk_keeps_invariants(void **state)
                 }
                 kv_pool_metrics before, after;
                 kv_pool_get_metrics(p, &before);
+                const int32_t touched0 = touched_prefix(p);
                 bool can = kv_pool_can_allocate(p, t, hits, n_hits, add);
                 int rc = kv_pool_allocate(p, t, hits, n_hits, add, NULL, NULL);
                 assert_int_equal(rc, can ? PG_OK : PG_ENOSPACE);
                 if (rc == PG_OK) {
+                    /* the touch order: a never-taken block only once no
+                     * touched block is free without a cache entry, and a
+                     * cached block evicted only once every block is touched */
+                    const int32_t touched1 = touched_prefix(p);
+                    if (touched1 > touched0)
+                        assert_int_equal(touched_free_uncached(p, touched1), 0);
+                    kv_pool_get_metrics(p, &after);
+                    if (after.evictions > before.evictions) assert_int_equal(touched1, nb);
                     kv_pool_commit(p, t, toks[i], kv_pool_table_tokens(p, t));
                 } else {
                     kv_pool_get_metrics(p, &after);
@@ -462,6 +495,75 @@ static void test_drop_before_window(void **state)
     kv_pool_destroy(p);
 }
 
+/* Which pages of the KV buffer a run writes: a block never taken before is
+ * taken only when no touched block is free without a cache entry, and then
+ * the lowest such id (so the pages written are the leading ones, in
+ * proportion to the blocks the run has held); a cached prefix is evicted
+ * only when every block has been touched (it outlives untouched blocks, as
+ * in vLLM's FreeKVCacheBlockQueue, where never-used blocks precede the
+ * freed cached ones). Without prefix caching a run of one request at a
+ * time never leaves its first blocks. */
+static void test_touch_order(void **state)
+{
+    (void)state;
+    const int32_t bs = 2;
+    kv_pool *p = make_pool(8, bs, true);
+    int32_t ids[6] = {1, 2, 3, 4, 5, 6};
+    int32_t a = new_table(p), n;
+    assert_int_equal(kv_pool_allocate(p, a, NULL, 0, 5, NULL, NULL), PG_OK);
+    const int32_t *blk = kv_pool_table_blocks(p, a, &n);
+    assert_int_equal(n, 3);
+    for (int32_t i = 0; i < 3; i++) assert_int_equal(blk[i], i);
+    kv_pool_commit(p, a, ids, 5); /* blocks 0 and 1 cached, 2 partly filled */
+    kv_pool_table_delete(p, a);
+    check(p);
+    /* the touched uncached block first, then the untouched ones in address
+     * order, while the cached prefix stays */
+    int32_t b = new_table(p);
+    assert_int_equal(kv_pool_allocate(p, b, NULL, 0, 2 * bs, NULL, NULL), PG_OK);
+    blk = kv_pool_table_blocks(p, b, &n);
+    assert_int_equal(n, 2);
+    assert_int_equal(blk[0], 2);
+    assert_int_equal(blk[1], 3);
+    assert_int_equal(kv_pool_allocate(p, b, NULL, 0, 4 * bs, NULL, NULL), PG_OK);
+    blk = kv_pool_table_blocks(p, b, &n);
+    for (int32_t i = 2; i < 6; i++) assert_int_equal(blk[i], i + 2);
+    int32_t hits[3];
+    assert_int_equal(kv_pool_match_prefix(p, ids, 2, hits), 2);
+    kv_pool_metrics m;
+    kv_pool_get_metrics(p, &m);
+    assert_int_equal(m.evictions, 0);
+    check(p);
+    kv_pool_table_delete(p, b);
+    kv_pool_destroy(p);
+
+    /* no prefix caching: 50 requests of 3 blocks one after another touch 3 */
+    p = make_pool(64, bs, false);
+    for (int r = 0; r < 50; r++) {
+        int32_t t = new_table(p);
+        assert_int_equal(kv_pool_allocate(p, t, NULL, 0, 3 * bs, NULL, NULL), PG_OK);
+        kv_pool_table_delete(p, t);
+    }
+    assert_int_equal(touched_prefix(p), 3);
+    kv_pool_destroy(p);
+
+    /* prefix caching, distinct prompts: every released prefix is still
+     * found while untouched blocks remain; the walk touches the pool */
+    p = make_pool(12, bs, true);
+    int32_t pr[6][4];
+    for (int r = 0; r < 6; r++) {
+        for (int32_t k = 0; k < 4; k++) pr[r][k] = 100 * r + k;
+        int32_t t = new_table(p);
+        assert_int_equal(kv_pool_allocate(p, t, NULL, 0, 4, NULL, NULL), PG_OK);
+        kv_pool_commit(p, t, pr[r], 4);
+        kv_pool_table_delete(p, t);
+        check(p);
+        for (int q = 0; q <= r; q++) assert_int_equal(kv_pool_match_prefix(p, pr[q], 2, hits), 2);
+        assert_int_equal(touched_prefix(p), 2 * (r + 1));
+    }
+    kv_pool_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -475,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_random_walk_keeps_invariants),
         cmocka_unit_test(test_free_after_cached_and_epoch),
         cmocka_unit_test(test_drop_before_window),
+        cmocka_unit_test(test_touch_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

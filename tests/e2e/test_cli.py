@@ -926,6 +926,15 @@ def case_progress():
     check(text.count("/? requests") >= 2, "no periodic progress lines on a non-TTY stderr")
     for w in ("200 requests ok", "prefix cache:", "preemptions", "gen tok/s", "utilization"):
         check(w in text, f"summary lacks {w!r}")
+    # the CPU time with its system share, the page faults and the peak
+    # resident set (getrusage): the share agrees with the two times
+    m = re.search(r"cpu time: ([0-9.]+) s user, ([0-9.]+) s system \(sys ([0-9.]+)%; (\d+) page faults, "
+                  r"peak resident (\d+) MiB\)", text)
+    check(m is not None, f"no cpu time line in {text[-800:]!r}")
+    user, sys_s, share = float(m.group(1)), float(m.group(2)), float(m.group(3))
+    if user + sys_s >= 0.5:  # (the printed times are rounded to 10 ms)
+        check(abs(share - 100.0 * sys_s / (user + sys_s)) < 5.0, f"sys share {m.groups()}")
+    check(int(m.group(4)) > 0 and int(m.group(5)) > 0, f"faults / resident {m.groups()}")
     recs = [json.loads(l) for l in lines_of(out)]
     m = recs[0]["metrics"]
     check(all(k in m for k in ("queue_ms", "first_token_ms", "total_ms", "preemptions")), "metrics keys")
