@@ -64,6 +64,8 @@ void step_profile_print(const step_profile *p, FILE *f, const char *prefix)
             fprintf(f, "%s  device time per op (cuda events, %lld eager steps): %.3f ms per step\n",
                     prefix, (long long)p->op_steps[k], dev / m);
             for (int op = 0; op < OPP_COUNT; op++) {
+                if (p->op_marks[k][op] == 0)
+                    continue; /* not an op of this model (a dense model's moe rows) */
                 const double ms = p->op_dev_ms[k][op] / m;
                 /* embed and the head run once a step, the others once a layer */
                 const double share = dev > 0.0 ? 100.0 * ms * m / dev : 0.0;

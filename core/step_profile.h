@@ -63,6 +63,8 @@ typedef struct step_profile {
     /* device time of each op (OPP_*), summed over layers and steps, of the
      * steps whose ops were timed (eager steps; graph replays are not) */
     double op_dev_ms[OPP_KINDS][OPP_COUNT];
+    int64_t op_marks[OPP_KINDS][OPP_COUNT]; /* times each op was timed: an op the
+                                             * model never runs prints no line */
     int64_t op_steps[OPP_KINDS];
     int64_t graph_steps[OPP_KINDS];      /* steps run as one graph replay */
     /* kernel launches of the last forward run op by op (eager, a graph's

@@ -109,6 +109,9 @@ void cuda_sprof_step_done(cuda_sprof *s, int rc)
         if (e == cudaSuccess) {
             for (int op = 0; op < OPP_COUNT; op++)
                 p->op_dev_ms[k][op] += ms_op[op];
+            for (int32_t i = 1; i < s->n; i++)
+                if (s->op[i] >= 0 && s->op[i] < OPP_COUNT)
+                    p->op_marks[k][s->op[i]]++;
             p->op_steps[k]++;
         } else {
             (void)cudaGetLastError();

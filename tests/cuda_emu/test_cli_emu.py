@@ -414,7 +414,10 @@ def case_profile_steps():
               f"eager: {n_eager} launches per decode step for {layers} layers")
         check(d["replays"] == 0, f"eager: {d['replays']} graph replays")
         check(d["op_steps"] == d["steps"], f"eager: ops timed in {d['op_steps']} of {d['steps']} decode steps")
-        check(len(d["ops"]) == 12, f"eager: {len(d['ops'])} op lines: {sorted(d['ops'])}")
+        # the ops the model runs: kv_write is fused into rope (rope_kv), a
+        # dense model has no moe rows, and an op never timed prints no line
+        check(len(d["ops"]) == 11 and "kv_write" not in d["ops"] and "moe experts" not in d["ops"],
+              f"eager: {len(d['ops'])} op lines: {sorted(d['ops'])}")
         for ph in ["h2d copy", "wait for device"]:
             check(d["phases"][ph] > 0.0, f"eager: no time in '{ph}': {d['phases']}")
         rc, graphs, err, _ = run(base + ["--device", "cuda", "--profile-steps"])
