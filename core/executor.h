@@ -10,8 +10,7 @@
  *   act   — activations            (cpu: f32; cuda: bf16, f32 with precision 1)
  *   wt    — weight matrices and the embedding table (cuda: the same as
  *           act; cpu: f32, bf16, or int8 in blocks of 32 with an f32
- *           scale each, 36 bytes a block: wt_block_elems / wt_block_bytes;
- *           cpu/cpu_wt.h stores 8 blocks' scales, then their ints)
+ *           scale each, 36 bytes: wt_block_elems / wt_block_bytes)
  *   kv    — the KV cache           (cpu: f32, bf16 or f16; cuda: bf16 or f16, f32 with precision 1)
  * Norm weights and RoPE inverse frequencies are always f32 (kind EXEC_F32).
  * Reductions (dot products, norms, softmax) accumulate in f32 everywhere.

@@ -133,8 +133,7 @@ static void *cpu_alloc(executor *ex, exec_buf_kind kind, size_t n_elems)
         cpu_exec_fail(ce, PG_ENOMEM, "alloc: %zu elements of %zu bytes overflow size_t", n_elems, eb);
         return NULL;
     }
-    /* int8 weights take whole superblocks of 288 bytes per 256 elements
-     * (cpu_wt.h); exec_wt_bytes counts 36 per 32, at most 252 bytes fewer */
+    /* int8 weights take whole blocks of 36 bytes per 32 elements */
     size_t bytes = ((kind == EXEC_WT ? cpu_wt_bytes(ce->wt, n_elems) : n_elems * eb) + 63) / 64 * 64;
     if (bytes == 0)
         bytes = 64;

@@ -226,8 +226,7 @@ _Static_assert(VL * VPS == GEMM_LANES, "a variant holds exactly the 16 canonical
 enum { WK_F32 = 0, WK_BF16, WK_I8, WK_I8_ANY, WK_COUNT };
 
 /* Where row j of a tile starts: for f32 / bf16 its first element, for
- * whole int8 superblocks its first superblock (e_row is a multiple of 256
- * there: cpu_wt.h). */
+ * whole int8 blocks its first block (e_row is a multiple of 32 there). */
 static inline __attribute__((always_inline)) const unsigned char *w_row(const void *w, int64_t e_row, const int wk)
 {
     if (wk == WK_F32)
@@ -248,10 +247,10 @@ static inline __attribute__((always_inline)) vf w_load(const void *w, const unsi
     if (wk == WK_BF16)
         return v_load_bf16((const uint16_t *)row + k);
     if (wk == WK_I8) {
-        const uint32_t b = (uint32_t)k / CPU_I8_GROUP;
+        const unsigned char *blk = row + (uint32_t)k / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
         float s;
-        memcpy(&s, row + cpu_i8_scale_off(b), sizeof s);
-        return v_load_i8((const int8_t *)(row + cpu_i8_q_off(b) + (uint32_t)k % CPU_I8_GROUP), s);
+        memcpy(&s, blk, sizeof s);
+        return v_load_i8((const int8_t *)(blk + 4 + (uint32_t)k % CPU_I8_GROUP), s);
     }
     float t[VL];
     for (int l = 0; l < VL; l++)
@@ -423,7 +422,7 @@ gemm_tile_regs(float *y, int64_t ldy, const float *x, const void *w, int64_t e0,
     int32_t k = 0;
     for (; k + GEMM_LANES <= K; k += GEMM_LANES) {
         /* a line per 64 bytes read (f32 every step, bf16 every other), int8
-         * every block (36 bytes on average) so that no line of its 72-byte pairs is skipped */
+         * every 36 bytes (one block) so that no line of its 72-byte pairs is skipped */
         if (mr == 1 && (wk == WK_F32 || (wk == WK_BF16 && k % 32 == 0) || (wk == WK_I8 && k % 32 == 0)))
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
@@ -909,7 +908,7 @@ void GEMM_COLS_FN(float *y, int64_t ldy, const float *x, const void *w, int32_t 
                   int32_t n1)
 {
     const int wk = wt == CPU_WT_BF16 ? WK_BF16
-                 : wt == CPU_WT_I8   ? (K % (CPU_I8_GROUP * CPU_I8_SB) == 0 ? WK_I8 : WK_I8_ANY)
+                 : wt == CPU_WT_I8   ? (K % CPU_I8_GROUP == 0 ? WK_I8 : WK_I8_ANY)
                                      : WK_F32;
     if (M == 1) { /* batch-1 decode: stream w once, GEMV_NR rows at a time */
         for (int32_t n = n0; n < n1; n += GEMV_NR) {

@@ -38,7 +38,7 @@ size_t cpu_gemm_mode_scratch_bytes(cpu_matmul_precision p, int32_t M, int32_t K)
     if (p == CPU_MATMUL_BF16)
         return (size_t)M * (size_t)K * sizeof(uint16_t);
     if (q8_applies(p, K))
-        return cpu_wt_bytes(CPU_WT_I8, (size_t)M * (size_t)K);
+        return (size_t)M * (size_t)(K / CPU_I8_GROUP) * CPU_I8_BLOCK_BYTES;
     return 0;
 }
 
@@ -50,8 +50,9 @@ void cpu_bf16_round_rows(uint16_t *xb, const float *x, int64_t n)
 
 void cpu_q8_quantize_rows(unsigned char *xq, const float *x, int32_t M, int32_t K)
 {
+    const size_t row_bytes = (size_t)(K / CPU_I8_GROUP) * CPU_I8_BLOCK_BYTES;
     for (int32_t m = 0; m < M; m++) /* the weights' own quantizer (cpu_wt.c), so both sides agree */
-        (void)cpu_wt_store(CPU_WT_I8, xq, (size_t)m * (size_t)K, x + (int64_t)m * K, ST_F32, (size_t)K);
+        (void)cpu_wt_store(CPU_WT_I8, xq + (size_t)m * row_bytes, 0, x + (int64_t)m * K, ST_F32, (size_t)K);
 }
 
 int cpu_gemm_bf16_dot_available(void)

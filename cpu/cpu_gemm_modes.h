@@ -64,12 +64,8 @@
  * exact ~330 GFLOP/s on 2 threads): their 4 x 6 tiles were written
  * without such a CPU and are untuned.
  *
- * Layouts: q8 rows [M][K] as one int8 buffer of M * K elements in
- * cpu_wt.h's layout (= the weights': superblocks of 8 f32 scales and 8 x
- * 32 int8, cpu_wt_bytes(CPU_WT_I8, M * K) bytes; with K % 256 == 0 row m
- * starts m * K / 32 * CPU_I8_BLOCK_BYTES bytes in, and the avx2 /
- * avx512vnni kernels run; other K % 32 == 0 run the generic kernel, the
- * same bits); bf16 rows [M][K] uint16.
+ * Layouts: q8 rows [M][K/32] blocks of CPU_I8_BLOCK_BYTES (= the weight
+ * blocks of cpu_wt.h: f32 scale, 32 int8); bf16 rows [M][K] uint16.
  */
 #ifndef PG_CPU_GEMM_MODES_H
 #define PG_CPU_GEMM_MODES_H
@@ -100,7 +96,7 @@ size_t cpu_gemm_mode_scratch_bytes(cpu_matmul_precision p, int32_t M, int32_t K)
 
 /* x [M][K] f32 -> bf16 rows [M][K] (round to nearest even) */
 void cpu_bf16_round_rows(uint16_t *xb, const float *x, int64_t n);
-/* x [M][K] f32 -> q8 rows (K % 32 == 0; the layout above) */
+/* x [M][K] f32 -> q8 rows [M][K/32] (K % 32 == 0) */
 void cpu_q8_quantize_rows(unsigned char *xq, const float *x, int32_t M, int32_t K);
 
 /* y [M][ldy] = x @ w^T in mode p on weights w [N][K] stored as wt (which p

@@ -39,19 +39,17 @@
 
 _Static_assert(CPU_I8_GROUP == 32, "the int8 mode's order is defined on blocks of 32");
 
-/* The definition: one output at a time, the eight lanes in scalars. Row
- * xr of xq and row wr of w (q8 buffers in cpu_wt.h's layout, addressed by
- * flat block index, so any K % 32 == 0). */
-static inline float q8_dot_ref(const unsigned char *xq, int64_t xr, const unsigned char *w, int64_t wr, int32_t nb)
+/* The definition: one output at a time, the eight lanes in scalars. */
+static inline float q8_dot_ref(const unsigned char *xr, const unsigned char *wr, int32_t nb)
 {
     float acc[8] = {0};
     for (int32_t b = 0; b < nb; b++) {
-        const uint64_t bx = (uint64_t)xr * (uint64_t)nb + (uint64_t)b, bw = (uint64_t)wr * (uint64_t)nb + (uint64_t)b;
+        const unsigned char *xb = xr + (size_t)b * CPU_I8_BLOCK_BYTES, *wb = wr + (size_t)b * CPU_I8_BLOCK_BYTES;
         float sx, sw;
-        memcpy(&sx, xq + cpu_i8_scale_off(bx), sizeof sx);
-        memcpy(&sw, w + cpu_i8_scale_off(bw), sizeof sw);
+        memcpy(&sx, xb, sizeof sx);
+        memcpy(&sw, wb, sizeof sw);
         const float d = sx * sw;
-        const int8_t *qx = (const int8_t *)(xq + cpu_i8_q_off(bx)), *qw = (const int8_t *)(w + cpu_i8_q_off(bw));
+        const int8_t *qx = (const int8_t *)(xb + 4), *qw = (const int8_t *)(wb + 4);
         for (int j = 0; j < 8; j++) {
             int32_t p = 0;
             for (int i = 0; i < 4; i++)
@@ -131,9 +129,9 @@ static inline __m256 q8_bcast_scale(const unsigned char *blk)
     return _mm256_broadcast_ss((const float *)(const void *)blk);
 }
 
-static inline __m256i q8_load_ints(const unsigned char *q)
+static inline __m256i q8_load_ints(const unsigned char *blk)
 {
-    return _mm256_loadu_si256((const __m256i *)q);
+    return _mm256_loadu_si256((const __m256i *)(blk + 4));
 }
 
 /* (float)p_b[j] for the 8 lanes of one pair */
@@ -166,22 +164,22 @@ static inline __attribute__((always_inline)) void q8_tile(float *y, int64_t ldy,
         for (int j = 0; j < nr; j++)
             acc[i][j] = _mm256_setzero_ps();
     for (int32_t b = 0; b < nb; b++) {
-        const size_t so = cpu_i8_scale_off((uint32_t)b), qo = cpu_i8_q_off((uint32_t)b);
+        const size_t off = (size_t)b * CPU_I8_BLOCK_BYTES;
         __m256i qw[Q8_TILE_NR];
         __m256 sw[Q8_TILE_NR];
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            const unsigned char *wr = w + (size_t)j * row_bytes;
+            const unsigned char *wb = w + (size_t)j * row_bytes + off;
             if (pf)
-                __builtin_prefetch(wr + qo + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
-            qw[j] = q8_load_ints(wr + qo);
-            sw[j] = q8_bcast_scale(wr + so);
+                __builtin_prefetch(wb + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
+            qw[j] = q8_load_ints(wb);
+            sw[j] = q8_bcast_scale(wb);
         }
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
-            const unsigned char *xr = xq + (size_t)i * row_bytes;
-            const __m256i qx = q8_load_ints(xr + qo), ax = _mm256_abs_epi8(qx);
-            const __m256 sx = q8_bcast_scale(xr + so);
+            const unsigned char *xb = xq + (size_t)i * row_bytes + off;
+            const __m256i qx = q8_load_ints(xb), ax = _mm256_abs_epi8(qx);
+            const __m256 sx = q8_bcast_scale(xb);
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 acc[i][j] = _mm256_fmadd_ps(q8_block_products(ax, qx, qw[j], ones), _mm256_mul_ps(sx, sw[j]),
@@ -226,14 +224,14 @@ static inline __attribute__((always_inline)) void q8_tile_s(float *y, int64_t ld
                                                         _mm256_load_ps(ws + (size_t)j * (size_t)nbp + b0)));
         const int32_t be = b0 + 8 < nb ? b0 + 8 : nb;
         for (int32_t b = b0; b < be; b++) {
-            const size_t qo = cpu_i8_q_off((uint32_t)b);
+            const size_t off = (size_t)b * CPU_I8_BLOCK_BYTES;
             __m256i qw[Q8_TILE_NR];
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
-                qw[j] = q8_load_ints(w + (size_t)j * row_bytes + qo);
+                qw[j] = q8_load_ints(w + (size_t)j * row_bytes + off);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) {
-                const __m256i qx = q8_load_ints(xq + (size_t)i * row_bytes + qo), ax = _mm256_abs_epi8(qx);
+                const __m256i qx = q8_load_ints(xq + (size_t)i * row_bytes + off), ax = _mm256_abs_epi8(qx);
 #pragma GCC unroll 8
                 for (int j = 0; j < nr; j++)
                     acc[i][j] = _mm256_fmadd_ps(q8_block_products(ax, qx, qw[j], ones),
@@ -256,7 +254,7 @@ static void q8_gather_scales(float *dst, const unsigned char *q, size_t row_byte
         for (int32_t b = 0; b < nbp; b++) {
             float s = 0.0f;
             if (b < nb)
-                memcpy(&s, q + (size_t)r * row_bytes + cpu_i8_scale_off((uint32_t)b), sizeof s);
+                memcpy(&s, q + (size_t)r * row_bytes + (size_t)b * CPU_I8_BLOCK_BYTES, sizeof s);
             dst[(size_t)r * (size_t)nbp + (size_t)b] = s;
         }
 }
@@ -316,10 +314,6 @@ void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned c
 {
     const int32_t nb = K / CPU_I8_GROUP;
     const size_t row_bytes = (size_t)nb * CPU_I8_BLOCK_BYTES;
-    if (nb % CPU_I8_SB != 0) { /* rows do not start superblocks (cpu_wt.h): the definition */
-        cpu_gemm_q8_cols_generic(y, ldy, xq, w, M, K, n0, n1);
-        return;
-    }
     if (M == 1) { /* batch-1 decode: stream w once */
         for (int32_t n = n0; n < n1; n += Q8_GEMV_NR) {
             const int32_t nr = n1 - n < Q8_GEMV_NR ? n1 - n : Q8_GEMV_NR;
@@ -383,7 +377,7 @@ void cpu_q8_quantize_rows_avx2(unsigned char *xq, const float *x, int32_t M, int
     const int64_t nblocks = (int64_t)M * (K / CPU_I8_GROUP);
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const float *v = x + blk * CPU_I8_GROUP;
-        unsigned char *sout = xq + cpu_i8_scale_off((uint64_t)blk), *out = xq + cpu_i8_q_off((uint64_t)blk);
+        unsigned char *out = xq + blk * CPU_I8_BLOCK_BYTES;
         __m256 vv[4], m = _mm256_setzero_ps();
         for (int g = 0; g < 4; g++) {
             vv[g] = _mm256_loadu_ps(v + 8 * g);
@@ -393,9 +387,9 @@ void cpu_q8_quantize_rows_avx2(unsigned char *xq, const float *x, int32_t M, int
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
         const float scale = _mm_cvtss_f32(m4) / 127.0f;
-        memcpy(sout, &scale, sizeof scale);
+        memcpy(out, &scale, sizeof scale);
         if (!(scale > 0.0f)) {
-            memset(out, 0, CPU_I8_GROUP);
+            memset(out + 4, 0, CPU_I8_GROUP);
             continue;
         }
         const __m256 vs = _mm256_set1_ps(scale);
@@ -407,7 +401,7 @@ void cpu_q8_quantize_rows_avx2(unsigned char *xq, const float *x, int32_t M, int
             q[g] = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(_mm256_cvttps_epi32(r), low_bytes), gather);
         }
         for (int g = 0; g < 4; g++)
-            _mm_storel_epi64((__m128i *)(out + 8 * g), _mm256_castsi256_si128(q[g]));
+            _mm_storel_epi64((__m128i *)(out + 4 + 8 * g), _mm256_castsi256_si128(q[g]));
     }
 }
 
@@ -489,31 +483,31 @@ static inline __attribute__((always_inline)) void q8z_tile(float *y, int64_t ldy
         for (int t = 0; t < np; t++)
             acc[i][t] = _mm512_setzero_ps();
     for (int32_t b = 0; b < nb; b++) {
-        const size_t so = cpu_i8_scale_off((uint32_t)b), qo = cpu_i8_q_off((uint32_t)b);
+        const size_t off = (size_t)b * CPU_I8_BLOCK_BYTES;
         __m512i qw[Q8Z_TILE_NP], nc[Q8Z_TILE_NP];
         __m512 sw[Q8Z_TILE_NP];
 #pragma GCC unroll 4
         for (int t = 0; t < np; t++) {
             /* an odd last column: its row in both halves (the high one is not stored) */
-            const unsigned char *w0 = w + (size_t)(2 * t) * row_bytes;
-            const unsigned char *w1 = w + (size_t)(2 * t + 1 < nr ? 2 * t + 1 : 2 * t) * row_bytes;
+            const unsigned char *w0 = w + (size_t)(2 * t) * row_bytes + off;
+            const unsigned char *w1 = w + (size_t)(2 * t + 1 < nr ? 2 * t + 1 : 2 * t) * row_bytes + off;
             if (pf) {
-                __builtin_prefetch(w0 + qo + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
+                __builtin_prefetch(w0 + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
                 if (2 * t + 1 < nr)
-                    __builtin_prefetch(w1 + qo + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
+                    __builtin_prefetch(w1 + Q8_PF_BYTES, 0, Q8_PF_LOCALITY);
             }
-            qw[t] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + qo))),
-                                       _mm256_loadu_si256((const __m256i *)(w1 + qo)), 1);
+            qw[t] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 4))),
+                                       _mm256_loadu_si256((const __m256i *)(w1 + 4)), 1);
             nc[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), b80, qw[t]));
-            sw[t] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(q8z_scale(w0 + so))),
-                                                        _mm256_castps_pd(_mm256_set1_ps(q8z_scale(w1 + so))), 1));
+            sw[t] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(q8z_scale(w0))),
+                                                        _mm256_castps_pd(_mm256_set1_ps(q8z_scale(w1))), 1));
         }
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
-            const unsigned char *xr = xq + (size_t)i * row_bytes;
+            const unsigned char *xb = xq + (size_t)i * row_bytes + off;
             const __m512i xu =
-                _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xr + qo))), b80);
-            const __m512 sx = _mm512_set1_ps(q8z_scale(xr + so));
+                _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb + 4))), b80);
+            const __m512 sx = _mm512_set1_ps(q8z_scale(xb));
 #pragma GCC unroll 4
             for (int t = 0; t < np; t++) {
                 const __m512i p = _mm512_dpbusd_epi32(nc[t], xu, qw[t]);
@@ -561,10 +555,6 @@ void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned c
 {
     const int32_t nb = K / CPU_I8_GROUP;
     const size_t row_bytes = (size_t)nb * CPU_I8_BLOCK_BYTES;
-    if (nb % CPU_I8_SB != 0) { /* rows do not start superblocks (cpu_wt.h): the definition */
-        cpu_gemm_q8_cols_generic(y, ldy, xq, w, M, K, n0, n1);
-        return;
-    }
     if (M == 1) { /* batch-1 decode: stream w once */
         for (int32_t n = n0; n < n1; n += Q8Z_GEMV_NR) {
             const int32_t nr = n1 - n < Q8Z_GEMV_NR ? n1 - n : Q8Z_GEMV_NR;
@@ -597,8 +587,9 @@ void Q8_COLS_FN(float *y, int64_t ldy, const unsigned char *xq, const unsigned c
                 int32_t n0, int32_t n1)
 {
     const int32_t nb = K / CPU_I8_GROUP;
+    const size_t row_bytes = (size_t)nb * CPU_I8_BLOCK_BYTES;
     for (int32_t m = 0; m < M; m++)
         for (int32_t n = n0; n < n1; n++)
-            y[(int64_t)m * ldy + n] = q8_dot_ref(xq, m, w, n, nb);
+            y[(int64_t)m * ldy + n] = q8_dot_ref(xq + (size_t)m * row_bytes, w + (size_t)n * row_bytes, nb);
 }
 #endif

@@ -19,27 +19,26 @@ size_t cpu_wt_bytes(cpu_wt t, size_t n)
 {
     switch (t) {
     case CPU_WT_BF16: return n * 2u;
-    case CPU_WT_I8: return (n + CPU_I8_GROUP * CPU_I8_SB - 1) / (CPU_I8_GROUP * CPU_I8_SB) * CPU_I8_SB_BYTES;
+    case CPU_WT_I8: return (n + CPU_I8_GROUP - 1) / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
     default: return n * 4u;
     }
 }
 
-/* Quantizes n <= CPU_I8_GROUP values into block b of buffer w. */
-static void i8_block(unsigned char *w, size_t b, const float *v, size_t n)
+/* Quantizes n <= CPU_I8_GROUP values into one block. */
+static void i8_block(unsigned char *blk, const float *v, size_t n)
 {
     float amax = 0.0f;
     for (size_t i = 0; i < n; i++)
         amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
     const float scale = amax / 127.0f;
-    memcpy(w + cpu_i8_scale_off(b), &scale, sizeof scale);
-    unsigned char *q = w + cpu_i8_q_off(b);
+    memcpy(blk, &scale, sizeof scale);
     for (size_t i = 0; i < CPU_I8_GROUP; i++) {
-        float v8 = 0.0f;
+        float q = 0.0f;
         if (i < n && scale > 0.0f) {
-            v8 = nearbyintf(v[i] / scale); /* round to nearest even (default mode) */
-            v8 = v8 > 127.0f ? 127.0f : (v8 < -127.0f ? -127.0f : v8);
+            q = nearbyintf(v[i] / scale); /* round to nearest even (default mode) */
+            q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
         }
-        q[i] = (unsigned char)(int8_t)v8;
+        blk[4 + i] = (unsigned char)(int8_t)q;
     }
 }
 
@@ -69,11 +68,12 @@ int cpu_wt_store(cpu_wt t, void *dst, size_t off, const void *src, st_dtype src_
     case CPU_WT_I8: {
         if (off % CPU_I8_GROUP != 0)
             return 1;
+        unsigned char *d = (unsigned char *)dst + off / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
         float buf[CPU_I8_GROUP];
-        for (size_t i = 0, b = off / CPU_I8_GROUP; i < n; i += CPU_I8_GROUP, b++) {
+        for (size_t i = 0; i < n; i += CPU_I8_GROUP, d += CPU_I8_BLOCK_BYTES) {
             const size_t m = n - i < CPU_I8_GROUP ? n - i : CPU_I8_GROUP;
             pg_convert_to_f32(buf, s + i * es, src_dtype, m);
-            i8_block(dst, b, buf, m);
+            i8_block(d, buf, m);
         }
         return 0;
     }

@@ -8,27 +8,20 @@
  *                shift, exact, so a bf16 checkpoint stored as bf16 computes
  *                with the very numbers an f32 copy of it holds.
  *   CPU_WT_I8    symmetric int8 in blocks of CPU_I8_GROUP = 32 consecutive
- *                elements (flat index e: block b = e / 32, as llama.cpp's
- *                Q8_0), CPU_I8_SB = 8 blocks to a superblock of 288 bytes:
- *                  [8 x f32 scale][8 x 32 int8 q]
- *                (superblock b / 8; scale at cpu_i8_scale_off(b), block b's
- *                32 quants at cpu_i8_q_off(b), byte offsets from the
- *                buffer's start). On a 32-byte aligned buffer every block's
- *                quants are 32-byte aligned (no 32-byte load crosses a
- *                cache line), and a matrix row with K % 256 == 0 starts a
- *                superblock, so a row is row * K / 32 * 36 bytes in and
- *                the kernels address it by row pointer. (Until 2026-11-28
- *                the layout was 36-byte blocks [f32 scale][32 x int8 q]:
- *                about half of the quant loads crossed a line.) The same
- *                bytes per element, 36 per 32, in whole superblocks.
- *                Element e's value is (float)q * scale (one f32 rounding).
+ *                elements (flat index e: block e / 32, as llama.cpp's Q8_0):
+ *                block = [f32 scale][32 x int8 q], 36 bytes, unaligned;
+ *                element e's value is (float)q * scale (one f32 rounding).
  *                Quantization (cpu_wt_store): scale = max|w| / 127 over the
  *                block (f32 division), q = round-to-nearest-even(w / scale)
  *                clamped to [-127, 127]; an all-zero block has scale 0. The
  *                last block of a buffer may be partial. A row of a matrix
- *                with K % 256 == 0 is whole superblocks; other K work too
- *                (the exact GEMM reads element by element then, the int8
- *                mode its generic kernel), only slower.
+ *                with K % 32 == 0 is whole blocks; other K work too (the
+ *                GEMM reads element by element then), only slower.
+ *                (Tried 2026-11-28, commit 0f77aa9: superblocks [8 scales]
+ *                [8 x 32 q] with every quant load 32-byte aligned. L2-hot
+ *                int8 kernels ran 6-11% faster, but the M = 1 step from
+ *                memory did not (int8 exact AVX-512 5-7% slower), and only
+ *                K % 256 == 0 rows could use it: reverted, bench/RESULTS.md.)
  * Every op reads a weight as cpu_wt_get() would give it, and the GEMM then
  * runs the f32 canonical order on those values: an int8 or bf16 product is
  * bit-identical to the f32 product of the dequantized matrix
@@ -64,27 +57,14 @@ typedef enum cpu_kv {
 #ifndef CPU_I8_GROUP
 #define CPU_I8_GROUP 32 /* a build may pick another (bench: the group-size study) */
 #endif
-#define CPU_I8_BLOCK_BYTES (4 + CPU_I8_GROUP) /* bytes per block, in whole superblocks */
-#define CPU_I8_SB 8                             /* blocks per superblock */
-#define CPU_I8_SB_BYTES (CPU_I8_SB * CPU_I8_BLOCK_BYTES)
-
-/* Byte offsets, from the start of an int8 buffer (or of a row that starts
- * a superblock), of block b's scale and of its first quant. */
-static inline size_t cpu_i8_scale_off(uint64_t b)
-{
-    return (size_t)(b / CPU_I8_SB * CPU_I8_SB_BYTES + b % CPU_I8_SB * 4u);
-}
-static inline size_t cpu_i8_q_off(uint64_t b)
-{
-    return (size_t)(b / CPU_I8_SB * CPU_I8_SB_BYTES + CPU_I8_SB * 4u + b % CPU_I8_SB * CPU_I8_GROUP);
-}
+#define CPU_I8_BLOCK_BYTES (4 + CPU_I8_GROUP)
 
 /* "f32", "bf16", "int8"; NULL out of range */
 const char *cpu_wt_name(cpu_wt t);
 /* "f32", "bf16", "f16"; NULL out of range */
 const char *cpu_kv_name(cpu_kv t);
 
-/* Bytes that n elements of type t take (int8: whole superblocks). */
+/* Bytes that n elements of type t take (int8: whole blocks). */
 size_t cpu_wt_bytes(cpu_wt t, size_t n);
 
 /* Stores n elements of src (src_dtype F32/F16/BF16, may be unaligned) at
@@ -108,10 +88,10 @@ static inline float cpu_wt_get(const void *w, cpu_wt t, int64_t e)
         return f;
     }
     case CPU_WT_I8: {
-        const uint64_t b = (uint64_t)e / CPU_I8_GROUP;
+        const unsigned char *blk = (const unsigned char *)w + (e / CPU_I8_GROUP) * CPU_I8_BLOCK_BYTES;
         float s;
-        memcpy(&s, (const unsigned char *)w + cpu_i8_scale_off(b), sizeof s);
-        return (float)(int8_t)((const unsigned char *)w)[cpu_i8_q_off(b) + (uint64_t)e % CPU_I8_GROUP] * s;
+        memcpy(&s, blk, sizeof s);
+        return (float)(int8_t)blk[4 + e % CPU_I8_GROUP] * s;
     }
     default: {
         float f;

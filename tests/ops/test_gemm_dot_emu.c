@@ -159,22 +159,22 @@ static unsigned char *rand_q8(pg_test_rng *rng, int32_t rows, int32_t K, int edg
         for (int i = 0; i < CPU_I8_GROUP; i++)
             f[b * CPU_I8_GROUP + (size_t)i] *= s;
     }
-    unsigned char *q = xmalloc(cpu_wt_bytes(CPU_WT_I8, n));
+    unsigned char *q = xmalloc(nb * CPU_I8_BLOCK_BYTES);
     cpu_q8_quantize_rows(q, f, rows, K);
     free(f);
     for (size_t b = 0; edges && b < nb; b++) {
-        unsigned char *sc = q + cpu_i8_scale_off(b), *ints = q + cpu_i8_q_off(b);
+        unsigned char *blk = q + b * CPU_I8_BLOCK_BYTES;
         const int kind = pg_test_rng_int(rng, 0, 9);
         float s;
         switch (kind) {
-        case 0: ints[pg_test_rng_int(rng, 0, 31)] = 0x80; break; /* -128 */
+        case 0: blk[4 + pg_test_rng_int(rng, 0, 31)] = 0x80; break; /* -128 */
         case 1:
             for (int i = 0; i < CPU_I8_GROUP; i++)
-                ints[i] = pg_test_rng_int(rng, 0, 1) ? 0x7F : 0x81; /* +-127 */
+                blk[4 + i] = pg_test_rng_int(rng, 0, 1) ? 0x7F : 0x81; /* +-127 */
             break;
-        case 2: s = 0.0f; memcpy(sc, &s, 4); break;
-        case 3: s = ldexpf(1.5f, pg_test_rng_int(rng, -140, -110)); memcpy(sc, &s, 4); break;
-        case 4: s = FLT_MAX / 127.0f; memcpy(sc, &s, 4); break;
+        case 2: s = 0.0f; memcpy(blk, &s, 4); break;
+        case 3: s = ldexpf(1.5f, pg_test_rng_int(rng, -140, -110)); memcpy(blk, &s, 4); break;
+        case 4: s = FLT_MAX / 127.0f; memcpy(blk, &s, 4); break;
         default: break;
         }
     }

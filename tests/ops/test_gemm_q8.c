@@ -47,11 +47,11 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-/* block b of a q8 buffer (cpu_wt.h's layout): its scale and 32 ints */
-static void put_block(unsigned char *buf, size_t b, float scale, const int8_t *q)
+/* one block: scale, then 32 ints */
+static void put_block(unsigned char *blk, float scale, const int8_t *q)
 {
-    memcpy(buf + cpu_i8_scale_off(b), &scale, sizeof scale);
-    memcpy(buf + cpu_i8_q_off(b), q, CPU_I8_GROUP);
+    memcpy(blk, &scale, sizeof scale);
+    memcpy(blk + 4, q, CPU_I8_GROUP);
 }
 
 /* K = 32, sx = 0.1f, sw = 0.3f: d = sx * sw = 0x1.eb852p-6 (one f32
@@ -66,9 +66,9 @@ static void test_definition_pinned(void **state)
                                   121, -54, -97, 80,  -65, -116, -119, 104, 78, 50,  4,   109, -77, 102,  99, 103};
     static const int8_t qw[32] = {-17,  20, -115, -124, -4,  63,  -97, -84, 1,  -51, -66, 42, -122, 7,   10,  -22,
                                   -114, 113, 106, 29,   -98, -40, -95, -63, 121, 93, 11, -5, 80,   73, -112, -37};
-    unsigned char xb[CPU_I8_SB_BYTES], wb[CPU_I8_SB_BYTES];
-    put_block(xb, 0, 0.1f, qx);
-    put_block(wb, 0, 0.3f, qw);
+    unsigned char xb[CPU_I8_BLOCK_BYTES], wb[CPU_I8_BLOCK_BYTES];
+    put_block(xb, 0.1f, qx);
+    put_block(wb, 0.3f, qw);
     const float want = -0x1.6f4c2cp+10f;
     float y = NAN;
     cpu_gemm_q8_cols_generic(&y, 1, xb, wb, 1, 32, 0, 1);
@@ -105,7 +105,7 @@ static unsigned char *rand_q8(pg_test_rng *rng, int32_t rows, int32_t K)
         for (int i = 0; i < CPU_I8_GROUP; i++)
             f[b * CPU_I8_GROUP + (size_t)i] *= s;
     }
-    unsigned char *q = xmalloc(cpu_wt_bytes(CPU_WT_I8, n));
+    unsigned char *q = xmalloc((size_t)rows * (size_t)(K / CPU_I8_GROUP) * CPU_I8_BLOCK_BYTES);
     cpu_q8_quantize_rows(q, f, rows, K);
     free(f);
     return q;
@@ -195,7 +195,7 @@ static void fill_edge(pg_test_rng *rng, unsigned char *q, int32_t rows, int32_t 
     const int32_t nb = K / CPU_I8_GROUP;
     for (int32_t r = 0; r < rows; r++)
         for (int32_t b = 0; b < nb; b++) {
-            const size_t blk = (size_t)r * (size_t)nb + (size_t)b;
+            unsigned char *blk = q + ((size_t)r * (size_t)nb + (size_t)b) * CPU_I8_BLOCK_BYTES;
             edge_kind k = kind == EDGE_MIXED ? (edge_kind)pg_test_rng_int(rng, 0, EDGE_HUGE) : kind;
             int8_t ints[CPU_I8_GROUP];
             float scale;
@@ -203,7 +203,7 @@ static void fill_edge(pg_test_rng *rng, unsigned char *q, int32_t rows, int32_t 
                 float v[CPU_I8_GROUP];
                 pg_test_fill_uniform(rng, v, CPU_I8_GROUP, -1.0f, 1.0f);
                 v[pg_test_rng_int(rng, 0, CPU_I8_GROUP - 1)] = pg_test_rng_int(rng, 0, 1) ? 1e30f : -1e30f;
-                assert_int_equal(cpu_wt_store(CPU_WT_I8, q, blk * CPU_I8_GROUP, v, ST_F32, CPU_I8_GROUP), 0);
+                assert_int_equal(cpu_wt_store(CPU_WT_I8, blk, 0, v, ST_F32, CPU_I8_GROUP), 0);
                 continue;
             }
             for (int i = 0; i < CPU_I8_GROUP; i++)
@@ -222,7 +222,7 @@ static void fill_edge(pg_test_rng *rng, unsigned char *q, int32_t rows, int32_t 
             case EDGE_HUGE: scale = FLT_MAX / 127.0f * pg_test_rng_uniform(rng, 0.01f, 1.0f); break;
             default: scale = pg_test_rng_uniform(rng, 1e-3f, 1.0f); break;
             }
-            put_block(q, blk, scale, ints);
+            put_block(blk, scale, ints);
         }
 }
 
@@ -236,8 +236,8 @@ static void compare_edges(void)
         for (int kw = 0; kw < EDGE_COUNT; kw++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
                 const int32_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-                unsigned char *xq = xmalloc(cpu_wt_bytes(CPU_WT_I8, (size_t)M * (size_t)K)),
-                              *w = xmalloc(cpu_wt_bytes(CPU_WT_I8, (size_t)N * (size_t)K));
+                const size_t row_bytes = (size_t)(K / CPU_I8_GROUP) * CPU_I8_BLOCK_BYTES;
+                unsigned char *xq = xmalloc((size_t)M * row_bytes), *w = xmalloc((size_t)N * row_bytes);
                 fill_edge(&rng, xq, M, K, (edge_kind)kx);
                 fill_edge(&rng, w, N, K, (edge_kind)kw);
                 char what[64];
@@ -334,9 +334,9 @@ static void test_avx512vnni_matches_generic(void **state)
         compare_kernels("long K", xq, w, M, N, K, 0, N, N);
         compare_kernels("long K gemv", xq, w, 1, N, K, 0, N, N);
         for (int32_t r = 0; r < M; r++)
-            xq[cpu_i8_q_off((size_t)r * (K / 32)) + (size_t)r] = 0x80;
+            xq[(size_t)r * (K / 32) * CPU_I8_BLOCK_BYTES + 4 + (size_t)r] = 0x80;
         for (int32_t r = 0; r < N; r++)
-            w[cpu_i8_q_off((size_t)r * (K / 32)) + (size_t)r % 3] = 0x80;
+            w[(size_t)r * (K / 32) * CPU_I8_BLOCK_BYTES + 4 + (size_t)r % 3] = 0x80;
         compare_kernels("-128", xq, w, M, N, K, 0, N, N);
         compare_kernels("-128 gemv", xq, w, 1, N, K, 0, N, N);
         outputs += 2L * (M + 1) * N;
@@ -369,7 +369,7 @@ static void test_quantize_matches_definition(void **state)
     const int n_edges = (int)(sizeof edges / sizeof edges[0]);
     for (int it = 0; it < 400; it++) {
         const int32_t M = pg_test_rng_int(&rng, 1, 5), K = 32 * pg_test_rng_int(&rng, 1, it < 200 ? 4 : 64);
-        const size_t n = (size_t)M * (size_t)K, bytes = cpu_wt_bytes(CPU_WT_I8, n);
+        const size_t n = (size_t)M * (size_t)K, bytes = n / CPU_I8_GROUP * CPU_I8_BLOCK_BYTES;
         float *x = xmalloc(n * sizeof *x);
         pg_test_fill_uniform(&rng, x, n, -1.0f, 1.0f);
         for (size_t b = 0; b < n / CPU_I8_GROUP; b++) {
@@ -390,11 +390,9 @@ static void test_quantize_matches_definition(void **state)
         memset(qa, 0x55, bytes);
         cpu_q8_quantize_rows(qd, x, M, K);
         cpu_q8_quantize_rows_avx2(qa, x, M, K);
-        for (size_t b = 0; b < n / CPU_I8_GROUP; b++) /* each block's scale (at = 0-3) and ints (at = 4-35) */
-            for (size_t at = 0; at < 4 + CPU_I8_GROUP; at++) {
-                const size_t i = at < 4 ? cpu_i8_scale_off(b) + at : cpu_i8_q_off(b) + at - 4;
-                if (qd[i] == qa[i])
-                    continue;
+        for (size_t i = 0; i < bytes; i++)
+            if (qd[i] != qa[i]) {
+                const size_t b = i / CPU_I8_BLOCK_BYTES, at = i % CPU_I8_BLOCK_BYTES;
                 const size_t e = b * CPU_I8_GROUP + (at < 4 ? 0 : at - 4); /* the element (byte 0-3: the scale) */
                 fail_msg("q8 quantize M=%d K=%d: block %zu byte %zu: definition 0x%02x, avx2 0x%02x (x = %a)", (int)M,
                          (int)K, b, at, qd[i], qa[i], (double)x[e]);
