@@ -1,7 +1,7 @@
 /* gemm_bench: the CPU executor's GEMM (cpu/cpu_gemm.c) against OpenBLAS on
  * the 110m model's shapes, with the machine's ceiling beside the figures.
  *
- *   gemm_bench [threads] [modes [cputime] | ms=M1,M2,... [cputime] | decode [rounds [cputime]]]
+ *   gemm_bench [threads] [modes [cputime] | ms=M1,M2,... [cputime] | decode[-hot] [rounds [cputime]]]
  *       threads: default all online cores, for both; modes: the ceiling and
  *       the modes section only (also spelled int8 or --bf16-mode, the
  *       names it had before its two halves were merged); cputime (threads
@@ -12,7 +12,9 @@
  *       (with cputime, threads = 1: cpu_gemm and sgemm timed in interleaved
  *       rounds in the thread's CPU time); decode: the batch-1 decode step
  *       section only (decode_section below; rounds: default 20; cputime,
- *       threads = 1: timed in the thread's CPU time, the read bandwidth too)
+ *       threads = 1: timed in the thread's CPU time, the read bandwidth too);
+ *       decode-hot: the same, then each kernel again on one thread in its
+ *       CPU time on an L2-resident product (compute- or memory-bound?)
  *
  * Prints, per shape (N, K) and batch M in {1, 8, 32, 64, 128, 256}:
  * GFLOP/s of cpu_gemm, of cblas_sgemm and (M = 1) of cblas_sgemv, and
@@ -337,7 +339,29 @@ static void decode_step(const decode_impl *im, cpu_pool *pool, const decode_mat 
     }
 }
 
-static void decode_section(cpu_pool *pool, uint64_t *seed, int rounds, clockid_t c)
+/* Seconds per cpu_gemm_mode call of im on the hot product w (N x K at
+ * M = 1, already in cache), best of rounds windows of >= 20 ms on clock c */
+static double hot_call_s(const decode_impl *im, const decode_mat *m, float *y, const float *x, void *scratch,
+                         int rounds, clockid_t c)
+{
+    const void *w = im->wt == CPU_WT_F32 ? (const void *)m->w : im->wt == CPU_WT_BF16 ? (const void *)m->w_bf16
+                                                                                      : m->w_i8;
+    double best = 1e30;
+    for (int r = 0; r < rounds; r++) {
+        const double t0 = clock_s(c);
+        long n = 0;
+        do { /* 64 calls between clock reads (a CPU-time read is a system call) */
+            for (int i = 0; i < 64; i++)
+                cpu_gemm_mode(im->p, im->v, im->wt, NULL, y, m->N, x, w, 1, m->N, m->K, scratch);
+            n += 64;
+        } while (clock_s(c) - t0 < 0.02);
+        const double t = (clock_s(c) - t0) / (double)n;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+static void decode_section(cpu_pool *pool, uint64_t *seed, int rounds, clockid_t c, int hot)
 {
     enum { D_L = 12, D_H = 768, D_I = 2048, D_V = 32000 };
     decode_mat mats[4 * D_L + 1];
@@ -414,6 +438,42 @@ static void decode_section(cpu_pool *pool, uint64_t *seed, int rounds, clockid_t
                cpu_gemm_variant_name(im->v == CPU_GEMM_AUTO ? cpu_gemm_variant_best() : im->v),
                kern ? kern : "?", best[k] * 1e6, b * 1e-6, b / best[k] * 1e-9, 100.0 * b / best[k] * 1e-9 / bw);
     }
+    if (hot) {
+        /* the same kernels on one thread, on a product that stays in L2
+         * (192 x 768: f32 576 KiB, bf16 288, int8 162): how fast each
+         * consumes weights when memory is not the limit. A kernel whose hot
+         * rate is not well above its share of the read bandwidth per core
+         * is bound by its own instructions at M = 1. */
+        decode_mat h = {192, D_H, NULL, NULL, NULL};
+        const size_t e = (size_t)h.N * (size_t)h.K;
+        h.w = rand_buf(e, seed);
+        h.w_i8 = aligned_alloc(64, (cpu_wt_bytes(CPU_WT_I8, e) + 63) / 64 * 64);
+        h.w_bf16 = aligned_alloc(64, (e * sizeof(uint16_t) + 63) / 64 * 64);
+        if (!h.w_i8 || !h.w_bf16) {
+            fprintf(stderr, "gemm_bench: out of memory\n");
+            exit(1);
+        }
+        cpu_wt_store(CPU_WT_I8, h.w_i8, 0, h.w, ST_F32, e);
+        cpu_bf16_round_rows(h.w_bf16, h.w, (int64_t)e);
+        const clockid_t hc = CLOCK_THREAD_CPUTIME_ID;
+        printf("\nthe same kernels hot: one thread, its CPU time, a %d x %d product at M = 1 that stays in L2, best "
+               "of %d windows; the read bandwidth's share per core: %.1f GB/s\n",
+               h.N, h.K, rounds, bw / cpu_pool_size(pool));
+        printf("%-10s %-8s %-10s | %9s %8s %8s\n", "weights", "variant", "kernel", "call us", "GB/s", "x share");
+        for (int k = 0; k < N_IMPL; k++) {
+            if (!avail[k])
+                continue;
+            const decode_impl *im = &impls[k];
+            const char *kern = cpu_gemm_mode_kernel_name(im->p, im->v);
+            const double t = hot_call_s(im, &h, y, x, scratch, rounds, hc), b = (double)cpu_wt_bytes(im->wt, e);
+            printf("%-10s %-8s %-10s | %9.2f %8.1f %7.2fx\n", im->name,
+                   cpu_gemm_variant_name(im->v == CPU_GEMM_AUTO ? cpu_gemm_variant_best() : im->v),
+                   kern ? kern : "?", t * 1e6, b / t * 1e-9, b / t * 1e-9 / (bw / cpu_pool_size(pool)));
+        }
+        free(h.w);
+        free(h.w_i8);
+        free(h.w_bf16);
+    }
     for (int i = 0; i < n_mats; i++) {
         free(mats[i].w);
         free(mats[i].w_i8);
@@ -432,7 +492,8 @@ int main(int argc, char **argv)
     const int modes_only = argc > 2 && (strcmp(argv[2], "modes") == 0 || strcmp(argv[2], "int8") == 0 ||
                                         strcmp(argv[2], "--bf16-mode") == 0);
     const int ms_only = argc > 2 && strncmp(argv[2], "ms=", 3) == 0;
-    if (argc > 2 && strcmp(argv[2], "decode") == 0) { /* no ceiling: the read bandwidth is its own */
+    if (argc > 2 && (strcmp(argv[2], "decode") == 0 || strcmp(argv[2], "decode-hot") == 0)) {
+        /* no ceiling: the read bandwidth is its own */
         cpu_pool *dp = NULL;
         if (cpu_pool_create(&dp, threads, NULL) != 0) {
             fprintf(stderr, "gemm_bench: cannot start %d threads\n", threads);
@@ -446,7 +507,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "gemm_bench: decode cputime: expected 1 thread, got %d\n", threads);
             return 1;
         }
-        decode_section(dp, &dseed, rounds > 0 ? rounds : 20, dcpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC);
+        decode_section(dp, &dseed, rounds > 0 ? rounds : 20, dcpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC,
+                       strcmp(argv[2], "decode-hot") == 0);
         cpu_pool_destroy(dp);
         return 0;
     }

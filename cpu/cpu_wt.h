@@ -17,6 +17,11 @@
  *                last block of a buffer may be partial. A row of a matrix
  *                with K % 32 == 0 is whole blocks; other K work too (the
  *                GEMM reads element by element then), only slower.
+ *                (Tried 2026-11-28, commit 0f77aa9: superblocks [8 scales]
+ *                [8 x 32 q] with every quant load 32-byte aligned. L2-hot
+ *                int8 kernels ran 6-11% faster, but the M = 1 step from
+ *                memory did not (int8 exact AVX-512 5-7% slower), and only
+ *                K % 256 == 0 rows could use it: reverted, bench/RESULTS.md.)
  * Every op reads a weight as cpu_wt_get() would give it, and the GEMM then
  * runs the f32 canonical order on those values: an int8 or bf16 product is
  * bit-identical to the f32 product of the dequantized matrix
