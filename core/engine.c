@@ -956,12 +956,13 @@ static bool seq_greedy_logprobs(const sequence *q)
 
 /* True when q's next token may be sampled where its logits are (engine_backend
  * sample_rows): what sample_seq would do with the row is its grammar mask
- * and sampler_sample — no logprobs — on one sequence (a fresh fork samples
- * several from one row: the host). */
+ * and sampler_sample — no logprobs — on one sequence. An n > 1 group's
+ * sequences are, once forked; the row it forks from samples n tokens from
+ * one row, and stays on the host. */
 static bool seq_device_sampled(const sequence *q)
 {
     const request *r = q->req;
-    return r->n == 1 && r->sp.logprobs < 0 && !r->beam;
+    return (r->n == 1 || r->forked) && r->sp.logprobs < 0 && !r->beam;
 }
 
 /* Hands the step's device-sampled rows to the backend (sample_rows): every

@@ -127,7 +127,7 @@ static const req_spec specs[] = {
 #define N_REQ (3 * N_SPECS)
 
 static request_output **run(bool device, int32_t num_blocks, int32_t max_seqs, uint64_t *marked,
-                            uint64_t *masked)
+                            uint64_t *masked, const req_spec *only)
 {
     const int32_t V = tok_vocab_size(g_tok);
     fake_backend_params fp = {.vocab_size = V, .num_blocks = num_blocks, .block_size = 4, .window = 3,
@@ -157,7 +157,7 @@ static request_output **run(bool device, int32_t num_blocks, int32_t max_seqs, u
     assert_non_null(outs);
     const int32_t prompt[] = {1, 400, 300, 288, 301, 270};
     for (int i = 0; i < N_REQ; i++) {
-        const req_spec *r = &specs[i % N_SPECS];
+        const req_spec *r = only ? only : &specs[i % N_SPECS];
         sampling_params sp = sampling_params_default();
         sp.temperature = r->temperature;
         sp.top_p = r->top_p;
@@ -207,8 +207,8 @@ static void test_on_off_identical(void **state)
     const int32_t pools[][2] = {{1024, 64}, {40, 8}};
     for (size_t p = 0; p < sizeof pools / sizeof *pools; p++) {
         uint64_t m_on, k_on, m_off, k_off;
-        request_output **on = run(true, pools[p][0], pools[p][1], &m_on, &k_on);
-        request_output **off = run(false, pools[p][0], pools[p][1], &m_off, &k_off);
+        request_output **on = run(true, pools[p][0], pools[p][1], &m_on, &k_on, NULL);
+        request_output **off = run(false, pools[p][0], pools[p][1], &m_off, &k_off, NULL);
         assert_true(m_on > 0 && k_on > 0 && k_on < m_on); /* grammar rows and plain ones */
         assert_true(m_off == 0);
         for (int i = 0; i < N_REQ; i++) {
@@ -236,6 +236,38 @@ static void test_on_off_identical(void **state)
     }
 }
 
+/* n > 1 after its fork: each sequence samples its own row, so those rows go
+ * to the backend too (only the row the group forks from, which samples n
+ * tokens, stays on the host) — and give the host's bytes */
+static void test_parallel_sampling_rows_on_device(void **state)
+{
+    (void)state;
+    const req_spec *n2 = &specs[N_SPECS - 1];
+    assert_int_equal(n2->n, 2);
+    assert_int_equal(n2->kind, GRAMMAR_NONE);
+    uint64_t m_on, k_on, m_off, k_off;
+    request_output **on = run(true, 1024, 64, &m_on, &k_on, n2);
+    request_output **off = run(false, 1024, 64, &m_off, &k_off, n2);
+    /* N_REQ requests of 2 sequences and 24 tokens: all but the forking
+     * row of each sequence's tokens (eos may end some early) */
+    assert_true(m_on >= (uint64_t)N_REQ * 2);
+    assert_true(m_off == 0);
+    for (int i = 0; i < N_REQ; i++) {
+        assert_int_equal(on[i]->n_outputs, 2);
+        assert_int_equal(on[i]->n_outputs, off[i]->n_outputs);
+        for (int k = 0; k < on[i]->n_outputs; k++) {
+            const seq_output *a = &on[i]->outputs[k], *b = &off[i]->outputs[k];
+            assert_int_equal(a->n_tokens, b->n_tokens);
+            assert_memory_equal(a->token_ids, b->token_ids, (size_t)a->n_tokens * sizeof(int32_t));
+            assert_int_equal(a->finish, b->finish);
+        }
+        request_output_free(on[i]);
+        request_output_free(off[i]);
+    }
+    free(on);
+    free(off);
+}
+
 int main(void)
 {
     pg_error err;
@@ -243,6 +275,7 @@ int main(void)
         fail_msg("%s", err.msg);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_on_off_identical),
+        cmocka_unit_test(test_parallel_sampling_rows_on_device),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tok_free(g_tok);
