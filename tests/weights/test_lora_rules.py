@@ -103,13 +103,25 @@ def main():
     rng = random.Random(33)
     checked = refused = 0
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "adapter_config.json")
+        cfgs, paths = [], []
         for it in range(n):
-            cfg = random_config(rng)
-            with open(path, "w") as f:
-                json.dump(cfg, f)
-            out = subprocess.run([driver, path], input="\n".join(MODULES) + "\n", capture_output=True,
-                                 text=True, check=True).stdout.splitlines()
+            cfgs.append(random_config(rng))
+            paths.append(os.path.join(d, f"adapter_config_{it}.json"))
+            with open(paths[-1], "w") as f:
+                json.dump(cfgs[-1], f)
+        # one driver process for every config (each answer after a "== PATH" line)
+        lines = subprocess.run([driver] + paths, input="\n".join(MODULES) + "\n", capture_output=True,
+                               text=True, check=True).stdout.splitlines()
+        answers, cur = {}, None
+        for line in lines:
+            if line.startswith("== "):
+                cur = answers.setdefault(line[3:], [])
+            else:
+                cur.append(line)
+        for it, (cfg, path) in enumerate(zip(cfgs, paths)):
+            out = answers.get(path)
+            if out is None:
+                sys.exit(f"config {it}: no answer from the driver")
             if peft_refuses(cfg):
                 if not out or not out[0].startswith("refused:"):
                     sys.exit(f"config {it}: PEFT refuses {cfg}, the driver accepted it")
