@@ -532,6 +532,33 @@ def case_beam():
         check([o["index"] for o in outs] == list(range(len(outs))), f"{rd['id']}: indices {outs}")
 
 
+def case_moe_device():
+    """A mixture of experts (a tiny synthetic Qwen3-MoE) with the emulated
+    device present: --device auto runs it on the cpu (the CUDA executor has
+    no expert ops), --device cuda refuses it by name (exit 3, the model's)."""
+    gen = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "scripts", "make-synthetic-qwen")
+    py = "/usr/bin/python3"
+    probe = subprocess.run([py, "-c", "import numpy"], capture_output=True) if os.path.exists(py) else None
+    if probe is None or probe.returncode != 0:
+        if os.environ.get("CI") == "true":
+            check(False, "/usr/bin/python3 has no numpy (Debian's python3-numpy)")
+        print("skip: /usr/bin/python3 has no numpy")
+        sys.exit(77)
+    with tempfile.TemporaryDirectory() as tmp:
+        mdir = os.path.join(tmp, "moe")
+        subprocess.run([py, gen, "--preset", "tiny-qwen3-moe", "--seed", "3", mdir], check=True,
+                       capture_output=True)
+        line = json.dumps({"prompt_token_ids": [5, 17, 99, 3], "max_tokens": 4, "temperature": 0}).encode() + b"\n"
+        rc, out, err, _ = run(["-m", mdir, "--device", "auto"], stdin_bytes=line)
+        check(rc == 0, f"--device auto: exit {rc}: {err.decode()[-1500:]}")
+        check(b"device cpu" in err, f"--device auto: not on the cpu: {err[-800:]!r}")
+        check(len(json.loads(out)["outputs"][0]["token_ids"]) == 4, f"--device auto: {out[:300]!r}")
+        rc, out, err, _ = run(["-m", mdir, "--device", "cuda"], stdin_bytes=line)
+        check(rc == 3 and b"is a mixture of experts" in err and out == b"",
+              f"--device cuda: exit {rc}: {err.decode()[-800:]}")
+
+
 def main():
     global EXE
     if len(sys.argv) != 3:
