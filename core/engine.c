@@ -870,6 +870,20 @@ static int32_t seq_grammar_mask(engine *e, sequence *q, bool *can_end)
     return cnt;
 }
 
+/* What the sampler reads of q: its prompt, its output so far, and the
+ * banned ids while min_tokens is not reached (stop ids and eos). */
+static sampler_seq_view seq_sampler_view(const sequence *q)
+{
+    const request *r = q->req;
+    const int32_t n_out = q->n_tokens - r->n_prompt;
+    return (sampler_seq_view){
+        .prompt_ids = r->prompt, .n_prompt = r->n_prompt,
+        .output_ids = q->tokens + r->n_prompt, .n_output = n_out,
+        .banned_ids = n_out < r->sp.min_tokens ? r->banned : NULL,
+        .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
+    };
+}
+
 /* Samples the next token of q from a logits row and applies the stop rules;
  * releases q's blocks when it finishes. */
 static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
@@ -879,13 +893,7 @@ static int sample_seq(engine *e, sequence *q, const float *row, pg_error *err)
     request *r = q->req;
     int32_t vocab = e->be.vocab_size;
     memcpy(e->scratch, row, (size_t)vocab * sizeof *row);
-    int32_t n_out = q->n_tokens - r->n_prompt;
-    sampler_seq_view view = {
-        .prompt_ids = r->prompt, .n_prompt = r->n_prompt,
-        .output_ids = q->tokens + r->n_prompt, .n_output = n_out,
-        .banned_ids = n_out < r->sp.min_tokens ? r->banned : NULL,
-        .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
-    };
+    sampler_seq_view view = seq_sampler_view(q);
     sampler_result res = {.top_ids = e->top_ids, .top_logprobs = e->top_lp};
     int rc;
     if (r->gram) {
@@ -983,13 +991,7 @@ static int mark_sample_rows(engine *e, const sched_step *st, const step_batch *b
         e->dsamp[s] = 0;
         if ((dev_greedy && e->greedy[s]) || !seq_device_sampled(q)) continue;
         const request *r = q->req;
-        int32_t n_out = q->n_tokens - r->n_prompt;
-        sampler_seq_view view = {
-            .prompt_ids = r->prompt, .n_prompt = r->n_prompt,
-            .output_ids = q->tokens + r->n_prompt, .n_output = n_out,
-            .banned_ids = n_out < r->sp.min_tokens ? r->banned : NULL,
-            .n_banned = n_out < r->sp.min_tokens ? r->n_banned : 0,
-        };
+        sampler_seq_view view = seq_sampler_view(q);
         bool can_end = false;
         if (r->gram && (size_t)e->n_eos + r->sp.n_stop_token_ids > 64) continue; /* (term below) */
         if (r->gram) { /* its mask goes with it (sample_seq's, computed here) */
