@@ -300,7 +300,34 @@ typedef struct executor_ops {
      * act (h @ shared_expert_gate^T). */
     int (*moe_shared_add)(executor *ex, void *out, const void *shared, const void *gate, int32_t T,
                           int32_t N);
+
+    /* ---- LoRA adapters (optional: NULL where the executor has none; the
+     * engine then refuses --lora on that device) ----------------------- */
+    /* Adds one projection's LoRA deltas to its output, PEFT's
+     * lora.Linear.forward (result + lora_B(lora_A(x)) * scaling) per row:
+     * for every row t < T with a = b->lora_slots[t] >= 0 and A[a] != NULL,
+     *   u[j]     = x[t] . A[a][j]                 j < rank[a], f32, then
+     *              rounded to act (PEFT: lora_A's output in the adapter dtype)
+     *   y[t][n] += scale[a] * (u . B[a][n])       n < N, the dot in f32 over
+     *              j increasing, then scale, then the add, rounded to act
+     * Rows with no adapter (or b->lora_slots == NULL) are left as they are.
+     * A row's result depends on its own x, its adapter, K, N and rank only:
+     * not on T, the other rows, their adapters or the thread count (rows
+     * are grouped by adapter, then by row index, and each group goes through
+     * row-invariant products). y [T][ldy] act, the delta going to columns
+     * 0..N-1 (the caller offsets y to a projection's columns inside a fused
+     * output: q, k, v of qkv, gate, up of gate_up); x [T][K] act;
+     * A, B, scale, rank: host arrays of n_slots entries, A[a] [rank[a]][K]
+     * act and B[a] [N][rank[a]] act device pointers (NULL: slot a does not
+     * target this projection), rank[a] <= PG_LORA_MAX_RANK. */
+    int (*lora_add)(executor *ex, void *y, int32_t ldy, const void *x, int32_t K, int32_t N,
+                    const void *const *A, const void *const *B, const float *scale,
+                    const int32_t *rank, int32_t n_slots, const step_batch *b);
 } executor_ops;
+
+/* The largest LoRA rank an executor's lora_add takes (vLLM's
+ * max_lora_rank choices stop at 512). */
+#define PG_LORA_MAX_RANK 512
 
 /* Backends embed this as the first member of their own struct. */
 struct executor {

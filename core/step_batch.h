@@ -43,6 +43,9 @@ typedef struct step_batch {
                                      position p attends to positions
                                      max(0, p - W + 1) .. p only (W keys: transformers'
                                      sliding_window_overlay, kv_idx > q_idx - W) */
+    const int32_t *lora_slots;    /* [T] resident LoRA adapter slot of each token row
+                                     (executor_ops.lora_add), -1: the base model; NULL
+                                     when no row of the step uses an adapter */
 } step_batch;
 
 #endif /* PG_STEP_BATCH_H */
