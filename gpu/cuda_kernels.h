@@ -142,6 +142,14 @@ int pgk_prefill_attention(void *out, const void *qkv, int dt, const void *k_cach
 /* out[t][i] = silu(gate_up[t][i]) * gate_up[t][I+i]. */
 int pgk_silu_mul(void *out, const void *gate_up, int dt, int32_t T, int32_t I, pgk_launch *lk);
 
+/* Mixture of experts (moe_route.cu, moe_shared.cu). router [T][E] dt; ids [T][k] i32 and weights
+ * [T][k] f32 (device): executor.h moe_route, cpu/cpu_moe.c's bits. */
+int pgk_moe_route(int32_t *ids, float *weights, const void *router, int dt, int32_t T, int32_t E,
+                  int32_t k, int32_t norm_topk, pgk_launch *lk);
+/* out[t][n] += sigmoid(gate[t]) * shared[t][n]; [T][N] dt, gate [T] dt. */
+int pgk_moe_shared_add(void *out, const void *shared, const void *gate, int dt, int32_t T, int32_t N,
+                       pgk_launch *lk);
+
 /* dst[r] = src[logits_rows[r]], [.][dim]. */
 int pgk_gather_rows(void *dst, const void *src, int dt, int32_t dim, const pgk_batch *b,
                     pgk_launch *lk);
