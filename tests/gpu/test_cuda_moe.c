@@ -13,6 +13,8 @@
  *    and 300 (> 128: groups that span several 128-row GEMM chunks), with
  *    random routing and with every row sharing the same experts; a row
  *    alone gives the bits it has in the batch;
+ *  - experts against the CPU twin (f32 mode, T = 300, k = 3): within 1e-5
+ *    relative;
  *  - shared_add: out + sigmoid(g) * s bit-identical to the CPU twin (f32
  *    mode) and to the CPU's f32 result rounded once to bf16 (bf16 mode).
  * On a device only (not emulated: too slow there): row-position invariance
@@ -300,6 +302,35 @@ static void experts_case(executor *ex, int prec, const experts *x, int32_t T, in
     free(xin), free(out), free(twin), free(alone), free(ids), free(w);
 }
 
+/* The CPU twin (cpu/cpu_moe.c) on the same f32 weights and inputs: equal
+ * within 1e-5 relative (about 1 ulp measured on the emulator: the CPU's
+ * GEMM and cuBLAS sum in different orders; the grouping and the rank-order
+ * combine are the same). */
+static void cpu_twin_case(executor *cu, const experts *x, uint64_t weight_seed, int32_t T, int32_t k)
+{
+    executor *cpu = make_cpu();
+    pg_test_rng wr = {weight_seed}, rng = {weight_seed + 1000};
+    experts xc;
+    experts_init(&xc, cpu, x->H, x->I, x->E, &wr); /* the same draws: the same weights */
+    const int32_t H = x->H;
+    float *xin = malloc((size_t)T * H * sizeof *xin), *out = malloc((size_t)T * H * sizeof *out),
+          *want = malloc((size_t)T * H * sizeof *want);
+    int32_t *ids = malloc((size_t)T * k * sizeof *ids);
+    float *w = malloc((size_t)T * k * sizeof *w);
+    assert_true(xin && out && want && ids && w);
+    pg_test_fill_uniform(&rng, xin, (size_t)T * H, -1.0f, 1.0f);
+    make_routing(&rng, T, x->E, k, 0, ids, w);
+    run_experts(cu, x, xin, ids, w, T, k, out);
+    ok(cpu, cpu->op->moe_experts(cpu, want, xin, ids, w, xc.gu, xc.down, T, H, x->I, x->E, k), "cpu moe_experts");
+    for (size_t i = 0; i < (size_t)T * H; i++)
+        if (fabsf(out[i] - want[i]) > 1e-7f + 1e-5f * fabsf(want[i]))
+            fail_msg("T %d k %d: element %zu: cuda %.9g, cpu %.9g", (int)T, (int)k, i, (double)out[i],
+                     (double)want[i]);
+    free(xin), free(out), free(want), free(ids), free(w);
+    experts_free(&xc, cpu);
+    cpu->op->destroy(cpu);
+}
+
 static void test_experts(void **state)
 {
     (void)state;
@@ -308,6 +339,8 @@ static void test_experts(void **state)
         pg_test_rng rng = {57 + (uint64_t)prec};
         experts x;
         experts_init(&x, ex, 64, 32, 8, &rng);
+        if (prec == 1)
+            cpu_twin_case(ex, &x, 57 + (uint64_t)prec, 300, 3);
         experts_case(ex, prec, &x, 1, 2, 0, 1, &rng);
         experts_case(ex, prec, &x, 7, 3, 0, 1, &rng);
         experts_case(ex, prec, &x, 300, 2, 0, 97, &rng);
