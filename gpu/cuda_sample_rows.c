@@ -162,7 +162,8 @@ int cuda_smp_launch(cuda_smp *s, float *logits_d, int32_t L, int32_t V, const pg
     int rc = pgk_sample((int32_t *)(void *)(d + o_ids), logits_d, V, (const pg_smp_row *)(void *)(d + o_rows),
                         q->n, (const int32_t *)(void *)(d + o_pi), (const int32_t *)(void *)(d + o_pc),
                         (const int32_t *)(void *)(d + o_ban), (const uint32_t *)(void *)(d + o_mask),
-                        n_raw > 0 ? s->raw_d : NULL, n_raw > 0 ? (const int32_t *)(void *)(d + o_slot) : NULL, lk);
+                        n_raw > 0 ? s->raw_d : NULL,
+                        n_raw > 0 ? (const int32_t *)(void *)(d + o_slot) : NULL, lk);
     if (rc)
         return rc;
     if ((e = cudaMemcpyAsync(h + o_ids, d + o_ids, (size_t)q->n * 4u, cudaMemcpyDeviceToHost, st)) !=

@@ -113,7 +113,8 @@ static int sb_forward(void *ctx, const step_batch *b, float *logits, pg_error *e
     }
     for (int32_t r = 0; lp && r < sb->lp_L; r++)
         if (lp[r].want && lp[r].token == PG_LSM_SAMPLED)
-            return pg_error_set(err, PG_EINVAL, "logprob row %d: PG_LSM_SAMPLED on a row not sampled", (int)r);
+            return pg_error_set(err, PG_EINVAL, "logprob row %d: PG_LSM_SAMPLED on a row not sampled",
+                                (int)r);
     return PG_OK;
 }
 
@@ -276,7 +277,8 @@ static void same_outputs(request_output **a_, request_output **b_, int n_req, co
             assert_int_equal(a->token_logprobs != NULL, b->token_logprobs != NULL);
             assert_int_equal(a->n_top, b->n_top);
             if (a->token_logprobs)
-                assert_memory_equal(a->token_logprobs, b->token_logprobs, (size_t)a->n_tokens * sizeof(float));
+                assert_memory_equal(a->token_logprobs, b->token_logprobs,
+                                    (size_t)a->n_tokens * sizeof(float));
             if (a->n_top > 0) {
                 const size_t nt = (size_t)a->n_tokens * (size_t)a->n_top;
                 assert_memory_equal(a->top_ids, b->top_ids, nt * sizeof(int32_t));

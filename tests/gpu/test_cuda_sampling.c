@@ -179,7 +179,8 @@ static void test_device_equals_host(void **state)
         pg_lsm_row *d_lout = dev_copy(NULL, (size_t)n_raw * sizeof(pg_lsm_row));
         pg_error err;
         pgk_launch lk = {0, 1, &err, 0};
-        assert_int_equal(pgk_sample(d_ids, d_lg, V, d_rows, R, d_pi, d_pc, d_bi, d_mk, d_raw, d_slot, &lk), 0);
+        assert_int_equal(pgk_sample(d_ids, d_lg, V, d_rows, R, d_pi, d_pc, d_bi, d_mk, d_raw, d_slot, &lk),
+                         0);
         /* the logprobs after the draw, the ids read on the device */
         assert_int_equal(pgk_logprobs(d_lout, d_lg, V, d_lreq, n_raw, d_raw, d_ids, &lk), 0);
         assert_int_equal(cudaMemcpy(got, d_ids, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -194,8 +195,10 @@ static void test_device_equals_host(void **state)
         for (int32_t j = 0; j < n_raw; j++) {
             const pg_lsm_row *a = &lgot[j], *b = &lwant[j];
             /* (a row with no token: -1, logprob 0, rank 1; the engine fails it) */
-            if (a->token != b->token || a->rank != b->rank || memcmp(&a->logprob, &b->logprob, sizeof a->logprob) ||
-                (b->token >= 0 && (a->n_top != b->n_top || memcmp(a->top_ids, b->top_ids, sizeof a->top_ids) ||
+            if (a->token != b->token || a->rank != b->rank ||
+                memcmp(&a->logprob, &b->logprob, sizeof a->logprob) ||
+                (b->token >= 0 && (a->n_top != b->n_top ||
+                                   memcmp(a->top_ids, b->top_ids, sizeof a->top_ids) ||
                                    memcmp(a->top_lp, b->top_lp, sizeof a->top_lp) ||
                                    memcmp(&a->lse, &b->lse, sizeof a->lse))))
                 fail_msg("V %d logprob row %d (k %d): device token %d lp %.9g rank %d n_top %d, host token "
