@@ -224,6 +224,10 @@ uint64_t cli_cuda_reserve_bytes(const llama_config *cfg, const executor *ex, con
 
     /* logits [L][V] f32, L <= S rows sample in a step (cuda_logits) */
     total += grown_bytes(S * V * 4u);
+    /* sampled rows that want logprobs, kept as the sampler reads them for
+     * gpu/logprobs.cu (cuda_sample_rows.c): up to S rows of V f32, grown
+     * on demand (at most the step's rows) */
+    total += grown_bytes(S * V * 4u);
     /* decode attention split workspace: S x nh x partitions x (hd + 2) f32
      * (pgk_decode_workspace_floats), only when a sequence spans more than
      * one partition */

@@ -53,6 +53,12 @@
 /* Most top entries a row can ask for (SAMPLING_PARAMS_MAX_LOGPROBS). */
 #define PG_LSM_MAX_TOP 20
 
+/* pg_lsm_row.token: the token sampled from the row where the row is
+ * (executor.h sample_rows draws it; the logprobs are of the row as the
+ * sampler received it, before its penalties and temperature: vLLM's
+ * default "raw_logprobs"). */
+#define PG_LSM_SAMPLED (-2)
+
 /* The log-softmax results of one logits row, as a backend that keeps the
  * row returns them instead of the row (executor.h logprob_rows; the
  * device's gpu/logprobs.cu). Plain data. */
@@ -61,8 +67,11 @@ typedef struct pg_lsm_row {
                           then not returned); 0 = the row as always */
     int32_t token;     /* in: the token to score, in [0, V); -1: the row's
                           argmax (core/sampler.c's greedy rule: ties -> the
-                          lowest id, NaN and -inf never win). out: the token
-                          (-1: no logit > -inf) */
+                          lowest id, NaN and -inf never win); PG_LSM_SAMPLED:
+                          the token the backend samples from this row (a row
+                          also handed to executor.h sample_rows).
+                          out: the token (-1: no logit > -inf, or none
+                          sampled) */
     int32_t k;         /* in: top entries wanted, 0 .. PG_LSM_MAX_TOP */
     int32_t n_top;     /* out: min(k, V) */
     double lse;        /* out: m + log(sum) of the row */

@@ -964,19 +964,24 @@ static bool seq_greedy_logprobs(const sequence *q)
 
 /* True when q's next token may be sampled where its logits are (engine_backend
  * sample_rows): what sample_seq would do with the row is its grammar mask
- * and sampler_sample — no logprobs — on one sequence. An n > 1 group's
- * sequences are, once forked; the row it forks from samples n tokens from
- * one row, and stays on the host. */
-static bool seq_device_sampled(const sequence *q)
+ * and sampler_sample on one sequence. An n > 1 group's sequences are, once
+ * forked; the row it forks from samples n tokens from one row, and stays on
+ * the host. With logprobs only when the backend takes them too
+ * (logprob_rows, token PG_LSM_SAMPLED: the drawn id, scored on the row as
+ * the sampler received it) — except a row seq_greedy_logprobs leaves to
+ * the logprob rows alone (its argmax). */
+static bool seq_device_sampled(const engine *e, const sequence *q)
 {
     const request *r = q->req;
-    return (r->n == 1 || r->forked) && r->sp.logprobs < 0 && !r->beam;
+    if (r->beam || !(r->n == 1 || r->forked)) return false;
+    return r->sp.logprobs < 0 || (e->be.logprob_rows && !seq_greedy_logprobs(q));
 }
 
 /* Hands the step's device-sampled rows to the backend (sample_rows): every
  * sampling row of a seq_device_sampled sequence not already taken as plain
- * greedy (e->greedy when dev_greedy). Only when every logits row samples
- * (no prompt logprobs). Sets *on when it handed any over. */
+ * greedy (e->greedy when dev_greedy); mark_logprob_rows then marks those
+ * with logprobs PG_LSM_SAMPLED. Only when every logits row samples (no
+ * prompt logprobs). Sets *on when it handed any over. */
 static int mark_sample_rows(engine *e, const sched_step *st, const step_batch *b, bool dev_greedy,
                             bool *on, pg_error *err)
 {
@@ -989,7 +994,7 @@ static int mark_sample_rows(engine *e, const sched_step *st, const step_batch *b
         const int32_t s = row++;
         sequence *q = st->entries[i].seq;
         e->dsamp[s] = 0;
-        if ((dev_greedy && e->greedy[s]) || !seq_device_sampled(q)) continue;
+        if ((dev_greedy && e->greedy[s]) || !seq_device_sampled(e, q)) continue;
         const request *r = q->req;
         sampler_seq_view view = seq_sampler_view(q);
         bool can_end = false;
@@ -1022,9 +1027,11 @@ static int mark_sample_rows(engine *e, const sched_step *st, const step_batch *b
 }
 
 /* Marks the step's rows the backend takes the logprobs of (logprob_rows):
- * every prompt-logprob row (scoring the next prompt token) and the
- * sampling rows of seq_greedy_logprobs sequences (their argmax). Sets
- * e->lp_active when it marked any and handed them over. */
+ * every prompt-logprob row (scoring the next prompt token), the sampling
+ * rows of seq_greedy_logprobs sequences (their argmax) and the rows
+ * mark_sample_rows handed over whose request wants logprobs (the drawn
+ * id: PG_LSM_SAMPLED). Sets e->lp_active when it marked any and handed
+ * them over. */
 static int mark_logprob_rows(engine *e, const sched_step *st, const step_batch *b, pg_error *err)
 {
     e->lp_active = false;
@@ -1044,10 +1051,11 @@ static int mark_logprob_rows(engine *e, const sched_step *st, const step_batch *
         if (!entry_samples(&st->entries[i])) continue;
         int32_t j = e->samp_lrow[s++];
         const request *br = st->entries[i].seq->req;
-        if (!br->beam && !seq_greedy_logprobs(st->entries[i].seq)) continue;
+        const bool sampled = e->dev_sample && e->dsamp[s - 1] && br->sp.logprobs >= 0;
+        if (!br->beam && !sampled && !seq_greedy_logprobs(st->entries[i].seq)) continue;
         pg_lsm_row *q = &e->lp_rows[j];
         q->want = 1;
-        q->token = -1;
+        q->token = sampled ? PG_LSM_SAMPLED : -1;
         q->k = br->beam ? beam_row_k(e, br) : br->sp.logprobs; /* a beam's top 2W candidates */
         n++;
     }
@@ -1081,6 +1089,18 @@ static void beam_take(engine *e, sequence *q, const float *row, const pg_lsm_row
     beam_group_take(q->req->beam, q->index, lp);
 }
 
+/* The logprobs the backend took for a sampling row (mark_logprob_rows)
+ * into *res, as sampler_sample gives them (the same definition). */
+static void lp_into_result(engine *e, const pg_lsm_row *lp, sampler_result *res)
+{
+    res->logprob = lp->logprob;
+    res->n_top = lp->n_top;
+    res->top_ids = e->top_ids;
+    res->top_logprobs = e->top_lp;
+    memcpy(e->top_ids, lp->top_ids, (size_t)lp->n_top * sizeof *e->top_ids);
+    memcpy(e->top_lp, lp->top_lp, (size_t)lp->n_top * sizeof *e->top_lp);
+}
+
 /* A sampling row the backend took (mark_logprob_rows): its token and
  * logprobs as the sampler's result. */
 static int sample_from_lp(engine *e, sequence *q, const pg_lsm_row *lp, pg_error *err)
@@ -1089,10 +1109,8 @@ static int sample_from_lp(engine *e, sequence *q, const pg_lsm_row *lp, pg_error
         return pg_error_set(err, PG_EINVAL, "engine: request %llu sequence %d: sampler: no token can be "
                             "sampled: all %d logits are -inf, nan or banned",
                             (unsigned long long)q->req->id, (int)q->index, (int)e->be.vocab_size);
-    sampler_result res = {.token_id = lp->token, .logprob = lp->logprob, .n_top = lp->n_top,
-                          .top_ids = e->top_ids, .top_logprobs = e->top_lp};
-    memcpy(e->top_ids, lp->top_ids, (size_t)lp->n_top * sizeof *e->top_ids);
-    memcpy(e->top_lp, lp->top_lp, (size_t)lp->n_top * sizeof *e->top_lp);
+    sampler_result res = {.token_id = lp->token};
+    lp_into_result(e, lp, &res);
     return accept_sampled(e, q, &res, err);
 }
 
@@ -1359,31 +1377,38 @@ int engine_phase_finish(engine *e, const sched_step *st, const step_batch *b, sc
         }
         if (!entry_samples(&st->entries[i])) continue;
         const float *lrow = e->logits + (size_t)row * (size_t)e->be.vocab_size;
+        /* the row's logprobs when the backend took them (mark_logprob_rows) */
+        const pg_lsm_row *lp = e->lp_active && e->lp_rows[e->samp_lrow[row]].want
+                                   ? &e->lp_rows[e->samp_lrow[row]] : NULL;
         if (r->beam) { /* candidates now, the selection once every beam's are in */
-            const pg_lsm_row *lp = e->lp_active && e->lp_rows[e->samp_lrow[row]].want
-                                       ? &e->lp_rows[e->samp_lrow[row]] : NULL;
             row++;
             beam_take(e, q, lrow, lp);
             continue;
         }
-        if (e->lp_active && e->lp_rows[e->samp_lrow[row]].want) {
-            row++; /* never a fresh fork: seq_greedy_logprobs leaves n > 1 to the host */
-            if ((rc = sample_from_lp(e, q, &e->lp_rows[e->samp_lrow[row - 1]], err))) return rc;
-            continue;
-        }
         if (dev_sample && e->dsamp[row]) {
             /* sampled where the logits are: the token the sampler would give,
-             * one draw taken unless greedy (never a fresh fork) */
+             * one draw taken unless greedy (never a fresh fork); with
+             * logprobs, the backend's for that token (PG_LSM_SAMPLED) */
             sampler_result res = {.token_id = sample_rows_id(e->srows, e->dsamp[row] - 1)};
             row++;
             if (res.token_id < 0)
                 return pg_error_set(err, PG_EINVAL, "engine: request %llu sequence %d: sampler: no token "
                                     "can be sampled: all %d logits are -inf, nan or banned",
                                     (unsigned long long)r->id, (int)q->index, (int)e->be.vocab_size);
+            if (lp && lp->token != res.token_id)
+                return pg_error_set(err, PG_EINVAL, "engine: request %llu sequence %d: the backend's logprobs "
+                                    "are of token %d, its sampled token is %d", (unsigned long long)r->id,
+                                    (int)q->index, (int)lp->token, (int)res.token_id);
+            if (lp) lp_into_result(e, lp, &res);
             if (!sampler_row_greedy(&r->sp)) q->rng.counter++;
             if (r->gram) /* accept_sampled checks the token against the mask */
                 sample_rows_mask_of(e->srows, e->dsamp[row - 1] - 1, e->gmask, e->be.vocab_size);
             if ((rc = accept_sampled(e, q, &res, err))) return rc;
+            continue;
+        }
+        if (lp) {
+            row++; /* never a fresh fork: seq_greedy_logprobs leaves n > 1 to the host */
+            if ((rc = sample_from_lp(e, q, lp, err))) return rc;
             continue;
         }
         if (dev_greedy && e->greedy[row]) {

@@ -81,8 +81,11 @@ typedef struct engine_backend {
      * the time the slice holding row r reaches the sink. The engine marks
      * its prompt-logprob rows (token: the next prompt token) and the
      * sampling rows of greedy requests with logprobs that are otherwise
-     * plain (token -1: the argmax). No row is marked greedy as well. rows
-     * is borrowed until the forward returns. NULL turns the path off. */
+     * plain (token -1: the argmax), and the rows it hands to sample_rows
+     * whose requests want logprobs (token PG_LSM_SAMPLED: the drawn id,
+     * which comes back in rows[r].token). No row is marked greedy as well.
+     * rows is borrowed until the forward returns. NULL turns the path off
+     * (and keeps sampled rows with logprobs on the host). */
     int (*logprob_rows)(void *ctx, pg_lsm_row *rows, int32_t L, pg_error *err);
     /* Optional (NULL: every sampled row comes back and the engine's sampler
      * reads it, the CPU): called right before a forward whose b->num_logits
@@ -90,10 +93,12 @@ typedef struct engine_backend {
      * req->rows[q].row are not written to logits and req->ids[q] gets the
      * token sampled from them (common/pg_sample.h: the token the engine's
      * sampler gives, bit for bit; model_sample_rows). The engine hands
-     * over the rows of single-sequence requests without logprobs that are
-     * not plain greedy (those go to greedy_rows), a grammar row with its
-     * mask (eos / stop ids let in where the text may end); no row is
-     * marked greedy or logprob as well. req is borrowed until the
+     * over the rows of single-sequence requests (an n > 1 group's once
+     * forked) that are not plain greedy (those go to greedy_rows), a
+     * grammar row with its mask (eos / stop ids let in where the text may
+     * end); a row with logprobs only with logprob_rows, where it is marked
+     * PG_LSM_SAMPLED too (a greedy one otherwise plain goes there alone);
+     * no row is marked greedy as well. req is borrowed until the
      * forward returns; NULL clears it. NULL turns the path off. */
     int (*sample_rows)(void *ctx, const pg_smp_batch *req, pg_error *err);
     /* Optional, both or neither (NULL: every forward waits for its results,

@@ -200,10 +200,17 @@ typedef struct executor_ops {
      * logprob and rank of rows[r].token — the argmax for -1, core/sampler.c's
      * greedy rule —, the top rows[r].k), by common/pg_logsoftmax.h's
      * definition: the bits core/sampler.c and core/engine.c compute on the
-     * host. A row is not also marked greedy. The logits fails with
+     * host. A row is not also marked greedy. A row also handed to
+     * sample_rows (below) has token PG_LSM_SAMPLED, and only such a row:
+     * its results are of the token sample_rows draws from it (rows[r].token
+     * out = that id), over the row as the sampler received it (after its
+     * grammar mask, before penalties and temperature: the row
+     * core/sampler.c takes the logprobs of), without the row or the id
+     * going through the host in between. The logits fails with
      * PG_EINVAL when its number of rows is not L or a request is out of
-     * range (token >= V, k > PG_LSM_MAX_TOP). rows [L] is host memory
-     * borrowed until that logits returns; L = 0 clears it. */
+     * range (token >= V or < PG_LSM_SAMPLED, PG_LSM_SAMPLED on a row not
+     * sampled or the other way round, k > PG_LSM_MAX_TOP). rows [L] is
+     * host memory borrowed until that logits returns; L = 0 clears it. */
     int (*logprob_rows)(executor *ex, pg_lsm_row *rows, int32_t L);
 
     /* ---- fused ops (optional: NULL where the executor has none, the CPU;
@@ -245,7 +252,8 @@ typedef struct executor_ops {
      * definition (steps 0-9: the grammar mask, penalties, banned ids,
      * temperature, min-p, top-k, top-p, the draw): the token core/sampler.c
      * gives for the same row, bit for bit, so its V floats never leave the
-     * device. A row is not also marked greedy or logprob. The logits fail
+     * device. A row is not also marked greedy; it may be marked logprob
+     * with token PG_LSM_SAMPLED (logprob_rows, above). The logits fail
      * with PG_EINVAL when req->L is not their number of rows or a row is
      * out of range. req and what it points to are host memory borrowed
      * until that logits returns; NULL clears a pending request. */

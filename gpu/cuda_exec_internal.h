@@ -233,6 +233,11 @@ int cx_logits_finish(cuda_exec *c);
 
 /* The pending logprob rows of logits_d [L][V] launched (sets c->lp_n). */
 int cx_lp_launch(cuda_exec *c, const float *logits_d, int32_t L, int32_t V);
+/* The step's pending sampled rows (cuda_smp_launch) and then its logprob
+ * rows (cx_lp_launch, which may score a sampled row's drawn id) over
+ * logits_d [L][V], after its lm_head or its graph's replay; the logprob
+ * mask dropped on failure. */
+int cx_rows_launch(cuda_exec *c, float *logits_d, int32_t L, int32_t V);
 /* The logits rows of a step to the host (greedy ids, logprob results, the
  * other rows' floats); waits for the stream; consumes the masks. */
 int cx_logits_out(cuda_exec *c, float *logits_host, const float *logits_d, pinned_buf *ph,

@@ -113,8 +113,8 @@ typedef struct cuda_graph_info {
     size_t workspace_bytes;    /* the graphs' decode split workspace (device) */
     size_t meta_upload_bytes;  /* step metadata the last graphed step copied to the device */
     size_t logits_copy_bytes;  /* logits the last step (graphed or eager) copied to the host */
-    size_t logits_copy_total_bytes; /* ... every step so far (greedy and logprob rows copy
-                                       none); these two also with graphs off */
+    size_t logits_copy_total_bytes; /* ... every step so far (greedy, logprob and sampled
+                                       rows copy none); these two also with graphs off */
 } cuda_graph_info;
 void cuda_executor_graph_info(executor *ex, cuda_graph_info *out);
 
@@ -162,14 +162,21 @@ int cuda_executor_greedy_next_step(executor *ex, const uint8_t *greedy, int32_t 
  * common/pg_logsoftmax.h's definition, bit for bit the host sampler's; its
  * row of logits_host is left unwritten: sizeof(pg_lsm_row) = 184 bytes
  * cross PCIe instead of V x 4. The other rows are written as always. A row
- * may not be marked greedy (cuda_executor_greedy_next_step) as well. rows
- * is borrowed until that logits returns; the logits consumes it, and fails
- * with PG_EINVAL when its L differs or a row asks for a token outside
- * [-1, V) or k outside [0, PG_LSM_MAX_TOP]. L = 0 clears it. PG_EINVAL
- * when ex is not a cuda executor. The executor table's logprob_rows. */
+ * may not be marked greedy (cuda_executor_greedy_next_step) as well. A row
+ * of the pending sampled rows (cuda_executor_sample_rows) must have token
+ * PG_LSM_SAMPLED, and only such a row: gpu/sampling.cu keeps it as the
+ * sampler receives it (after its grammar mask) and gpu/logprobs.cu then
+ * scores the id drawn from it, read on the device (rows[r].token out: that
+ * id). rows is borrowed until that logits returns; the logits consumes it,
+ * and fails with PG_EINVAL when its L differs or a row asks for a token
+ * outside [PG_LSM_SAMPLED, V), PG_LSM_SAMPLED on a row not sampled or
+ * another token on a sampled one, or k outside [0, PG_LSM_MAX_TOP]. L = 0
+ * clears it. PG_EINVAL when ex is not a cuda executor. The executor
+ * table's logprob_rows. */
 int cuda_executor_logprob_rows(executor *ex, pg_lsm_row *rows, int32_t L);
 /* Sampled rows of the next logits on the device (gpu/sampling.cu,
- * cuda_sample_rows.h); PG_EINVAL when ex is not a cuda executor or req is
+ * cuda_sample_rows.h; with logprobs: cuda_executor_logprob_rows'
+ * PG_LSM_SAMPLED); PG_EINVAL when ex is not a cuda executor or req is
  * malformed. The executor table's sample_rows (executor.h). */
 int cuda_executor_sample_rows(executor *ex, const pg_smp_batch *req);
 

@@ -426,10 +426,9 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     *mark = cx_counts(c);
     CUDA_TRY(&c->err, "cudaGraphLaunch (decode step)", cudaGraphLaunch(bk->exec, c->stream));
     g->replays++;
-    /* the logprob rows, then the S real rows (of the P computed), after the
-     * replay (stream order) */
-    if ((rc = cx_lp_launch(c, g->logits_d, S, bk->logits_V)) ||
-        (rc = cuda_smp_launch(&c->smp, g->logits_d, S, bk->logits_V, &c->lk)))
+    /* the sampled and logprob rows, then the S real rows (of the P
+     * computed), after the replay (stream order) */
+    if ((rc = cx_rows_launch(c, g->logits_d, S, bk->logits_V)))
         return rc;
     c->defer_now = c->defer_next;
     return cx_logits_out(c, logits_host, g->logits_d, &g->logits_h, g->ids_h.h, S, bk->logits_V);

@@ -175,21 +175,26 @@ int pgk_copy_blocks(void *kv, int kv_dt, int32_t n_planes, size_t plane_elems,
 int pgk_argmax(int32_t *ids, const float *logits, int32_t rows, int32_t V, pgk_launch *lk);
 
 /* One logits row whose log-softmax results are taken on the device
- * (pgk_logprobs): which row, which token to score (-1: its argmax), how
- * many top entries (pg_lsm_row's in-fields). */
+ * (pgk_logprobs): which row, which token to score (-1: its argmax;
+ * PG_LSM_SAMPLED: the token pgk_sample drew from it), how many top entries
+ * (pg_lsm_row's in-fields). */
 typedef struct pgk_lp_req {
-    int32_t row;    /* logits row */
-    int32_t token;  /* in [0, V), or -1: the row's argmax */
+    int32_t row;    /* logits row; for PG_LSM_SAMPLED its row of raw (below) */
+    int32_t token;  /* in [0, V), -1: the row's argmax, or PG_LSM_SAMPLED */
     int32_t k;      /* 0 .. PG_LSM_MAX_TOP */
-    int32_t pad;
+    int32_t sid;    /* PG_LSM_SAMPLED: its index in pgk_sample's ids */
 } pgk_lp_req;
 
 /* out[q] (device) = the results of d_req[q] (device, q < n) over logits
  * [.][V] (f32, device): pg_lsm_row's out-fields (want, token's in-value and
  * k as requested), by common/pg_logsoftmax.h's definition, bit for bit the
- * host's pg_lsm_row_eval. One block per request. */
+ * host's pg_lsm_row_eval. A PG_LSM_SAMPLED request reads row req.row of
+ * raw [.][V] (pgk_sample's copies of its rows before step 1) and scores
+ * sampled[req.sid] (pgk_sample's ids; -1 there: token -1, logprob 0, rank
+ * 1); raw and sampled may be NULL when no request is PG_LSM_SAMPLED. One
+ * block per request. */
 int pgk_logprobs(pg_lsm_row *out, const float *logits, int32_t V, const pgk_lp_req *d_req,
-                 int32_t n, pgk_launch *lk);
+                 int32_t n, const float *raw, const int32_t *sampled, pgk_launch *lk);
 
 /* Sampling on the device: ids[q] (device) = the token of sampled row
  * rows[q] (device, q < n) of logits [.][V] (f32, device), by
@@ -198,10 +203,14 @@ int pgk_logprobs(pg_lsm_row *out, const float *logits, int32_t V, const pgk_lp_r
  * banned or masked). The rows are rewritten in place (their logits after
  * steps 0-6). Device arrays indexed by pg_smp_row: pen_ids / pen_cnt (the
  * distinct ids of prompt and output, each with its output count), ban_ids,
- * mask (32-bit words, bit v = token v allowed). One block per row. */
+ * mask (32-bit words, bit v = token v allowed). raw_slot (device, [n], or
+ * NULL: none): row q with raw_slot[q] >= 0 is also copied, after step 0
+ * (its grammar mask) and before step 1, into raw + raw_slot[q] x V — the
+ * row whose log-softmax the sampler's logprobs are (core/sampler.c), for
+ * pgk_logprobs's PG_LSM_SAMPLED requests. One block per row. */
 int pgk_sample(int32_t *ids, float *logits, int32_t V, const pg_smp_row *rows, int32_t n,
                const int32_t *pen_ids, const int32_t *pen_cnt, const int32_t *ban_ids,
-               const uint32_t *mask, pgk_launch *lk);
+               const uint32_t *mask, float *raw, const int32_t *raw_slot, pgk_launch *lk);
 
 #ifdef __cplusplus
 }

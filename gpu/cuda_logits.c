@@ -13,7 +13,10 @@
 /* The pending logprob rows (cuda_executor_logprob_rows) of logits_d [L][V]: their
  * requests uploaded, pgk_logprobs, the results queued for a copy into
  * pinned memory (cx_logits_out waits and hands them over). Not capturable
- * (runs after a replay, or in an eager step). Sets c->lp_n. */
+ * (runs after a replay, or in an eager step). Runs after the step's
+ * sampled rows (cuda_smp_launch, given the rows: cx_rows_launch): a
+ * PG_LSM_SAMPLED row reads the row the sampler kept and the id it drew,
+ * both on the device. Sets c->lp_n. */
 int cx_lp_launch(cuda_exec *c, const float *logits_d, int32_t L, int32_t V)
 {
     c->lp_n = 0;
@@ -27,10 +30,17 @@ int cx_lp_launch(cuda_exec *c, const float *logits_d, int32_t L, int32_t V)
         const pg_lsm_row *q = &c->lp_rows[r];
         if (!q->want)
             continue;
-        if (q->token < -1 || q->token >= V || q->k < 0 || q->k > PG_LSM_MAX_TOP)
+        if (q->token < PG_LSM_SAMPLED || q->token >= V || q->k < 0 || q->k > PG_LSM_MAX_TOP)
             return pg_error_set(&c->err, PG_EINVAL,
-                                "cuda logprob rows: row %d: expected token in [-1, %d) and k in [0, %d], "
-                                "got %d and %d", (int)r, (int)V, PG_LSM_MAX_TOP, (int)q->token, (int)q->k);
+                                "cuda logprob rows: row %d: expected token in [%d, %d) and k in [0, %d], "
+                                "got %d and %d", (int)r, PG_LSM_SAMPLED, (int)V, PG_LSM_MAX_TOP,
+                                (int)q->token, (int)q->k);
+        if ((q->token == PG_LSM_SAMPLED) != cuda_smp_marked(&c->smp, r))
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda logprob rows: row %d: expected token %d (the sampled one) exactly "
+                                "for a row sampled on the device, got token %d on a row %s", (int)r,
+                                PG_LSM_SAMPLED, (int)q->token,
+                                cuda_smp_marked(&c->smp, r) ? "sampled" : "not sampled");
         if (c->greedy_L && c->greedy[r])
             return pg_error_set(&c->err, PG_EINVAL,
                                 "cuda logprob rows: row %d: expected a row marked once, got it greedy too",
@@ -54,20 +64,44 @@ int cx_lp_launch(cuda_exec *c, const float *logits_d, int32_t L, int32_t V)
         (rc = cx_pinned_get(c->stream, &c->lp_out_h, (size_t)n * sizeof(pg_lsm_row), &ho, &c->err)))
         return rc;
     pgk_lp_req *req = hq;
-    for (int32_t r = 0, q = 0; r < L; r++)
-        if (c->lp_rows[r].want)
-            req[q++] = (pgk_lp_req){.row = r, .token = c->lp_rows[r].token, .k = c->lp_rows[r].k};
+    for (int32_t r = 0, q = 0; r < L; r++) {
+        const pg_lsm_row *w = &c->lp_rows[r];
+        if (!w->want)
+            continue;
+        if (w->token == PG_LSM_SAMPLED) { /* its kept row, its drawn id */
+            const int32_t sid = cuda_smp_index(&c->smp, r), raw_row = cuda_smp_raw_row(&c->smp, sid);
+            if (raw_row < 0)
+                return pg_error_set(&c->err, PG_EINVAL, "cuda logprob rows: row %d: the sampled row was not "
+                                    "kept for its logprobs", (int)r);
+            req[q++] = (pgk_lp_req){.row = raw_row, .token = PG_LSM_SAMPLED, .k = w->k, .sid = sid};
+        } else {
+            req[q++] = (pgk_lp_req){.row = r, .token = w->token, .k = w->k};
+        }
+    }
     CUDA_TRY(&c->err, "cudaMemcpyAsync (logprob requests)",
              cudaMemcpyAsync(c->lp_req_d, hq, (size_t)n * sizeof(pgk_lp_req), cudaMemcpyHostToDevice,
                              c->stream));
     if ((rc = cx_pinned_mark(&c->lp_req_h, c->stream, &c->err)) ||
-        (rc = pgk_logprobs(c->lp_out_d, logits_d, V, c->lp_req_d, n, &c->lk)))
+        (rc = pgk_logprobs(c->lp_out_d, logits_d, V, c->lp_req_d, n, cuda_smp_raw(&c->smp),
+                           c->smp.launched > 0 ? cuda_smp_ids_d(&c->smp) : NULL, &c->lk)))
         return rc;
     CUDA_TRY(&c->err, "cudaMemcpyAsync (logprob results)",
              cudaMemcpyAsync(ho, c->lp_out_d, (size_t)n * sizeof(pg_lsm_row), cudaMemcpyDeviceToHost,
                              c->stream));
     c->lp_n = n;
     return 0;
+}
+
+int cx_rows_launch(cuda_exec *c, float *logits_d, int32_t L, int32_t V)
+{
+    /* the sampled rows first: a row also marked for its logprobs is kept as
+     * the sampler reads it, and cx_lp_launch scores it with the drawn id */
+    int rc = cuda_smp_launch(&c->smp, logits_d, L, V, c->lp_L == L ? c->lp_rows : NULL, &c->lk);
+    if (!rc)
+        rc = cx_lp_launch(c, logits_d, L, V);
+    if (rc)
+        c->lp_L = 0;
+    return rc;
 }
 
 /* The logits rows of a step to the host: rows the pending greedy mask
@@ -219,11 +253,7 @@ static int logits_impl(cuda_exec *c, float *logits_host, const void *x, const vo
                  cudaMemcpyAsync(hi, c->ids_d, (size_t)L * 4u, cudaMemcpyDeviceToHost, c->stream));
         ids = hi;
     }
-    if ((rc = cx_lp_launch(c, c->logits_d, L, V))) {
-        c->lp_L = 0;
-        return rc;
-    }
-    if ((rc = cuda_smp_launch(&c->smp, c->logits_d, L, V, &c->lk)))
+    if ((rc = cx_rows_launch(c, c->logits_d, L, V)))
         return rc;
     return cx_logits_out(c, logits_host, c->logits_d, &c->logits_h, ids, L, V);
 }

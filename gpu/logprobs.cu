@@ -49,11 +49,13 @@ static __device__ __forceinline__ int32_t merge_top(float *av, int32_t *ai, int3
  *   (s = 128 .. 1); lse = m + pg_lsm_log(lane 0)          (pg_logsoftmax.h)
  *   top: each thread keeps the best kk = max(k, 1) of its v's, then a tree
  *   of merges (8 levels) gives the row's best kk;
- *   token = req.token, or the argmax (top 0, when > -inf) for -1;
+ *   token = req.token, the argmax (top 0, when > -inf) for -1, or for
+ *   PG_LSM_SAMPLED sampled[req.sid] over row req.row of raw;
  *   rank = 1 + #{v: raw[v] > raw[token]}. */
 static __global__ void __launch_bounds__(LP_THREADS)
 logprobs_kernel(pg_lsm_row *__restrict__ out, const float *__restrict__ logits, int32_t V,
-                const pgk_lp_req *__restrict__ req)
+                const pgk_lp_req *__restrict__ req, const float *__restrict__ raw,
+                const int32_t *__restrict__ sampled)
 {
     __shared__ float s_v[LP_THREADS * PG_LSM_MAX_TOP];
     __shared__ int32_t s_i[LP_THREADS * PG_LSM_MAX_TOP];
@@ -61,7 +63,8 @@ logprobs_kernel(pg_lsm_row *__restrict__ out, const float *__restrict__ logits, 
     __shared__ double s_d[LP_THREADS];
     __shared__ int32_t s_c[LP_THREADS];
     const pgk_lp_req rq = req[blockIdx.x];
-    const float *row = logits + (size_t)rq.row * (size_t)V;
+    const bool smp = rq.token == PG_LSM_SAMPLED; /* the row pgk_sample copied, its drawn id */
+    const float *row = (smp ? raw : logits) + (size_t)rq.row * (size_t)V;
     const int32_t t = (int32_t)threadIdx.x;
     const int32_t kk = rq.k > 0 ? rq.k : 1;
 
@@ -116,8 +119,8 @@ logprobs_kernel(pg_lsm_row *__restrict__ out, const float *__restrict__ logits, 
     const double lse = m + pg_lsm_log(s_d[0]);
 
     /* the token and its rank */
-    int32_t tok = rq.token;
-    if (tok < 0) /* the argmax: core/sampler.c's greedy rule (> -inf, NaN never wins) */
+    int32_t tok = smp ? sampled[rq.sid] : rq.token;
+    if (rq.token == -1) /* the argmax: core/sampler.c's greedy rule (> -inf, NaN never wins) */
         tok = s_n[0] > 0 && s_v[0] > -INFINITY ? s_i[0] : -1;
     int32_t cnt = 0;
     if (tok >= 0) {
@@ -150,10 +153,10 @@ logprobs_kernel(pg_lsm_row *__restrict__ out, const float *__restrict__ logits, 
 }
 
 extern "C" int pgk_logprobs(pg_lsm_row *out, const float *logits, int32_t V, const pgk_lp_req *d_req,
-                            int32_t n, pgk_launch *lk)
+                            int32_t n, const float *raw, const int32_t *sampled, pgk_launch *lk)
 {
     if (n < 1 || V < 1)
         return pg_error_set(lk->err, PG_EINVAL, "logprobs: expected n, V >= 1, got %d, %d", (int)n, (int)V);
-    logprobs_kernel<<<(unsigned)n, LP_THREADS, 0, lk->st>>>(out, logits, V, d_req);
+    logprobs_kernel<<<(unsigned)n, LP_THREADS, 0, lk->st>>>(out, logits, V, d_req, raw, sampled);
     return pgk_check_launch("logprobs_kernel", lk);
 }

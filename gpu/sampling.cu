@@ -13,7 +13,9 @@
  * k-th largest, top-p's cut) are radix selects over pg_smp_key with
  * per-bucket counts or weights in shared memory; the draw's inverse CDF
  * is an exclusive scan of per-thread chunk sums. The row is rewritten in
- * place (the logits after steps 0-6). */
+ * place (the logits after steps 0-6); a row whose logprobs are wanted is
+ * first copied out after step 0 (raw_slot: the row the host's logprobs
+ * read, which gpu/logprobs.cu then scores with the drawn token). */
 #include "cuda_common.cuh"
 
 #include "pg_sample.h"
@@ -97,7 +99,8 @@ static __global__ void __launch_bounds__(SMP_THREADS, 1)
 sample_kernel(int32_t *__restrict__ ids, float *__restrict__ logits, int32_t V,
               const pg_smp_row *__restrict__ rows, const int32_t *__restrict__ pen_ids,
               const int32_t *__restrict__ pen_cnt, const int32_t *__restrict__ ban_ids,
-              const uint32_t *__restrict__ mask)
+              const uint32_t *__restrict__ mask, float *__restrict__ raw,
+              const int32_t *__restrict__ raw_slot)
 {
     __shared__ uint64_t s_u64[SMP_THREADS];
     __shared__ uint32_t s_u32[SMP_THREADS];
@@ -115,6 +118,14 @@ sample_kernel(int32_t *__restrict__ ids, float *__restrict__ logits, int32_t V,
         for (int32_t v = t; v < V; v += SMP_THREADS)
             if (!((mk[v >> 5] >> (v & 31)) & 1u))
                 x[v] = -INFINITY;
+        __syncthreads();
+    }
+    /* the row as the sampler's logprobs read it (after the mask, before
+     * step 1), for pgk_logprobs: each thread copies the ids it masked */
+    if (raw_slot && raw_slot[blockIdx.x] >= 0) {
+        float *o = raw + (size_t)raw_slot[blockIdx.x] * (size_t)V;
+        for (int32_t v = t; v < V; v += SMP_THREADS)
+            o[v] = x[v];
         __syncthreads();
     }
     /* 1: penalties, one distinct id per entry */
@@ -305,12 +316,12 @@ sample_kernel(int32_t *__restrict__ ids, float *__restrict__ logits, int32_t V,
 
 extern "C" int pgk_sample(int32_t *ids, float *logits, int32_t V, const pg_smp_row *rows, int32_t n,
                           const int32_t *pen_ids, const int32_t *pen_cnt, const int32_t *ban_ids,
-                          const uint32_t *mask, pgk_launch *lk)
+                          const uint32_t *mask, float *raw, const int32_t *raw_slot, pgk_launch *lk)
 {
     if (n < 1 || V < 1 || V > PG_SMP_MAX_VOCAB)
         return pg_error_set(lk->err, PG_EINVAL, "sample: expected n >= 1 and V in [1, %d], got %d, %d",
                             (int)PG_SMP_MAX_VOCAB, (int)n, (int)V);
     sample_kernel<<<(unsigned)n, SMP_THREADS, 0, lk->st>>>(ids, logits, V, rows, pen_ids, pen_cnt, ban_ids,
-                                                       mask);
+                                                       mask, raw, raw_slot);
     return pgk_check_launch("sample_kernel", lk);
 }

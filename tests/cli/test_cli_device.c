@@ -363,6 +363,7 @@ static void test_reserve_bytes(void **state)
     /* Llama-3-8B shapes, bf16, the default flags, max_model_len 8192: the
      * numbers worked by hand:
      *   logits     256 x 128256 x 4 = 131334144 -> 2^27
+     *   sampled rows kept for their logprobs, the same: 2^27
      *   decode ws  256 x 32 x 16 partitions of 512 x 130 x 4 = 68157440 -> 2^27
      *   metadata   (3*2048 + 2*256 + 1 + 256*512 + 256) x 4 = 551940 -> 2^20
      *   gemm pads  128 x 14336 x 2 + 128 x 128256 x 4 = 3670016 + 65667072
@@ -383,17 +384,17 @@ static void test_reserve_bytes(void **state)
     cli_options o;
     parse(&o, 3, "-m", "d");
     const uint64_t graphs = (1u << 20) + (2u << 27);
-    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == 405929984u + graphs);
+    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == (405929984u + (1u << 27)) + graphs);
     parse(&o, 4, "-m", "d", "--enforce-eager");
-    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == 405929984u);
+    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == (405929984u + (1u << 27)));
     parse(&o, 5, "-m", "d", "--fast-gemm", "--enforce-eager");
-    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == 405929984u - 69337088u);
+    assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 8192) == (405929984u + (1u << 27)) - 69337088u);
     /* 512 tokens fit one partition: no decode workspace; metadata
      * (6144 + 512 + 1 + 256 x 32 + 256) x 4 = 60420 -> 2^16, the graphs'
      * (6*256 + 1 + 256*32) x 4 = 38916 -> 2^16; no pads with --fast-gemm */
     parse(&o, 4, "-m", "d", "--fast-gemm");
     assert_true(cli_cuda_reserve_bytes(&cfg, &ex, &o, 512) ==
-                (64u << 20) + (128u << 20) + 65536u + 65536u + (128u << 20));
+                (64u << 20) + (128u << 20) + (128u << 20) + 65536u + 65536u + (128u << 20));
 }
 
 static void test_measured_plan(void **state)

@@ -444,8 +444,9 @@ def case_profile_steps():
 
 
 def overlap_lines():
-    """12 requests: greedy, seeded sampled, a stop string, n = 3 sampled,
-    greedy with logprobs (6 to 24 tokens); a greedy and a sampled regex."""
+    """12 requests: greedy, seeded sampled (one with logprobs), a stop string,
+    n = 3 sampled, greedy with logprobs (6 to 24 tokens); a greedy and a
+    sampled regex (with logprobs)."""
     prompts = ["Once upon a time", "The cat sat", "Lily went", "One day", "Tom had a"]
     lines = []
     for i in range(10):
@@ -455,6 +456,8 @@ def overlap_lines():
             d["temperature"] = 0
         elif k == 1:
             d.update(temperature=0.8, seed=7 + i)
+            if i > 5:  # sampled with logprobs: scored on the device on the drawn id
+                d.update(logprobs=5, presence_penalty=0.3)
         elif k == 2:
             d.update(temperature=0, stop=["the"])
         elif k == 3:
@@ -465,7 +468,7 @@ def overlap_lines():
     # constrained rows: their masks read the previous step's ids
     lines.append(json.dumps({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
                              "structured_outputs": {"regex": "[A-Z][a-z]{1,8} (is|was) [a-z]{1,10}\\."}}) + "\n")
-    lines.append(json.dumps({"prompt": "The dog", "max_tokens": 24, "temperature": 0.9, "seed": 5,
+    lines.append(json.dumps({"prompt": "The dog", "max_tokens": 24, "temperature": 0.9, "seed": 5, "logprobs": 3,
                              "structured_outputs": {"regex": "[a-z]{2,6}( [a-z]{2,6}){1,3}\\."}}) + "\n")
     return lines
 

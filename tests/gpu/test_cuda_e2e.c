@@ -20,6 +20,13 @@
  *    ids and logprobs with the path on and off (be.greedy_rows = NULL,
  *    the logits path), and copies fewer logits bytes to the host.
  *
+ *  - device sampled rows (engine_backend sample_rows, gpu/sampling.cu):
+ *    the same batch with sampled rows (top-k, top-p, min-p, penalties,
+ *    banned ids; with logprobs k 0, 5, 20 and 3, scored on the device on
+ *    the drawn id: logprob_rows' PG_LSM_SAMPLED) and an n = 2 request,
+ *    graphs and eager, gives the host sampling's ids, logprobs and top
+ *    entries bit for bit and copies no logits row but the fork's.
+ *
  *  - device logprob rows (engine_backend logprob_rows, gpu/logprobs.cu):
  *    a batch mixing plain greedy, sampled, greedy-with-logprobs and
  *    prompt-logprobs requests (max_num_seqs 8: prompt rows in lm_head
@@ -541,30 +548,73 @@ static void test_greedy_bf16(void **state)
 
 /* ---- device greedy rows ------------------------------------------------- */
 
-/* Request i's sampling: plain greedy (ids from the device argmax) for
- * i % 6 in {0, 3, 4}; sampled, greedy with logprobs, greedy with a
- * repetition penalty and min_tokens for the others (all on the host). */
+/* Request i's sampling (i < 8, the goldens): plain greedy (ids from the
+ * device argmax) for i % 8 in {0, 3} (3 stops after a quarter of the
+ * tokens: the 9 sequences drop to 8, the largest graph bucket, and the
+ * decode steps after it replay graphs); the others taken on the host
+ * without the device sampler, on the device with it:
+ *   1  sampled (temperature 0.8, top-k 20) with logprobs 0
+ *   2  greedy with logprobs 2 (the logprob rows' argmax, token -1)
+ *   4  sampled (top-p 0.9) n = 2 with logprobs 5: its fork row samples
+ *      two tokens on the host, its forked rows one each on the device
+ *   5  greedy with a repetition penalty and min_tokens (banned eos)
+ *   6  sampled (temperature 1.2, min-p, frequency and presence
+ *      penalties) with logprobs 20
+ *   7  greedy with a repetition penalty and logprobs 3 */
 static sampling_params dg_params(int i, int32_t max_tokens)
 {
     sampling_params sp = sampling_params_default();
     sp.temperature = 0.0f;
     sp.max_tokens = max_tokens;
-    switch (i % 6) {
-    case 1: sp.temperature = 0.8f; sp.top_k = 20; sp.seed = 7u + (uint64_t)i; break;
+    switch (i % 8) {
+    case 3: sp.max_tokens = max_tokens / 4 > 1 ? max_tokens / 4 : 1; break;
+    case 1: sp.temperature = 0.8f; sp.top_k = 20; sp.seed = 7u + (uint64_t)i; sp.logprobs = 0; break;
     case 2: sp.logprobs = 2; break;
+    case 4: sp.temperature = 1.0f; sp.top_p = 0.9f; sp.seed = 3u; sp.n = 2; sp.logprobs = 5; break;
     case 5: sp.repetition_penalty = 1.3f; sp.min_tokens = 4; break;
+    case 6:
+        sp.temperature = 1.2f; sp.min_p = 0.02f; sp.frequency_penalty = 0.4f; sp.presence_penalty = 0.2f;
+        sp.seed = 9u; sp.logprobs = 20;
+        break;
+    case 7: sp.repetition_penalty = 1.2f; sp.logprobs = 3; break;
     default: break;
     }
     return sp;
 }
 
 typedef struct dg_out {
-    int32_t n[PG_GOLDEN_MAX];
-    int32_t *ids[PG_GOLDEN_MAX];
-    float *lp[PG_GOLDEN_MAX];      /* token logprobs (NULL without) */
+    int32_t n[PG_GOLDEN_MAX];          /* tokens of every output together */
+    unsigned char *bytes[PG_GOLDEN_MAX]; /* every output: ids, logprobs, top ids, top logprobs */
+    size_t nbytes[PG_GOLDEN_MAX];
     size_t copied;                 /* logits bytes copied to the host */
     long replays;
 } dg_out;
+
+static void dg_put(dg_out *o, int i, const void *src, size_t n)
+{
+    if (!src || n == 0)
+        return;
+    o->bytes[i] = realloc(o->bytes[i], o->nbytes[i] + n);
+    assert_non_null(o->bytes[i]);
+    memcpy(o->bytes[i] + o->nbytes[i], src, n);
+    o->nbytes[i] += n;
+}
+
+/* a's outputs are b's, byte for byte; frees both */
+static void dg_same(dg_out *a, dg_out *b, int n_g)
+{
+    for (int i = 0; i < n_g; i++) {
+        assert_int_equal(a->n[i], b->n[i]);
+        assert_int_equal(a->nbytes[i], b->nbytes[i]);
+        assert_memory_equal(a->bytes[i], b->bytes[i], a->nbytes[i]);
+    }
+}
+
+static void dg_free(dg_out *o, int n_g)
+{
+    for (int i = 0; i < n_g; i++)
+        free(o->bytes[i]);
+}
 
 /* device_sample: sampled rows on the device too (be.sample_rows);
  * graphs: CUDA graphs of decode steps (else eager). */
@@ -604,17 +654,15 @@ static void dg_run_with(fixture *f, bool device_greedy, bool device_sample, bool
         request_output *o;
         while (engine_pop_finished(e, &o)) {
             int i = (int)(intptr_t)o->user;
-            assert_true(i >= 0 && i < f->n_g && o->n_outputs == 1);
-            const seq_output *so = &o->outputs[0];
-            out->n[i] = so->n_tokens;
-            out->ids[i] = malloc(((size_t)so->n_tokens + 1) * sizeof(int32_t));
-            assert_non_null(out->ids[i]);
-            memcpy(out->ids[i], so->token_ids, (size_t)so->n_tokens * sizeof(int32_t));
-            out->lp[i] = NULL;
-            if (so->token_logprobs) {
-                out->lp[i] = malloc(((size_t)so->n_tokens + 1) * sizeof(float));
-                assert_non_null(out->lp[i]);
-                memcpy(out->lp[i], so->token_logprobs, (size_t)so->n_tokens * sizeof(float));
+            assert_true(i >= 0 && i < f->n_g && o->n_outputs == dg_params(i, 1).n);
+            for (int k = 0; k < o->n_outputs; k++) {
+                const seq_output *so = &o->outputs[k];
+                const size_t nt = (size_t)so->n_tokens, ntop = nt * (size_t)so->n_top;
+                out->n[i] += so->n_tokens;
+                dg_put(out, i, so->token_ids, nt * sizeof(int32_t));
+                dg_put(out, i, so->token_logprobs, nt * sizeof(float));
+                dg_put(out, i, so->top_ids, ntop * sizeof(int32_t));
+                dg_put(out, i, so->top_logprobs, ntop * sizeof(float));
             }
             request_output_free(o);
             finished++;
@@ -645,17 +693,9 @@ static void test_device_greedy(void **state)
     printf("    [device greedy] logits copied to the host: %zu bytes with, %zu without; "
            "%ld / %ld graph replays\n", on.copied, off.copied, on.replays, off.replays);
     assert_true(on.replays > 0 && off.replays > 0);
-    for (int i = 0; i < f->n_g; i++) {
-        assert_int_equal(on.n[i], off.n[i]);
-        assert_memory_equal(on.ids[i], off.ids[i], (size_t)on.n[i] * sizeof(int32_t));
-        assert_int_equal(on.lp[i] != NULL, off.lp[i] != NULL);
-        if (on.lp[i])
-            assert_memory_equal(on.lp[i], off.lp[i], (size_t)on.n[i] * sizeof(float));
-        free(on.ids[i]);
-        free(off.ids[i]);
-        free(on.lp[i]);
-        free(off.lp[i]);
-    }
+    dg_same(&on, &off, f->n_g);
+    dg_free(&on, f->n_g);
+    dg_free(&off, f->n_g);
     /* the plain greedy rows' logits stayed on the device: at least one row
      * of V f32 per token they generated past the first step */
     assert_true(on.copied + (size_t)f->cfg.vocab_size * 4u <= off.copied);
@@ -664,14 +704,17 @@ static void test_device_greedy(void **state)
 /* ---- device sampled rows ------------------------------------------------ */
 
 /* dg_params's requests with every row taken on the device (plain greedy:
- * the argmax; greedy with logprobs: the logprob rows; sampled and greedy
- * with a penalty and banned ids: gpu/sampling.cu), with graphs and eager,
- * against the sampled rows on the host: the same ids and logprobs bit for
- * bit, and not one logits byte copied to the host. */
+ * the argmax; greedy with logprobs: the logprob rows; sampled, with and
+ * without logprobs, and greedy with a penalty and banned ids:
+ * gpu/sampling.cu, then gpu/logprobs.cu on the drawn id), with graphs and
+ * eager, against the sampled rows on the host: the same ids, logprobs and
+ * top entries bit for bit, and no logits row copied to the host but the
+ * one an n = 2 request forks from (it samples both sequences' first
+ * tokens on the host). */
 static void test_device_sampled(void **state)
 {
     fixture *f = *state;
-    assert_true(f->n_g >= 6);
+    assert_true(f->n_g >= 8);
     dg_out g = {0}, e = {0}, h = {0};
     dg_run_with(f, true, true, true, &g);
     dg_run_with(f, true, true, false, &e);
@@ -679,21 +722,20 @@ static void test_device_sampled(void **state)
     printf("    [device sampled] logits copied to the host: %zu bytes (graphs), %zu (eager), %zu with the "
            "host sampling; %ld graph replays\n", g.copied, e.copied, h.copied, g.replays);
     assert_true(g.replays > 0 && e.replays == 0);
-    for (int i = 0; i < f->n_g; i++) {
-        assert_int_equal(g.n[i], h.n[i]);
-        assert_int_equal(e.n[i], h.n[i]);
-        assert_memory_equal(g.ids[i], h.ids[i], (size_t)h.n[i] * sizeof(int32_t));
-        assert_memory_equal(e.ids[i], h.ids[i], (size_t)h.n[i] * sizeof(int32_t));
-        assert_int_equal(g.lp[i] != NULL, h.lp[i] != NULL);
-        if (h.lp[i]) {
-            assert_memory_equal(g.lp[i], h.lp[i], (size_t)h.n[i] * sizeof(float));
-            assert_memory_equal(e.lp[i], h.lp[i], (size_t)h.n[i] * sizeof(float));
-        }
-        free(g.ids[i]), free(e.ids[i]), free(h.ids[i]);
-        free(g.lp[i]), free(e.lp[i]), free(h.lp[i]);
-    }
-    assert_true(g.copied == 0 && e.copied == 0);
-    assert_true(h.copied >= (size_t)f->cfg.vocab_size * 4u); /* the host's sampled rows came back */
+    dg_same(&g, &h, f->n_g);
+    dg_same(&e, &h, f->n_g);
+    dg_free(&g, f->n_g);
+    dg_free(&e, f->n_g);
+    dg_free(&h, f->n_g);
+    const size_t row = (size_t)f->cfg.vocab_size * 4u;
+    int n_fork = 0;
+    for (int i = 0; i < f->n_g; i++)
+        n_fork += dg_params(i, 1).n > 1;
+    assert_int_equal(n_fork, 1);
+    assert_true(g.copied == row * (size_t)n_fork && e.copied == row * (size_t)n_fork);
+    /* the host's sampled rows came back: every token of requests 1, 4
+     * (past its fork), 5, 6 and 7 */
+    assert_true(h.copied >= row * (size_t)(h.n[1] + h.n[4] + h.n[5] + h.n[6] + h.n[7] - 1));
 }
 
 /* ---- device logprob rows ------------------------------------------------ */

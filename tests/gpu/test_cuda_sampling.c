@@ -9,6 +9,12 @@
  * (32-bit words, applied first as core/engine.c does before the host
  * sampler), with the rows' parameters built by sampler_row_params, as the
  * engine builds them; and a row with no token left gives -1.
+ * Rows that also want logprobs (every other row; k 0, 5, 20 in turn): the
+ * kernel keeps them after the mask (raw_slot) and gpu/logprobs.cu scores
+ * the drawn id there (PG_LSM_SAMPLED, reading the ids on the device) — the
+ * kept row equal to the host's masked row, and the logprob, top ids and
+ * top logprobs equal to sampler_sample's own, the rank to
+ * pg_lsm_row_eval's, bit for bit.
  * Without CUDA built or without a device: SKIP (77). */
 #include <stdio.h>
 
@@ -32,6 +38,7 @@ int main(void)
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
+#include "pg_logsoftmax.h"
 #include "pg_sample.h"
 #include "sampler.h"
 #include "sampling_params.h"
@@ -87,6 +94,12 @@ static void test_device_equals_host(void **state)
         sampling_params *sp = malloc(R * sizeof *sp);
         sampler_seq_view *view = malloc(R * sizeof *view);
         int32_t want[R], got[R], n_pen = 0, n_ban = 0;
+        /* rows with logprobs: their slot in raw, the host's results */
+        int32_t slot[R], n_raw = 0;
+        pgk_lp_req lreq[R];
+        pg_lsm_row lwant[R];
+        float *masked_rows = malloc((size_t)R * V * sizeof *masked_rows);
+        assert_non_null(masked_rows);
         assert_true(lg && row && prompt && output && banned && pen_ids && pen_cnt && ban_ids && mask &&
                     rows && sp && view);
         sampler_workspace *ws = sampler_workspace_create(V);
@@ -121,9 +134,37 @@ static void test_device_equals_host(void **state)
             memcpy(row, x, (size_t)V * sizeof *row);
             for (int32_t v = 0; v < V && masked; v++)
                 if (!((mq[v >> 5] >> (v & 31)) & 1u)) row[v] = -INFINITY;
-            sampler_result res = {0};
+            slot[q] = -1;
+            if (q % 2 == 0) { /* logprobs too: the kept row is the masked one */
+                static const int32_t ks[] = {0, 5, 20};
+                sp[q].logprobs = ks[(q / 2) % 3];
+                slot[q] = n_raw;
+                memcpy(masked_rows + (size_t)n_raw * V, row, (size_t)V * sizeof *row);
+                lreq[n_raw] = (pgk_lp_req){.row = n_raw, .token = PG_LSM_SAMPLED, .k = sp[q].logprobs,
+                                           .sid = q};
+            }
+            int32_t top_ids[PG_LSM_MAX_TOP];
+            float top_lp[PG_LSM_MAX_TOP];
+            sampler_result res = {.top_ids = top_ids, .top_logprobs = top_lp};
             int rc = sampler_sample(ws, &sp[q], row, V, &view[q], &rng, &res);
             want[q] = rc == 0 ? res.token_id : -1;
+            if (slot[q] >= 0) {
+                pg_lsm_row *w = &lwant[n_raw++];
+                memset(w, 0, sizeof *w);
+                w->want = 1;
+                w->k = sp[q].logprobs;
+                w->token = want[q];
+                w->rank = 1;
+                for (int32_t j = 0; j < PG_LSM_MAX_TOP; j++)
+                    w->top_ids[j] = -1;
+                if (want[q] >= 0) { /* the rank (not in sampler_result), the rest as a check */
+                    pg_lsm_row_eval(w, masked_rows + (size_t)slot[q] * V, V);
+                    assert_true(w->token == want[q] && w->n_top == res.n_top);
+                    assert_memory_equal(&w->logprob, &res.logprob, sizeof res.logprob);
+                    assert_memory_equal(w->top_ids, top_ids, (size_t)res.n_top * sizeof *top_ids);
+                    assert_memory_equal(w->top_lp, top_lp, (size_t)res.n_top * sizeof *top_lp);
+                }
+            }
         }
         float *d_lg = dev_copy(lg, (size_t)R * V * sizeof *lg);
         pg_smp_row *d_rows = dev_copy(rows, R * sizeof *rows);
@@ -132,10 +173,45 @@ static void test_device_equals_host(void **state)
         int32_t *d_bi = dev_copy(ban_ids, (size_t)n_ban * sizeof *ban_ids);
         uint32_t *d_mk = dev_copy(mask, (size_t)R * W * sizeof *mask);
         int32_t *d_ids = dev_copy(NULL, R * sizeof(int32_t));
+        int32_t *d_slot = dev_copy(slot, sizeof slot);
+        float *d_raw = dev_copy(NULL, (size_t)n_raw * V * sizeof(float));
+        pgk_lp_req *d_lreq = dev_copy(lreq, (size_t)n_raw * sizeof *lreq);
+        pg_lsm_row *d_lout = dev_copy(NULL, (size_t)n_raw * sizeof(pg_lsm_row));
         pg_error err;
         pgk_launch lk = {0, 1, &err, 0};
-        assert_int_equal(pgk_sample(d_ids, d_lg, V, d_rows, R, d_pi, d_pc, d_bi, d_mk, &lk), 0);
+        assert_int_equal(pgk_sample(d_ids, d_lg, V, d_rows, R, d_pi, d_pc, d_bi, d_mk, d_raw, d_slot, &lk),
+                         0);
+        /* the logprobs after the draw, the ids read on the device */
+        assert_int_equal(pgk_logprobs(d_lout, d_lg, V, d_lreq, n_raw, d_raw, d_ids, &lk), 0);
         assert_int_equal(cudaMemcpy(got, d_ids, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+        float *kept = malloc((size_t)n_raw * V * sizeof *kept);
+        pg_lsm_row lgot[R];
+        assert_non_null(kept);
+        assert_int_equal(cudaMemcpy(kept, d_raw, (size_t)n_raw * V * sizeof *kept, cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        assert_int_equal(cudaMemcpy(lgot, d_lout, (size_t)n_raw * sizeof *lgot, cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        assert_memory_equal(kept, masked_rows, (size_t)n_raw * V * sizeof *kept);
+        for (int32_t j = 0; j < n_raw; j++) {
+            const pg_lsm_row *a = &lgot[j], *b = &lwant[j];
+            /* (a row with no token: -1, logprob 0, rank 1; the engine fails it) */
+            if (a->token != b->token || a->rank != b->rank ||
+                memcmp(&a->logprob, &b->logprob, sizeof a->logprob) ||
+                (b->token >= 0 && (a->n_top != b->n_top ||
+                                   memcmp(a->top_ids, b->top_ids, sizeof a->top_ids) ||
+                                   memcmp(a->top_lp, b->top_lp, sizeof a->top_lp) ||
+                                   memcmp(&a->lse, &b->lse, sizeof a->lse))))
+                fail_msg("V %d logprob row %d (k %d): device token %d lp %.9g rank %d n_top %d, host token "
+                         "%d lp %.9g rank %d n_top %d", (int)V, (int)j, (int)b->k, (int)a->token,
+                         (double)a->logprob, (int)a->rank, (int)a->n_top, (int)b->token, (double)b->logprob,
+                         (int)b->rank, (int)b->n_top);
+        }
+        free(kept);
+        free(masked_rows);
+        cudaFree(d_slot);
+        cudaFree(d_raw);
+        cudaFree(d_lreq);
+        cudaFree(d_lout);
         for (int32_t q = 0; q < R; q++) {
             if (got[q] != want[q])
                 fail_msg("V %d row %d (t %g, top_k %d, top_p %g, min_p %g, rep %g, mask %d): device %d, "
