@@ -77,6 +77,8 @@ static void cuda_destroy(executor *ex)
         cudaFree(c->lp_req_d);
     if (c->lp_out_d)
         cudaFree(c->lp_out_d);
+    if (c->lora_u_d)
+        cudaFree(c->lora_u_d);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c->allocs);
@@ -163,6 +165,7 @@ static const executor_ops cuda_ops = {
     .op_mark = cx_op_mark,
     .defer_step = cx_defer_step,
     .wait_step = cx_wait_step,
+    .lora_add = cx_lora_add,
 };
 
 void cuda_executor_launch_counts(executor *ex, cuda_launch_counts *total,

@@ -192,6 +192,10 @@ static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
  * the accurate semantics, which the fast device versions approximate. */
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __frcp_rn(float x) { return 1.0f / x; }
+/* one IEEE rounding each (never fused: the emulated kernels are built
+ * without FMA contraction, as __fmul_rn / __fadd_rn are on the device) */
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 
 /* ---- atomics --------------------------------------------------------------- */
