@@ -38,12 +38,14 @@
  * logits_rows [Pm], lora_slots [Pm] — the same offsets for every bucket;
  * a step copies only what its bucket reads (graph_upload).
  *
- * LoRA (lora_add): the padded batch always carries lora_slots — the real
- * rows' slots (-1 when the step has none), -1 for the dummies — so a graph
- * holds the forward's lora_add launches whether or not the step that
- * captured it used an adapter, and every step of the bucket, with adapters
- * or not, replays it: the kernels read each row's slot from the fixed
- * block on the device, nothing about the rows is decided on the host. The
+ * LoRA (lora_add): from the first step with lora_slots on (lora_seen; the
+ * graphs captured before are dropped then), the padded batch always
+ * carries lora_slots — the real rows' slots (-1 when the step has none),
+ * -1 for the dummies — so a graph holds the forward's lora_add launches
+ * whether or not the step that captured it used an adapter, and every step
+ * of the bucket, with adapters or not, replays it: the kernels read each
+ * row's slot from the fixed block on the device, nothing about the rows is
+ * decided on the host. A run without adapters never sees slots. The
  * per-slot A, B, scale and rank are kernel arguments captured by value
  * (cuda_executor.h, "LoRA"). */
 #define GM_TOK(Pm, st) ((size_t)0)
@@ -242,7 +244,7 @@ static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batc
     pb->max_seq_len = g->cur_context;
     pb->max_query_len = 1;
     pb->logits_rows = h + GM_ROWS(Pm, st);
-    pb->lora_slots = h + GM_LORA(Pm, st);
+    pb->lora_slots = g->lora_seen ? h + GM_LORA(Pm, st) : NULL;
     pb->sliding_window = g->window;
 }
 
@@ -434,6 +436,13 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
         c->defer_now = c->defer_next;
         return forward(ctx, b, logits_host);
     }
+    /* the first step with adapters: the graphs so far were captured without
+     * slots (a forward may skip lora_add then); from here every padded
+     * batch carries them */
+    if (b->lora_slots && !g->lora_seen) {
+        g->lora_seen = 1;
+        graph_drop_all(g);
+    }
     /* a buffer a graph uses was reallocated since its capture: capture again */
     if (bk->exec && bk->generation != graph_generation(c))
         graph_drop_all(g);
@@ -442,7 +451,6 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     step_batch pb;
     const double t0 = step_profile_now();
     graph_fill(g, b, P, &pb);
-    g->lora_seen |= b->lora_slots != NULL;
     if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) &&
         (rc = graph_upload(c, P, g->lora_seen)))
         return rc;
