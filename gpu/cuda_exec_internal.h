@@ -287,7 +287,6 @@ typedef struct cuda_graphs {
     int lora_seen;                /* a graphed step had lora_slots: every step copies its slots */
     int lora_sig_set;             /* lora_sig: the lora_add values the graphs were captured with */
     uint64_t lora_sig;
-    long lora_drops;              /* times an eager step's values dropped the graphs */
     void *lora_u_d;               /* lora_add's u while bound: [max_batch][PG_LORA_MAX_RANK] act */
     size_t lora_u_cap;            /* bytes */
 } cuda_graphs;

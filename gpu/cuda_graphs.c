@@ -495,7 +495,6 @@ int cx_run_step(executor *ex, const step_batch *b, float *logits_host,
          * adapter loaded into a slot since): capture them again */
         graph_drop_all(g);
         g->lora_sig_set = 0;
-        g->lora_drops++;
     }
     c->last_step = counts_sub(cx_counts(c), mark);
     if (replayed)
