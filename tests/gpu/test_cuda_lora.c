@@ -302,22 +302,31 @@ static void flat_step_free(flat_step *s)
     free(s->rows);
 }
 
-/* lora_add of c on ex; out [T][ldy] the result */
-static int run_case(executor *ex, lora_case *c, float *out)
+/* lora_add of c on ex (rank_arg: the ranks passed, NULL: c's; null_b0:
+ * slot 0's B passed as NULL); out [T][ldy] the result */
+static int run_case_ranks(executor *ex, lora_case *c, const int32_t *rank_arg, int null_b0, float *out)
 {
     dev_case d;
     dev_case_put(ex, c, &d);
     flat_step s;
     flat_step_make(&s, c->T, c->slots);
+    if (null_b0)
+        d.Bp[0] = NULL;
     int rc = ex->op->begin_step(ex, &s.b);
     if (rc == 0)
         rc = ex->op->lora_add(ex, (char *)d.y + (size_t)c->col0 * ex->act_bytes, c->ldy, d.x, c->K,
-                              c->N, d.Ap, d.Bp, c->scale, c->rank, c->n_slots, &s.b);
+                              c->N, d.Ap, d.Bp, c->scale, rank_arg ? rank_arg : c->rank, c->n_slots,
+                              &s.b);
     if (rc == 0)
         get_act(ex, out, d.y, (size_t)c->T * c->ldy);
     flat_step_free(&s);
     dev_case_free(ex, c, &d);
     return rc;
+}
+
+static int run_case(executor *ex, lora_case *c, float *out)
+{
+    return run_case_ranks(ex, c, NULL, 0, out);
 }
 
 static void check_case(executor *ex, lora_case *c, const char *what)
@@ -495,11 +504,11 @@ static void test_refusals(void **state)
     assert_int_equal(run_case(ex, &c, out), PG_EINVAL);
     assert_non_null(strstr(ex->op->last_error(ex), "lora_slots[1] = 2"));
     c.slots[1] = 1;
-    const int32_t r0 = c.rank[0];
-    c.rank[0] = PG_LORA_MAX_RANK + 1;
-    assert_int_equal(run_case(ex, &c, out), PG_EINVAL);
+    const int32_t bad[2] = {PG_LORA_MAX_RANK + 1, c.rank[1]};
+    assert_int_equal(run_case_ranks(ex, &c, bad, 0, out), PG_EINVAL);
     assert_non_null(strstr(ex->op->last_error(ex), "rank"));
-    c.rank[0] = r0;
+    assert_int_equal(run_case_ranks(ex, &c, NULL, 1, out), PG_EINVAL); /* A without B */
+    assert_non_null(strstr(ex->op->last_error(ex), "slot 0: expected B"));
     assert_int_equal(run_case(ex, &c, out), 0);
     case_free(&c);
     ex->op->destroy(ex);
