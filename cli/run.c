@@ -794,15 +794,6 @@ static int load_model(run_state *s)
         return -1;
     }
     cli_embed_default_pooling(o->pooling, &s->stp, &s->pool, &s->pool_source);
-    /* mixture-of-experts runs on the cpu only (the CUDA executor has no
-     * moe ops yet): --device auto picks the cpu for it rather than the
-     * device's refusal; --device cuda is still refused by name */
-    cli_options on_cpu;
-    if (s->cfg.family.n_experts > 0 && strcmp(o->device, "auto") == 0) {
-        on_cpu = *o;
-        on_cpu.device = "cpu";
-        o = &on_cpu;
-    }
     int rc = cli_device_open(o, &s->ex, &s->err);
     if (rc != PG_OK) {
         fail(s, rc == PG_EUNSUPPORTED || rc == PG_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, "device");

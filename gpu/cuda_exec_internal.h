@@ -12,6 +12,8 @@
  *                     (cuda_kernels.h) or to cuda_gemm.c
  *   cuda_lora.c       lora_add: the adapter slots of a projection, launched
  *                     in tables of PGK_LORA_SLOTS (lora.cu)
+ *   cuda_moe.c        the mixture-of-experts ops (routing, grouped
+ *                     experts, shared expert)
  *   cuda_logits.c     lm_head, device argmax and log-softmax rows, the copy
  *                     of the logits to the host
  *   cuda_graphs.c     CUDA graphs of decode steps (run_step)
@@ -119,6 +121,19 @@ typedef struct cuda_exec {
     /* what run_step launched (cuda_executor_launch_counts) */
     cuda_launch_counts last_step;
     struct cuda_sprof *sprof;     /* --profile-steps (cuda_step_profile.h), or NULL */
+    /* mixture of experts (cuda_moe.c): the host plan's staging and the
+     * grouped rows' work buffers, grown on demand */
+    struct cx_moe {
+        int used;                 /* an MoE op ran: steps run eagerly (cuda_graphs.c) */
+        pinned_buf ids_h;         /* routed ids, device -> host */
+        pinned_buf plan_h;        /* perm [S] | pos [T k], host -> device */
+        int32_t *plan_d;
+        size_t plan_cap;          /* bytes */
+        void *work_d;             /* xs | gu | act | ys (cuda_moe.c) */
+        size_t work_cap;          /* bytes */
+        int32_t *off;             /* [off_cap] host: group starts / ends */
+        size_t off_cap;
+    } moe;
     /* an asynchronous step (cuda_executor_defer_step / _wait_step): defer_next
      * armed for the next run_step, defer_now for the copy-out running now
      * (never a graph's warm-up or capture), pend the copy-out queued and not
@@ -216,6 +231,15 @@ int cx_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
 int cx_lora_add(executor *ex, void *y, int32_t ldy, const void *x, int32_t K, int32_t N,
                 const void *const *A, const void *const *B, const float *scale,
                 const int32_t *rank, int32_t n_slots, const step_batch *b);
+
+/* ---- cuda_moe.c ----------------------------------------------------------- */
+
+int cx_moe_route(executor *ex, int32_t *ids, float *weights, const void *router, int32_t T, int32_t E,
+                 int32_t k, int32_t norm_topk);
+int cx_moe_experts(executor *ex, void *out, const void *x, const int32_t *ids, const float *weights,
+                   void *const *w_gate_up, void *const *w_down, int32_t T, int32_t H, int32_t I, int32_t E,
+                   int32_t k);
+int cx_moe_shared_add(executor *ex, void *out, const void *shared, const void *gate, int32_t T, int32_t N);
 
 /* ---- cuda_logits.c -------------------------------------------------------- */
 

@@ -63,6 +63,13 @@ static void cuda_destroy(executor *ex)
     cx_pinned_free(&c->lp_out_h);
     cx_pinned_free(&c->stage[0]);
     cx_pinned_free(&c->stage[1]);
+    cx_pinned_free(&c->moe.ids_h);
+    cx_pinned_free(&c->moe.plan_h);
+    if (c->moe.plan_d)
+        cudaFree(c->moe.plan_d);
+    if (c->moe.work_d)
+        cudaFree(c->moe.work_d);
+    free(c->moe.off);
     if (c->meta_d)
         cudaFree(c->meta_d);
     if (c->ws_d)
@@ -166,6 +173,9 @@ static const executor_ops cuda_ops = {
     .defer_step = cx_defer_step,
     .wait_step = cx_wait_step,
     .lora_add = cx_lora_add,
+    .moe_route = cx_moe_route,
+    .moe_experts = cx_moe_experts,
+    .moe_shared_add = cx_moe_shared_add,
 };
 
 void cuda_executor_launch_counts(executor *ex, cuda_launch_counts *total,

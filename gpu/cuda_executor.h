@@ -40,8 +40,9 @@
  * CUDA graphs (cuda_executor_set_graphs; the CLI turns them on unless
  * --enforce-eager): run_step (executor.h) replays a captured graph for a
  * pure decode step — every sequence one query token, every one sampling —
- * of at most max_batch sequences; prefill and mixed steps, and decode steps
- * past the bounds, run eagerly. What is captured: the model's whole
+ * of at most max_batch sequences; prefill and mixed steps, decode steps
+ * past the bounds, and every step once a mixture-of-experts op has run
+ * (cuda_moe.c plans the expert groups on the host), run eagerly. What is captured: the model's whole
  * forward (embed, every layer's norms, GEMMs, rope_kv (bias, q/k norm,
  * rope, KV write), decode attention and its reduction, the final norm,
  * lm_head, the argmax of each logits row and its copy into pinned memory)

@@ -398,9 +398,11 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
                          cuda_launch_counts *mark)
 {
     cuda_graphs *g = c->graphs;
-    if (!g || !graph_eligible(g, b)) {
+    if (!g || c->moe.used || !graph_eligible(g, b)) {
         c->defer_now = c->defer_next;
-        return forward(ctx, b, logits_host); /* prefill, mixed, too large: eager */
+        /* prefill, mixed, too large, or a model with mixture-of-experts
+         * layers (cuda_moe.c plans their groups on the host): eager */
+        return forward(ctx, b, logits_host);
     }
     /* the checks the eager begin_step and embed make, on the real batch */
     int rc = cx_begin_step_impl(c, b, 0);
@@ -413,6 +415,10 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     }
     if (!g->warmed && (rc = graph_warm_up(c, forward, ctx)))
         return rc;
+    if (c->moe.used) { /* the warm-up met an MoE layer: no capture */
+        c->defer_now = c->defer_next;
+        return forward(ctx, b, logits_host);
+    }
     /* embed's check, with the V the warm-up's embed saw */
     const int32_t S = b->num_seqs;
     for (int32_t t = 0; t < S; t++)

@@ -144,6 +144,22 @@ int pgk_prefill_attention(void *out, const void *qkv, int dt, const void *k_cach
 /* out[t][i] = silu(gate_up[t][i]) * gate_up[t][I+i]. */
 int pgk_silu_mul(void *out, const void *gate_up, int dt, int32_t T, int32_t I, pgk_launch *lk);
 
+/* Mixture of experts (moe_route.cu, moe_experts.cu, moe_shared.cu; the
+ * op is gpu/cuda_moe.c). router [T][E] dt; ids [T][k] i32 and weights
+ * [T][k] f32 (device): executor.h moe_route, cpu/cpu_moe.c's bits. */
+int pgk_moe_route(int32_t *ids, float *weights, const void *router, int dt, int32_t T, int32_t E,
+                  int32_t k, int32_t norm_topk, pgk_launch *lk);
+/* xs[s] = x[perm[s]] for perm[s] >= 0 (others untouched); [.][H] dt. */
+int pgk_moe_gather(void *xs, const void *x, const int32_t *perm, int dt, int32_t S, int32_t H,
+                   pgk_launch *lk);
+/* out[t] = sum_{r<k} weights[t][r] * ys[pos[t][r]] in rank order, f32,
+ * rounded to dt once; out [T][H], ys [.][H] dt. */
+int pgk_moe_combine(void *out, const void *ys, const int32_t *pos, const float *weights, int dt,
+                    int32_t T, int32_t H, int32_t k, pgk_launch *lk);
+/* out[t][n] += sigmoid(gate[t]) * shared[t][n]; [T][N] dt, gate [T] dt. */
+int pgk_moe_shared_add(void *out, const void *shared, const void *gate, int dt, int32_t T, int32_t N,
+                       pgk_launch *lk);
+
 /* dst[r] = src[logits_rows[r]], [.][dim]. */
 int pgk_gather_rows(void *dst, const void *src, int dt, int32_t dim, const pgk_batch *b,
                     pgk_launch *lk);

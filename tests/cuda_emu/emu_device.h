@@ -192,11 +192,24 @@ static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
  * the accurate semantics, which the fast device versions approximate. */
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __frcp_rn(float x) { return 1.0f / x; }
-/* one IEEE rounding each (never fused: the emulated kernels are built
- * without FMA contraction, as __fmul_rn / __fadd_rn are on the device) */
+static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+/* single-rounding arithmetic that nvcc never fuses into an FMA (gpu/cm_exp.cuh);
+ * here the host's IEEE * + - (the emulated kernels are built without FMA) */
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline unsigned __float_as_uint(float x)
+{
+    unsigned u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline float __uint_as_float(unsigned u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 /* ---- atomics --------------------------------------------------------------- */
 template <typename V> static inline V atomicAdd(V *p, V v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
