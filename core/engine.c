@@ -58,6 +58,7 @@ struct engine {
     sampler_workspace *ws;
     /* step buffers */
     int32_t *token_ids, *positions, *slots;     /* [max_num_batched_tokens] */
+    int32_t *lora_slots;                        /* [max_num_batched_tokens] adapter slot or -1 */
     int32_t *query_start;                       /* [max_seqs + 1] */
     int32_t *seq_lens;                          /* [max_seqs] */
     int32_t *logits_rows;                       /* [max_num_batched_tokens] */
@@ -166,6 +167,9 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
                             (int)p->max_model_len);
     if (p->layout != KV_LAYOUT_PAGED && p->layout != KV_LAYOUT_CONTIGUOUS)
         return pg_error_set(err, PG_EINVAL, "engine: unknown kv layout %d", (int)p->layout);
+    if (p->n_loras < 0 || p->max_loras < 0)
+        return pg_error_set(err, PG_EINVAL, "engine: expected n_loras, max_loras >= 0, got %d, %d",
+                            (int)p->n_loras, (int)p->max_loras);
     if (!(p->watermark >= 0.0f && p->watermark < 1.0f))
         return pg_error_set(err, PG_EINVAL, "engine: watermark: expected a fraction of the pool "
                             "in [0, 1), got %g", (double)p->watermark);
@@ -202,7 +206,7 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
                            .prefix_caching = pp.prefix_caching,
                            .watermark_blocks = engine_watermark_blocks(p),
                            .plp_one_per_step = p->prompt_logprobs_per_step || !backend->forward_rows,
-                           .sliding_window = p->sliding_window};
+                           .sliding_window = p->sliding_window, .max_loras = p->max_loras};
     if ((rc = scheduler_create(&e->sched, &sp, e->pool, err))) goto fail;
     size_t T = (size_t)p->max_num_batched_tokens, S = (size_t)e->max_seqs;
     size_t V = (size_t)backend->vocab_size;
@@ -212,6 +216,7 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->token_ids = malloc(T * sizeof(int32_t));
     e->positions = malloc(T * sizeof(int32_t));
     e->slots = malloc(T * sizeof(int32_t));
+    e->lora_slots = malloc(T * sizeof(int32_t));
     e->query_start = malloc((S + 1) * sizeof(int32_t));
     e->seq_lens = malloc(S * sizeof(int32_t));
     e->logits_rows = malloc(T * sizeof(int32_t));
@@ -238,7 +243,7 @@ int engine_create(engine **out, const engine_params *p, const engine_backend *ba
     e->srows = sample_rows_create((int32_t)S);
     e->samp_lrow = malloc(S * sizeof(int32_t));
     if (backend->logprob_rows) e->lp_rows = calloc(T, sizeof *e->lp_rows);
-    if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->query_start ||
+    if (!e->eos || !e->ws || !e->token_ids || !e->positions || !e->slots || !e->lora_slots || !e->query_start ||
         !e->seq_lens || !e->logits_rows || !e->row_req || !e->row_pos ||
         (!e->plp_per_step && !e->slice) || !e->block_tables || !e->row_tab || !e->row_ver ||
         !e->row_n || !e->seq_ids || !e->seq_at || !e->done || !e->logits ||
@@ -369,6 +374,7 @@ void engine_destroy(engine *e)
     free(e->token_ids);
     free(e->positions);
     free(e->slots);
+    free(e->lora_slots);
     free(e->query_start);
     free(e->seq_lens);
     free(e->logits_rows);
@@ -454,6 +460,11 @@ static int add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
 {
     int rc = sampling_params_validate(sp, err);
     if (rc) return pg_error_wrap(err, rc, "request");
+    if (sp->lora > e->p.n_loras)
+        return pg_error_set(err, PG_EINVAL, "request: lora %d: the engine holds %d adapter(s)", (int)sp->lora,
+                            (int)e->p.n_loras);
+    if (sp->lora > 0 && pl)
+        return pg_error_set(err, PG_EINVAL, "request: embeddings run on the base model, not under a LoRA adapter");
     if (n_prompt < 1 || !prompt_ids)
         return pg_error_set(err, PG_EINVAL, "request: expected a prompt of at least 1 token, got %d",
                             (int)n_prompt);
@@ -535,6 +546,8 @@ static int add_request(engine *e, const int32_t *prompt_ids, int32_t n_prompt,
             destroy_request(e, r);
             return rc;
         }
+        /* prefix-cache entries are keyed by adapter (kv_pool_match_prefix_key) */
+        kv_pool_table_set_key(e->pool, r->seqs[i].table, (uint32_t)sp->lora);
     }
     r->pooler = pl;
     r->arrival = e->next_id;
@@ -785,8 +798,10 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
     int32_t bs = e->p.block_size;
     int32_t t = 0, n_logits = 0, need = 1, max_seq = 0, max_q = 0, n_samples = 0;
     int32_t n_prompt_rows = 0;
+    bool any_lora = false;
     for (int32_t i = 0; i < st->n_entries; i++) {
         const sequence *q = st->entries[i].seq;
+        any_lora |= q->req->sp.lora > 0;
         int32_t len = q->num_computed + st->entries[i].n_new;
         if (ceil_div(len, bs) > need) need = ceil_div(len, bs);
     }
@@ -808,6 +823,7 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
             e->token_ids[t] = q->tokens[pos];
             e->positions[t] = pos;
             e->slots[t] = blocks[pos / bs] * bs + pos % bs;
+            e->lora_slots[t] = q->req->sp.lora - 1;
         }
         e->query_start[i + 1] = t;
         e->seq_lens[i] = len;
@@ -846,6 +862,7 @@ static void build_batch(engine *e, const sched_step *st, step_batch *b)
     b->max_query_len = max_q;
     b->num_logits = n_logits;
     b->logits_rows = e->logits_rows;
+    b->lora_slots = any_lora ? e->lora_slots : NULL;
 }
 
 static int accept_sampled(engine *e, sequence *q, const sampler_result *res, pg_error *err);

@@ -174,6 +174,13 @@ typedef struct engine_params {
     const int32_t *eos_token_ids;    /* [n_eos_token_ids] ids in [0, vocab) that stop a
                                         sequence (unless ignore_eos); copied at create */
     int32_t n_eos_token_ids;         /* default 0: no eos */
+    int32_t n_loras;                 /* LoRA adapters the backend holds (model_lora_add):
+                                        a request's sampling_params.lora in 0 .. n_loras;
+                                        default 0 */
+    int32_t max_loras;               /* distinct adapters among the running requests, so in
+                                        one step (vLLM's max_loras); a waiting request whose
+                                        adapter would exceed it waits (scheduler.h); 0
+                                        (default): no limit */
     int32_t beam_eos_token_id;       /* the one eos id of beam search (vLLM's tokenizer
                                         eos_token_id: beam_search.h), in [0, vocab) or -1
                                         (default): the first of eos_token_ids */

@@ -38,6 +38,7 @@ typedef struct kv_table {
                                (KV_NONE, no reference) */
     uint32_t version;       /* bumped whenever an entry below n_blocks changes or
                                n_blocks shrinks (kv_pool_table_version) */
+    uint32_t key;           /* prefix-cache key of its first block (kv_pool_table_set_key) */
     bool live;
 } kv_table;
 
@@ -132,8 +133,8 @@ static int32_t map_find(const kv_pool *p, uint64_t hash, int32_t parent_id,
     int32_t b = p->buckets[(uint32_t)hash & p->bucket_mask];
     for (; b != KV_NONE; b = p->blocks[b].map_next) {
         const kv_block *k = &p->blocks[b];
-        if (k->hash != hash || k->parent_id != parent_id) continue;
-        if (parent_id != KV_NONE && k->parent_epoch != parent_epoch) continue;
+        /* a root block's parent_epoch is its key (kv_pool_table_set_key) */
+        if (k->hash != hash || k->parent_id != parent_id || k->parent_epoch != parent_epoch) continue;
         if (memcmp(&p->tokens[(size_t)b * (size_t)p->block_size], ids,
                    (size_t)p->block_size * sizeof *ids) != 0) continue;
         return b;
@@ -300,6 +301,7 @@ int kv_pool_table_new(kv_pool *p, int32_t *table, pg_error *err)
     }
     kv_table *tb = &p->tables[t];
     tb->n_blocks = tb->n_tokens = tb->n_reserved = tb->n_hashed = tb->n_dropped = 0;
+    tb->key = 0;
     tb->version++; /* a reused handle is not the table a caller saw before */
     tb->live = true;
     *table = t;
@@ -379,10 +381,22 @@ static bool table_reserve_cap(kv_table *tb, int32_t n)
 int32_t kv_pool_match_prefix(const kv_pool *p, const int32_t *ids, int32_t max_blocks,
                              int32_t *out)
 {
+    return kv_pool_match_prefix_key(p, 0, ids, max_blocks, out);
+}
+
+void kv_pool_table_set_key(kv_pool *p, int32_t table, uint32_t key)
+{
+    assert(p->tables[table].n_blocks == 0);
+    p->tables[table].key = key;
+}
+
+int32_t kv_pool_match_prefix_key(const kv_pool *p, uint32_t key, const int32_t *ids, int32_t max_blocks,
+                                 int32_t *out)
+{
     if (!p->prefix_caching) return 0;
-    uint64_t parent_hash = PREFIX_HASH_ROOT;
+    uint64_t parent_hash = prefix_hash_root(key);
     int32_t parent_id = KV_NONE;
-    uint32_t parent_epoch = 0;
+    uint32_t parent_epoch = key;
     int32_t n = 0;
     for (; n < max_blocks; n++) {
         const int32_t *blk = ids + (size_t)n * (size_t)p->block_size;
@@ -409,9 +423,9 @@ void kv_pool_commit(kv_pool *p, int32_t table, const int32_t *ids, int32_t n_com
         kv_block *k = &p->blocks[b];
         if (k->hashed) continue; /* a prefix hit or a block shared by a fork */
         const int32_t *blk = ids + (size_t)i * (size_t)p->block_size;
-        uint64_t parent_hash = PREFIX_HASH_ROOT;
+        uint64_t parent_hash = prefix_hash_root(tb->key);
         int32_t parent_id = KV_NONE;
-        uint32_t parent_epoch = 0;
+        uint32_t parent_epoch = tb->key;
         bool chainable = true;
         if (i > 0) {
             const kv_block *pk = &p->blocks[tb->blocks[i - 1]];

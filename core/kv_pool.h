@@ -145,6 +145,16 @@ uint32_t kv_pool_table_version(const kv_pool *p, int32_t table);
  * caching is off. */
 int32_t kv_pool_match_prefix(const kv_pool *p, const int32_t *ids, int32_t max_blocks,
                              int32_t *out);
+/* The same under a key (vLLM's block-hash extra keys: the LoRA adapter,
+ * issue 33): a table's first block is hashed from prefix_hash_root(key) and
+ * its parent identity is the key, so blocks computed under one key are
+ * never found under another (even on a 64-bit hash collision). Key 0 is
+ * kv_pool_match_prefix's (the base model). */
+int32_t kv_pool_match_prefix_key(const kv_pool *p, uint32_t key, const int32_t *ids, int32_t max_blocks,
+                                 int32_t *out);
+/* Sets the key of an empty table (new tables have key 0); its committed
+ * blocks chain from it. */
+void kv_pool_table_set_key(kv_pool *p, int32_t table, uint32_t key);
 
 /* ---- allocation (check-then-commit) --------------------------------------- */
 /* Fresh blocks kv_pool_allocate would take for the same arguments,

@@ -40,7 +40,18 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "lora_adapter.h"
 #include "rope_table.h"
+
+/* One projection of one layer across the resident LoRA slots
+ * (model_lora_add): host arrays [lora_cap] of device pointers. */
+typedef struct model_lora_proj {
+    void **A;           /* [slot] [rank][in] act, NULL: the slot does not adapt it */
+    void **B;           /* [slot] [out][rank] act */
+    float *scale;       /* [slot] */
+    int32_t *rank;      /* [slot] */
+    int32_t n_adapted;  /* slots that adapt it (0: no lora_add call) */
+} model_lora_proj;
 
 typedef struct model_layer {
     float *attn_norm;   /* [H] f32  input_layernorm.weight */
@@ -107,6 +118,11 @@ struct model {
     void *sgate;                  /* [Tmax][1] act    shared-expert gate logit (Qwen2-MoE) */
     void *shared;                 /* [Tmax][H] act    shared-expert output (Qwen2-MoE) */
     int32_t I_mlp;                /* max(I, shared expert's): gate_up / mlp widths */
+
+    /* LoRA adapters (model_lora_add): n_lora resident slots, arrays of
+     * lora_cap; per layer and projection (lora_proj order) */
+    int32_t n_lora, lora_cap;
+    model_lora_proj *lora;        /* [NL * LORA_NPROJ], NULL before the first adapter */
 
     op_profile *prof;             /* borrowed, NULL: no timing (model_set_op_profile) */
     int op_marks;                 /* the executor times ops on the device (model_set_step_profile) */
@@ -592,6 +608,20 @@ void model_destroy(model *m)
     if (!m)
         return;
     executor *ex = m->ex;
+    if (m->lora) {
+        for (int32_t i = 0; i < m->NL * LORA_NPROJ; i++) {
+            model_lora_proj *lp = &m->lora[i];
+            for (int32_t a = 0; a < m->n_lora; a++) {
+                ex->op->free(ex, lp->B ? lp->B[a] : NULL);
+                ex->op->free(ex, lp->A ? lp->A[a] : NULL);
+            }
+            free(lp->A);
+            free(lp->B);
+            free(lp->scale);
+            free(lp->rank);
+        }
+        free(m->lora);
+    }
     void *ws[] = {m->shared, m->sgate, m->moe_wts, m->moe_ids, m->router,
                   m->rows_out, m->rows_mlp, m->rows_x, m->mlp, m->gate_up, m->attn,
                   m->qkv, m->proj, m->normed, m->x, m->kv, m->inv_freq};
@@ -629,6 +659,134 @@ void model_destroy(model *m)
     ex->op->free(ex, m->embed);
     free(m->layers);
     free(m);
+}
+
+/* ---- LoRA adapters -------------------------------------------------------- */
+
+static int lora_grow(model *m, pg_error *err)
+{
+    if (!m->lora && !(m->lora = calloc((size_t)m->NL * LORA_NPROJ, sizeof *m->lora)))
+        return pg_error_set(err, PG_ENOMEM, "model: out of host memory for LoRA slots");
+    if (m->n_lora < m->lora_cap)
+        return PG_OK;
+    const int32_t cap = m->lora_cap ? 2 * m->lora_cap : 4;
+    for (int32_t i = 0; i < m->NL * LORA_NPROJ; i++) {
+        model_lora_proj *lp = &m->lora[i];
+        void **A = realloc(lp->A, (size_t)cap * sizeof *A);
+        if (A) lp->A = A;
+        void **B = realloc(lp->B, (size_t)cap * sizeof *B);
+        if (B) lp->B = B;
+        float *sc = realloc(lp->scale, (size_t)cap * sizeof *sc);
+        if (sc) lp->scale = sc;
+        int32_t *rk = realloc(lp->rank, (size_t)cap * sizeof *rk);
+        if (rk) lp->rank = rk;
+        if (!A || !B || !sc || !rk)
+            return pg_error_set(err, PG_ENOMEM, "model: out of host memory for LoRA slots");
+    }
+    m->lora_cap = cap;
+    return PG_OK;
+}
+
+int model_lora_add(model *m, const lora_adapter *a, const char *name, int32_t *slot, pg_error *err)
+{
+    executor *ex = m->ex;
+    *slot = -1;
+    if (!ex->op->lora_add)
+        return pg_error_set(err, PG_EUNSUPPORTED, "lora %s: the %s executor has no LoRA op (lora_add): "
+                            "run adapters on the cpu", name, ex->name);
+    if (a->n_layers != m->NL)
+        return pg_error_set(err, PG_EINVAL, "lora %s: %d layers, the model has %d", name, (int)a->n_layers,
+                            (int)m->NL);
+    for (int32_t l = 0; l < m->NL; l++)
+        for (int32_t p = 0; p < LORA_NPROJ; p++) {
+            const lora_weights *w = lora_adapter_at(a, l, (lora_proj)p);
+            if (w->r == 0)
+                continue;
+            int32_t in, out;
+            lora_proj_dims(m->cfg, (lora_proj)p, &in, &out);
+            if (w->in != in || w->out != out || w->r > PG_LORA_MAX_RANK)
+                return pg_error_set(err, PG_EINVAL, "lora %s: model.layers.%d.%s.%s: [%d -> %d] rank %d, "
+                                    "expected [%d -> %d] rank <= %d", name, (int)l, lora_proj_block((lora_proj)p),
+                                    lora_proj_name((lora_proj)p), (int)w->in, (int)w->out, (int)w->r, (int)in,
+                                    (int)out, PG_LORA_MAX_RANK);
+            if (p >= LORA_GATE && llama_layer_moe(m->cfg, l))
+                return pg_error_set(err, PG_EUNSUPPORTED, "lora %s: model.layers.%d.mlp.%s: layer %d is a "
+                                    "mixture of experts; LoRA on its MLP (experts, router) is not supported",
+                                    name, (int)l, lora_proj_name((lora_proj)p), (int)l);
+        }
+    int rc = lora_grow(m, err);
+    if (rc)
+        return rc;
+    const int32_t s = m->n_lora;
+    for (int32_t i = 0; i < m->NL * LORA_NPROJ; i++) {
+        m->lora[i].A[s] = m->lora[i].B[s] = NULL;
+        m->lora[i].scale[s] = 0.0f;
+        m->lora[i].rank[s] = 0;
+    }
+    m->n_lora++; /* from here model_lora_drop_last / model_destroy free what is set */
+    for (int32_t l = 0; l < m->NL; l++)
+        for (int32_t p = 0; p < LORA_NPROJ; p++) {
+            const lora_weights *w = lora_adapter_at(a, l, (lora_proj)p);
+            if (w->r == 0)
+                continue;
+            model_lora_proj *lp = &m->lora[(size_t)l * LORA_NPROJ + (size_t)p];
+            const size_t na = (size_t)w->r * (size_t)w->in, nb = (size_t)w->out * (size_t)w->r;
+            lp->A[s] = ex->op->alloc(ex, EXEC_ACT, na);
+            lp->B[s] = ex->op->alloc(ex, EXEC_ACT, nb);
+            if (!lp->A[s] || !lp->B[s] ||
+                (rc = ex->op->upload(ex, lp->A[s], EXEC_ACT, 0, w->A, ST_F32, na)) ||
+                (rc = ex->op->upload(ex, lp->B[s], EXEC_ACT, 0, w->B, ST_F32, nb))) {
+                pg_error_set(err, rc ? rc : PG_ENOMEM, "lora %s: model.layers.%d.%s.%s: %s", name, (int)l,
+                             lora_proj_block((lora_proj)p), lora_proj_name((lora_proj)p), ex->op->last_error(ex));
+                rc = rc ? rc : PG_ENOMEM;
+                for (int32_t i = 0; i < m->NL * LORA_NPROJ; i++) {
+                    model_lora_proj *q = &m->lora[i];
+                    q->n_adapted -= q->rank[s] > 0; /* counted: fully uploaded */
+                    ex->op->free(ex, q->B[s]);
+                    ex->op->free(ex, q->A[s]);
+                    q->A[s] = q->B[s] = NULL;
+                }
+                m->n_lora--;
+                return rc;
+            }
+            lp->scale[s] = w->scale;
+            lp->rank[s] = w->r;
+            lp->n_adapted++;
+        }
+    *slot = s;
+    return PG_OK;
+}
+
+int32_t model_lora_count(const model *m)
+{
+    return m->n_lora;
+}
+
+/* Adds projection p's deltas of layer l for the step's adapter rows:
+ * y [T][ldy] at column offset col (a fused output), x [T][K]. */
+static int lora_apply(model *m, int32_t l, lora_proj p, void *y, int32_t ldy, int32_t col, const void *x,
+                      int32_t K, int32_t N, const step_batch *b)
+{
+    if (!b->lora_slots || !m->lora)
+        return PG_OK;
+    const model_lora_proj *lp = &m->lora[(size_t)l * LORA_NPROJ + (size_t)p];
+    if (lp->n_adapted == 0)
+        return PG_OK;
+    executor *ex = m->ex;
+    return ex->op->lora_add(ex, (char *)y + (size_t)col * ex->act_bytes, ldy, x, K, N,
+                            (const void *const *)lp->A, (const void *const *)lp->B, lp->scale, lp->rank,
+                            m->n_lora, b);
+}
+
+/* q, k and v deltas into their columns of qkv */
+static int lora_qkv(model *m, int32_t l, const step_batch *b)
+{
+    int rc;
+    if ((rc = lora_apply(m, l, LORA_Q, m->qkv, m->QKV, 0, m->normed, m->H, m->Q, b)) ||
+        (rc = lora_apply(m, l, LORA_K, m->qkv, m->QKV, m->Q, m->normed, m->H, m->KVD, b)) ||
+        (rc = lora_apply(m, l, LORA_V, m->qkv, m->QKV, m->Q + m->KVD, m->normed, m->H, m->KVD, b)))
+        return rc;
+    return PG_OK;
 }
 
 /* ---- forward -------------------------------------------------------------- */
@@ -690,7 +848,7 @@ void model_set_op_profile(model *m, op_profile *p)
  * bias (Qwen2), q/k norms (Qwen3), rope and the KV-cache write — one fused
  * call where the executor has it (executor.h rope_kv: the same bits), else
  * the ops one by one. */
-static int qkv_to_cache(model *m, const model_layer *ly, const step_batch *b, void *k_plane,
+static int qkv_to_cache(model *m, int32_t l, const model_layer *ly, const step_batch *b, void *k_plane,
                         void *v_plane, double t0, const char **failed)
 {
     executor *ex = m->ex;
@@ -699,6 +857,12 @@ static int qkv_to_cache(model *m, const model_layer *ly, const step_batch *b, vo
     const float eps = m->cfg->rms_norm_eps;
     int rc;
     if (op->rope_kv) {
+        /* the deltas before rope_kv's bias (PEFT adds them after it: the
+         * same up to one rounding of the sum; the CPU, the reference, has
+         * no rope_kv) */
+        *failed = "qkv lora";
+        if ((rc = lora_qkv(m, l, b)))
+            return rc;
         prof_end(m, OPP_QKV, t0);
         *failed = "rope_kv";
         t0 = prof_begin(m);
@@ -713,6 +877,10 @@ static int qkv_to_cache(model *m, const model_layer *ly, const step_batch *b, vo
         if ((rc = op->add_bias(ex, m->qkv, ly->b_qkv, T, m->QKV)))
             return rc;
     }
+    /* PEFT's lora.Linear: base_layer(x) (with its bias), then + the delta */
+    *failed = "qkv lora";
+    if ((rc = lora_qkv(m, l, b)))
+        return rc;
     prof_end(m, OPP_QKV, t0);
     t0 = prof_begin(m);
     if (ly->q_norm) { /* timed with rope: both transform the q and k heads */
@@ -811,7 +979,7 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->qkv, m->normed, ly->w_qkv, T, m->QKV, H)))
         return rc;
-    if ((rc = qkv_to_cache(m, ly, b, k_plane, v_plane, t0, failed)))
+    if ((rc = qkv_to_cache(m, l, ly, b, k_plane, v_plane, t0, failed)))
         return rc;
     /* the layer's window (config.h llama_layer_window): the step's own
      * (every layer, the engine frees blocks behind it) or this layer's */
@@ -832,6 +1000,9 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->proj, m->attn, ly->w_o, T, H, m->Q)))
         return rc;
+    *failed = "o lora";
+    if ((rc = lora_apply(m, l, LORA_O, m->proj, H, 0, m->attn, m->Q, H, b)))
+        return rc;
     prof_end(m, OPP_O, t0);
     /* x += attn_o; normed = rmsnorm(x) */
     *failed = "post-attention rmsnorm";
@@ -845,6 +1016,10 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->gate_up, m->normed, ly->w_gate_up, T, 2 * I, H)))
         return rc;
+    *failed = "gate_up lora";
+    if ((rc = lora_apply(m, l, LORA_GATE, m->gate_up, 2 * I, 0, m->normed, H, I, b)) ||
+        (rc = lora_apply(m, l, LORA_UP, m->gate_up, 2 * I, I, m->normed, H, I, b)))
+        return rc;
     prof_end(m, OPP_GATE_UP, t0);
     *failed = "silu_mul";
     t0 = prof_begin(m);
@@ -854,6 +1029,9 @@ static int forward_layer(model *m, int32_t l, const step_batch *b, const char **
     *failed = "down matmul";
     t0 = prof_begin(m);
     if ((rc = op->matmul(ex, m->proj, m->mlp, ly->w_down, T, H, I))) /* mlp_out */
+        return rc;
+    *failed = "down lora";
+    if ((rc = lora_apply(m, l, LORA_DOWN, m->proj, H, 0, m->mlp, I, H, b)))
         return rc;
     prof_end(m, OPP_DOWN, t0);
     return PG_OK;

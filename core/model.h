@@ -127,6 +127,21 @@ void model_set_op_profile(model *m, op_profile *p);
 typedef struct step_profile step_profile;
 int model_set_step_profile(model *m, step_profile *p);
 
+/* LoRA adapters (issue 33; weights/lora_adapter.h). Uploads a's matrices
+ * (A [r][in], B [out][r] per adapted projection) into act buffers of the
+ * executor as resident slot *slot (0, 1, ... in call order); the forward
+ * then adds, after each adapted projection (q, k, v into their columns of
+ * qkv after Qwen2's bias, o, gate and up into gate_up, down), the deltas
+ * of the rows whose step_batch.lora_slots name a slot (executor.h
+ * lora_add: PEFT's lora.Linear.forward). a is borrowed for the call; name
+ * is for messages. Refused: an executor without lora_add
+ * (PG_EUNSUPPORTED, naming it), another layer count or projection shape,
+ * a rank over PG_LORA_MAX_RANK (PG_EINVAL), an adapted MLP projection of
+ * a mixture-of-experts layer (PG_EUNSUPPORTED, naming the module). */
+typedef struct lora_adapter lora_adapter;
+int model_lora_add(model *m, const lora_adapter *a, const char *name, int32_t *slot, pg_error *err);
+int32_t model_lora_count(const model *m);
+
 /* The engine backend over this model (borrows m). */
 engine_backend model_backend(model *m);
 

@@ -18,3 +18,8 @@ uint64_t prefix_hash_block(uint64_t parent, const int32_t *ids, int32_t n)
     }
     return h;
 }
+
+uint64_t prefix_hash_root(uint32_t key)
+{
+    return key == 0 ? PREFIX_HASH_ROOT : prefix_hash_mix(PREFIX_HASH_ROOT ^ ((uint64_t)key << 1 | 1));
+}

@@ -15,6 +15,10 @@
 
 #define PREFIX_HASH_ROOT UINT64_C(0x6a09e667f3bcc908)
 
+/* The chain's root under a key (kv_pool_match_prefix_key): PREFIX_HASH_ROOT
+ * for key 0, a mix of the key otherwise. */
+uint64_t prefix_hash_root(uint32_t key);
+
 /* Hash of a block holding ids[0..n-1] whose parent block hashed to parent. */
 uint64_t prefix_hash_block(uint64_t parent, const int32_t *ids, int32_t n);
 

@@ -39,6 +39,8 @@ int sampling_params_validate(const sampling_params *p, pg_error *err)
 {
     if (!p)
         return pg_error_set(err, PG_EINVAL, "sampling params: expected a pointer, got NULL");
+    if (p->lora < 0)
+        return pg_error_set(err, PG_EINVAL, "lora must be >= 0 (0: the base model), got %d", (int)p->lora);
     if (p->n < 1 || p->n > SAMPLING_PARAMS_MAX_N)
         return pg_error_set(err, PG_EINVAL, "n must be in [1, %d], got %d",
                             SAMPLING_PARAMS_MAX_N, (int)p->n);

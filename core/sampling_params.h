@@ -62,6 +62,11 @@ typedef struct sampling_params {
      * top_p/top_k/min_p, structured outputs) are refused by name */
     bool use_beam_search;
     double length_penalty;        /* score = cum_logprob / seq_len^length_penalty; default 1 */
+    /* the LoRA adapter the request runs under (vLLM's lora_request; issue 33):
+     * 0 (default) the base model, k >= 1 the engine's adapter slot k - 1
+     * (engine_params n_loras). Not a sampling parameter as such, but it
+     * travels with the request the same way (fanned-out children copy it) */
+    int32_t lora;
 } sampling_params;
 
 /* vLLM's defaults: n 1, max_tokens 16, temperature 1, top_p 1, top_k -1,

@@ -207,11 +207,30 @@ static void drop_out_of_window(scheduler *s, sequence *q)
     kv_pool_drop_before(s->pool, q->table, q->num_computed - s->p.sliding_window + 1);
 }
 
+/* Whether admitting r keeps the running requests' distinct adapters
+ * within max_loras (scheduler.h). */
+static bool lora_fits(const scheduler *s, const request *r)
+{
+    const int32_t a = r->sp.lora;
+    if (s->p.max_loras <= 0 || a == 0) return true;
+    int32_t distinct = 0;
+    for (const request *x = s->running.head; x; x = x->next) {
+        const int32_t b = x->sp.lora;
+        if (b == a) return true;
+        if (b == 0) continue;
+        bool seen = false;
+        for (const request *y = s->running.head; y != x && !seen; y = y->next) seen = y->sp.lora == b;
+        distinct += !seen;
+    }
+    return distinct < s->p.max_loras;
+}
+
 /* Tries to admit the head of the waiting queue; false when it cannot. */
 static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, int32_t *n_seqs)
 {
     int32_t bs = s->block_size;
     if (*n_seqs + request_seq_slots(r) > s->p.max_num_seqs) return false;
+    if (!lora_fits(s, r)) return false;
     if (s->p.layout == KV_LAYOUT_CONTIGUOUS) {
         int32_t need = r->n_live * s->max_blocks;
         if (need > kv_pool_num_free(s->pool)) return false;
@@ -243,7 +262,8 @@ static bool admit(scheduler *s, request *r, sched_step *out, int32_t *budget, in
             if (cap < max_hit_blocks) max_hit_blocks = cap;
         }
         bool all_rows = request_root(r)->pooler && pooler_needs_all_rows(request_root(r)->pooler);
-        int32_t n_hits = all_rows ? 0 : kv_pool_match_prefix(s->pool, q->tokens, max_hit_blocks, s->hits);
+        int32_t n_hits = all_rows ? 0 : kv_pool_match_prefix_key(s->pool, (uint32_t)r->sp.lora, q->tokens,
+                                                                     max_hit_blocks, s->hits);
         int32_t n_new = target - n_hits * bs;
         if (n_new > *budget) n_new = *budget;
         if (one_row(s, r) && n_new > 1) n_new = 1; /* a row a step */

@@ -50,6 +50,15 @@
  * sequence recomputes from position 0 (it gets fresh blocks, or prefix-cache
  * hits whose every block is still cached).
  *
+ * LoRA adapters (engine_params max_loras, vLLM's max_loras): the running
+ * requests use at most max_loras distinct adapters (the base model counts
+ * none), so every step does. The waiting head whose adapter would be one
+ * too many waits — strict FCFS, as every admission here (vLLM v1 lets
+ * later requests pass it) — until a running request of another adapter
+ * finishes or is preempted; with nothing running it is always admitted,
+ * so it never waits forever. Prefix-cache lookups are keyed by the
+ * adapter (kv_pool_match_prefix_key).
+ *
  * Preemption by recomputation: when a running sequence needs a block and
  * the pool has none free or evictable, the most recently admitted running
  * request (possibly the one being served) is preempted as a whole: its
@@ -81,6 +90,8 @@ typedef struct scheduler_params {
                                         (engine_params prompt_logprobs_per_step) */
     int32_t sliding_window;          /* W > 0: drop blocks behind every query's window
                                         (paged); 0: keep every block */
+    int32_t max_loras;               /* distinct LoRA adapters among running requests
+                                        (engine_params max_loras); 0: no limit */
 } scheduler_params;
 
 /* One scheduled sequence: tokens seq->num_computed .. + n_new - 1. */

@@ -87,6 +87,7 @@ static void cpu_destroy(executor *ex)
     free(ce->tok_seq);
     free(ce->act_q);
     free(ce->moe_buf);
+    free(ce->lora_buf);
     free(ce);
 }
 
@@ -510,6 +511,20 @@ static int cpu_moe_shared_add(executor *ex, void *out, const void *shared, const
     return cpu_op_moe_shared_add(ce, out, shared, gate, T, N);
 }
 
+static int cpu_lora_add(executor *ex, void *y, int32_t ldy, const void *x, int32_t K, int32_t N,
+                        const void *const *A, const void *const *B, const float *scale, const int32_t *rank,
+                        int32_t n_slots, const step_batch *b)
+{
+    cpu_exec *ce = cpu_of(ex);
+    CPU_REQUIRE(y && x && b, "lora_add: NULL argument");
+    CPU_REQUIRE(K >= 1 && N >= 1 && ldy >= N && n_slots >= 0,
+                "lora_add: expected K, N >= 1, ldy >= N, n_slots >= 0, got %d, %d, %d, %d", (int)K, (int)N,
+                (int)ldy, (int)n_slots);
+    CPU_REQUIRE(!b->lora_slots || (A && B && scale && rank), "lora_add: NULL slot arrays");
+    return cpu_op_lora_add(ce, y, ldy, x, K, N, (const float *const *)A, (const float *const *)B, scale, rank,
+                           n_slots, b);
+}
+
 static const executor_ops cpu_ops_table = {
     .destroy = cpu_destroy,
     .last_error = cpu_last_error,
@@ -535,6 +550,7 @@ static const executor_ops cpu_ops_table = {
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
     .moe_shared_add = cpu_moe_shared_add,
+    .lora_add = cpu_lora_add,
 };
 
 int cpu_executor_create(executor **out, const cpu_executor_params *p, pg_error *err)

@@ -44,6 +44,8 @@ typedef struct cpu_exec {
     size_t attn_tiles_cap;
     void *moe_buf;          /* [moe_cap] bytes: moe_experts' grouped rows (cpu_moe.c) */
     size_t moe_cap;
+    void *lora_buf;         /* [lora_cap] bytes: lora_add's sorted rows and gathered slice (cpu_lora.c) */
+    size_t lora_cap;
     char err[1024];
 } cpu_exec;
 
@@ -102,6 +104,11 @@ int cpu_op_moe_experts(cpu_exec *ce, float *out, const float *x, const int32_t *
                        void *const *w_gate_up, void *const *w_down, int32_t T, int32_t H, int32_t I, int32_t E,
                        int32_t k);
 int cpu_op_moe_shared_add(cpu_exec *ce, float *out, const float *shared, const float *gate, int32_t T, int32_t N);
+
+/* LoRA deltas (cpu_lora.c; executor.h lora_add). */
+int cpu_op_lora_add(cpu_exec *ce, float *y, int32_t ldy, const float *x, int32_t K, int32_t N,
+                    const float *const *A, const float *const *B, const float *scale, const int32_t *rank,
+                    int32_t n_slots, const step_batch *b);
 
 /* Checks the step batch's own consistency (T, S, query_start, seq_lens vs
  * positions, logits_rows); "where" names the op. */

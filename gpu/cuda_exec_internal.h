@@ -10,6 +10,8 @@
  *                     device
  *   cuda_ops.c        the ops of a layer, each forwarded to its launcher
  *                     (cuda_kernels.h) or to cuda_gemm.c
+ *   cuda_lora.c       lora_add: the adapter slots of a projection, launched
+ *                     in tables of PGK_LORA_SLOTS (lora.cu)
  *   cuda_moe.c        the mixture-of-experts ops (routing, grouped
  *                     experts, shared expert)
  *   cuda_logits.c     lm_head, device argmax and log-softmax rows, the copy
@@ -101,6 +103,14 @@ typedef struct cuda_exec {
     pg_lsm_row *lp_out_d;         /* [lp_n] device */
     size_t lp_out_cap;            /* bytes */
     pinned_buf lp_req_h, lp_out_h;
+    /* lora_add's u [T][rank] act of an eager step (a graph's: cuda_graphs) */
+    void *lora_u_d;
+    size_t lora_u_cap;            /* bytes */
+    /* what this step's lora_add calls were given (the slots' A, B, scale,
+     * rank, shapes; not the rows), hashed in call order since begin_step:
+     * a graph replays the values of its capture (cuda_graphs.c cx_run_step) */
+    uint64_t lora_sig;
+    int32_t lora_calls;
     size_t logits_copy_bytes;     /* logits the last step copied to the host */
     size_t logits_copy_total;     /* ... every step so far */
     /* alloc()'s buffers, ascending by address: how many rows an operand
@@ -216,6 +226,12 @@ int cx_gather_rows(executor *ex, void *dst, const void *src, int32_t dim, const 
 int cx_copy_blocks(executor *ex, void *kv, int32_t n_planes, size_t plane_elems,
                    size_t block_elems, const int32_t *src_dst_host, int32_t n_pairs);
 
+/* ---- cuda_lora.c ---------------------------------------------------------- */
+
+int cx_lora_add(executor *ex, void *y, int32_t ldy, const void *x, int32_t K, int32_t N,
+                const void *const *A, const void *const *B, const float *scale,
+                const int32_t *rank, int32_t n_slots, const step_batch *b);
+
 /* ---- cuda_moe.c ----------------------------------------------------------- */
 
 int cx_moe_route(executor *ex, int32_t *ids, float *weights, const void *router, int32_t T, int32_t E,
@@ -297,6 +313,11 @@ typedef struct cuda_graphs {
     int fault;                    /* CUDA_GRAPH_TEST_* (the tests' faults) */
     long captures, replays, eager_fallbacks;
     size_t meta_upload_bytes;     /* copied by the last graph_upload */
+    int lora_seen;                /* a graphed step had lora_slots: every step copies its slots */
+    int lora_sig_set;             /* lora_sig: the lora_add values the graphs were captured with */
+    uint64_t lora_sig;
+    void *lora_u_d;               /* lora_add's u while bound: [max_batch][PG_LORA_MAX_RANK] act */
+    size_t lora_u_cap;            /* bytes */
 } cuda_graphs;
 
 /* ---- cuda_graphs.c --------------------------------------------------------- */

@@ -84,6 +84,8 @@ static void cuda_destroy(executor *ex)
         cudaFree(c->lp_req_d);
     if (c->lp_out_d)
         cudaFree(c->lp_out_d);
+    if (c->lora_u_d)
+        cudaFree(c->lora_u_d);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c->allocs);
@@ -170,6 +172,7 @@ static const executor_ops cuda_ops = {
     .op_mark = cx_op_mark,
     .defer_step = cx_defer_step,
     .wait_step = cx_wait_step,
+    .lora_add = cx_lora_add,
     .moe_route = cx_moe_route,
     .moe_experts = cx_moe_experts,
     .moe_shared_add = cx_moe_shared_add,

@@ -64,10 +64,33 @@
  * that fails (the driver refused a call) is not an error: that (bucket,
  * tier) runs eagerly from then on, with one warning on stderr
  * (cuda_graph_info.eager_fallbacks).
- * Memory besides the eager path's: metadata (6 Pm + 1 + Pm * stride) int32,
+ * Memory besides the eager path's: metadata (7 Pm + 1 + Pm * stride) int32,
  * logits Pm * V f32 on the device and pinned, the decode workspace for Pm
  * sequences of min(partitions of max_seq_len, 32) splits (Pm = max_batch),
- * plus what the driver keeps per graph (not measurable here).
+ * LoRA's scratch Pm * PG_LORA_MAX_RANK act, plus what the driver keeps per
+ * graph (not measurable here).
+ *
+ * LoRA (executor.h lora_add; gpu/lora.cu, cuda_lora.c): begin_step copies
+ * step_batch.lora_slots with the metadata; lora_add launches a shrink and
+ * an expand kernel per table of up to 64 slots that adapt the projection
+ * (none when no slot does), each row reading its slot on the device. From
+ * the first graphed step with slots on (the graphs captured before it are
+ * dropped then), a graphed step's padded batch always carries slots (the
+ * step's, -1 for every row when it has none, -1 for the padding), so a
+ * graph captured by a step with adapters replays steps without and the
+ * other way round, for any mix of slots, as long as the forward's sequence of lora_add calls
+ * does not depend on which slots the rows use (call it for every adapted
+ * projection whenever lora_slots != NULL, or always). The per-slot A, B,
+ * scale and rank of every call are captured by value: a graph replays
+ * them as they were at its capture, so the adapter slots' device buffers
+ * must be allocated once (stable pointers) and a slot's contents must not
+ * change while graphs captured with it are in use. When one does (an
+ * adapter loaded into a slot after the first capture), the next eager step
+ * that calls lora_add sees the new values and drops every graph, which
+ * are captured again (cuda_lora.c, a signature of the calls); a step
+ * replayed before any eager one would use the old values.
+ * Scratch: u [T][max rank] act, grown on demand for eager steps; the
+ * graphs' [max_batch][PG_LORA_MAX_RANK] is allocated at the warm-up.
  */
 #ifndef PG_CUDA_EXECUTOR_H
 #define PG_CUDA_EXECUTOR_H

@@ -35,8 +35,19 @@
  * ceil(context / block_size), the top tier's for the block's size):
  * token_ids [Pm], positions [Pm],
  * slots [Pm], query_start [Pm+1], seq_lens [Pm], block_tables [Pm][st],
- * logits_rows [Pm] — the same offsets for every bucket; a step copies
- * only what its bucket reads (graph_upload). */
+ * logits_rows [Pm], lora_slots [Pm] — the same offsets for every bucket;
+ * a step copies only what its bucket reads (graph_upload).
+ *
+ * LoRA (lora_add): from the first step with lora_slots on (lora_seen; the
+ * graphs captured before are dropped then), the padded batch always
+ * carries lora_slots — the real rows' slots (-1 when the step has none),
+ * -1 for the dummies — so a graph holds the forward's lora_add launches
+ * whether or not the step that captured it used an adapter, and every step
+ * of the bucket, with adapters or not, replays it: the kernels read each
+ * row's slot from the fixed block on the device, nothing about the rows is
+ * decided on the host. A run without adapters never sees slots. The
+ * per-slot A, B, scale and rank are kernel arguments captured by value
+ * (cuda_executor.h, "LoRA"). */
 #define GM_TOK(Pm, st) ((size_t)0)
 #define GM_POS(Pm, st) ((size_t)(Pm))
 #define GM_SLOT(Pm, st) (2u * (size_t)(Pm))
@@ -44,7 +55,8 @@
 #define GM_LEN(Pm, st) (4u * (size_t)(Pm) + 1u)
 #define GM_BT(Pm, st) (5u * (size_t)(Pm) + 1u)
 #define GM_ROWS(Pm, st) (GM_BT(Pm, st) + (size_t)(Pm) * (size_t)(st))
-#define GM_N(Pm, st) (GM_ROWS(Pm, st) + (size_t)(Pm))
+#define GM_LORA(Pm, st) (GM_ROWS(Pm, st) + (size_t)(Pm))
+#define GM_N(Pm, st) (GM_LORA(Pm, st) + (size_t)(Pm))
 /* int32 from the start a step of bucket P uses before the logits rows */
 #define GM_USED(Pm, st, P) (GM_BT(Pm, st) + (size_t)(P) * (size_t)(st))
 
@@ -92,6 +104,8 @@ void cx_graph_free(cuda_graphs *g)
         cudaFree(g->ws_d);
     if (g->logits_d)
         cudaFree(g->logits_d);
+    if (g->lora_u_d)
+        cudaFree(g->lora_u_d);
     free(g);
 }
 
@@ -115,6 +129,7 @@ int cx_graph_bind_batch(cuda_exec *c, const step_batch *b)
     d->seq_lens = g->meta_d + GM_LEN(Pm, st);
     d->block_tables = g->meta_d + GM_BT(Pm, st);
     d->logits_rows = g->meta_d + GM_ROWS(Pm, st);
+    d->lora_slots = g->meta_d + GM_LORA(Pm, st);
     d->prefill_seqs = g->meta_d; /* num_prefill_seqs = 0: never read */
     d->num_tokens = P;
     d->num_seqs = P;
@@ -209,6 +224,7 @@ static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batc
         h[GM_QS(Pm, st) + s + 1] = s + 1;
         h[GM_LEN(Pm, st) + s] = len;
         h[GM_ROWS(Pm, st) + s] = s;
+        h[GM_LORA(Pm, st) + s] = real && b->lora_slots ? b->lora_slots[s] : -1;
         if (real) {
             int32_t nblk = (len + b->block_size - 1) / b->block_size;
             memcpy(h + GM_BT(Pm, st) + (size_t)s * (size_t)st,
@@ -228,13 +244,16 @@ static void graph_fill(cuda_graphs *g, const step_batch *b, int32_t P, step_batc
     pb->max_seq_len = g->cur_context;
     pb->max_query_len = 1;
     pb->logits_rows = h + GM_ROWS(Pm, st);
+    pb->lora_slots = g->lora_seen ? h + GM_LORA(Pm, st) : NULL;
     pb->sliding_window = g->window;
 }
 
 /* The part of g->meta_host bucket P reads -> the fixed device block
  * (through pinned staging): everything up to the end of row P-1 of the
- * block tables, then the P logits rows. */
-static int graph_upload(cuda_exec *c, int32_t P)
+ * block tables, then the P logits rows, and the P LoRA slots when with_lora
+ * (the warm-up, and every step once one had slots: before, the block holds
+ * the warm-up's -1s). */
+static int graph_upload(cuda_exec *c, int32_t P, int with_lora)
 {
     cuda_graphs *g = c->graphs;
     const int32_t Pm = g->max_batch, st = g->cur_stride;
@@ -243,15 +262,21 @@ static int graph_upload(cuda_exec *c, int32_t P)
     if (rc)
         return pg_error_wrap(&c->err, rc, "cuda graph metadata");
     int32_t *h = hv;
-    const size_t head = GM_USED(Pm, st, P), rows = GM_ROWS(Pm, st);
+    const size_t head = GM_USED(Pm, st, P), rows = GM_ROWS(Pm, st), lora = GM_LORA(Pm, st);
     memcpy(h, g->meta_host, head * 4u);
     memcpy(h + rows, g->meta_host + rows, (size_t)P * 4u);
+    if (with_lora)
+        memcpy(h + lora, g->meta_host + lora, (size_t)P * 4u);
     CUDA_TRY(&c->err, "cudaMemcpyAsync (graph metadata)",
              cudaMemcpyAsync(g->meta_d, h, head * 4u, cudaMemcpyHostToDevice, c->stream));
     CUDA_TRY(&c->err, "cudaMemcpyAsync (graph metadata rows)",
              cudaMemcpyAsync(g->meta_d + rows, h + rows, (size_t)P * 4u, cudaMemcpyHostToDevice,
                              c->stream));
-    g->meta_upload_bytes = (head + (size_t)P) * 4u;
+    if (with_lora)
+        CUDA_TRY(&c->err, "cudaMemcpyAsync (graph metadata lora slots)",
+                 cudaMemcpyAsync(g->meta_d + lora, h + lora, (size_t)P * 4u, cudaMemcpyHostToDevice,
+                                 c->stream));
+    g->meta_upload_bytes = (head + (with_lora ? 2u : 1u) * (size_t)P) * 4u;
     return cx_pinned_mark(&g->meta_h, c->stream, &c->err);
 }
 
@@ -272,12 +297,21 @@ static int graph_warm_up(cuda_exec *c, exec_forward_fn forward, void *ctx)
                          "cudaMalloc (graph metadata)", &c->err);
     if (rc)
         return rc;
+    /* lora_add's u for any rank the contract allows: a capture never grows
+     * it (256 KiB at max_batch 256 in bf16) */
+    cap = g->lora_u_cap;
+    rc = cx_device_grow(c->stream, &g->lora_u_d, &cap,
+                        (size_t)g->max_batch * PG_LORA_MAX_RANK * pgk_dtype_bytes(c->act_dt),
+                        "cudaMalloc (graph lora scratch)", &c->err);
+    g->lora_u_cap = cap;
+    if (rc)
+        return rc;
     /* the top tier: the largest decode workspace and table stride */
     g->cur_context = g->max_seq_len;
     g->cur_stride = g->stride;
     step_batch pb;
     graph_fill(g, NULL, g->max_batch, &pb);
-    if ((rc = graph_upload(c, g->max_batch)))
+    if ((rc = graph_upload(c, g->max_batch, 1)))
         return rc;
     g->bound = 1;
     rc = forward(ctx, &pb, NULL);
@@ -327,6 +361,16 @@ static int graph_capture(cuda_exec *c, graph_bucket *bk, const step_batch *pb,
         return cx_fail(&c->err, PG_EDEVICE, "cudaGraphInstantiate (decode step graph)", e);
     }
     bk->generation = graph_generation(c);
+    /* the lora_add values this graph replays: the graphs captured with
+     * other values (a slot reloaded since) are dropped */
+    if (g->lora_sig_set && g->lora_sig != c->lora_sig)
+        for (int32_t i = 0; i < g->n_buckets; i++)
+            if (&g->buckets[i] != bk && g->buckets[i].exec) {
+                cudaGraphExecDestroy(g->buckets[i].exec);
+                g->buckets[i].exec = NULL;
+            }
+    g->lora_sig = c->lora_sig;
+    g->lora_sig_set = 1;
     bk->logits_rows = g->logits_rows;
     bk->logits_V = g->logits_V;
     g->captures++;
@@ -398,6 +442,13 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
         c->defer_now = c->defer_next;
         return forward(ctx, b, logits_host);
     }
+    /* the first step with adapters: the graphs so far were captured without
+     * slots (a forward may skip lora_add then); from here every padded
+     * batch carries them */
+    if (b->lora_slots && !g->lora_seen) {
+        g->lora_seen = 1;
+        graph_drop_all(g);
+    }
     /* a buffer a graph uses was reallocated since its capture: capture again */
     if (bk->exec && bk->generation != graph_generation(c))
         graph_drop_all(g);
@@ -406,7 +457,8 @@ static int run_step_impl(cuda_exec *c, const step_batch *b, float *logits_host,
     step_batch pb;
     const double t0 = step_profile_now();
     graph_fill(g, b, P, &pb);
-    if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) && (rc = graph_upload(c, P)))
+    if (!(bk->exec && (g->fault & CUDA_GRAPH_TEST_SKIP_METADATA)) &&
+        (rc = graph_upload(c, P, g->lora_seen)))
         return rc;
     step_profile_add(cuda_sprof_profile(c->sprof), SP_H2D, t0);
     if (!bk->exec && graph_capture(c, bk, &pb, forward, ctx)) {
@@ -441,6 +493,14 @@ int cx_run_step(executor *ex, const step_batch *b, float *logits_host,
     const graph_bucket *replayed = NULL;
     cuda_launch_counts mark = cx_counts(c);
     int rc = run_step_impl(c, b, logits_host, forward, ctx, &replayed, &mark);
+    cuda_graphs *g = c->graphs;
+    if (rc == 0 && !replayed && g && g->lora_sig_set && c->lora_calls > 0 &&
+        c->lora_sig != g->lora_sig) {
+        /* an eager step gave lora_add other values than the graphs hold (an
+         * adapter loaded into a slot since): capture them again */
+        graph_drop_all(g);
+        g->lora_sig_set = 0;
+    }
     c->last_step = counts_sub(cx_counts(c), mark);
     if (replayed)
         c->last_step = counts_add(c->last_step, replayed->launches);

@@ -76,6 +76,8 @@ typedef struct pgk_batch {
     const int32_t *block_tables;  /* [S][block_table_stride] */
     const int32_t *logits_rows;   /* [L] */
     const int32_t *prefill_seqs;  /* [num_prefill_seqs]: their indices s, ascending */
+    const int32_t *lora_slots;    /* [T] each row's LoRA adapter slot, -1: none; NULL when
+                                     the step has none (step_batch.lora_slots) */
 } pgk_batch;
 
 /* x[t][i] = table[token_ids[t]][i]; x [T][H] act, table [V][H] act type.
@@ -211,6 +213,28 @@ int pgk_logprobs(pg_lsm_row *out, const float *logits, int32_t V, const pgk_lp_r
 int pgk_sample(int32_t *ids, float *logits, int32_t V, const pg_smp_row *rows, int32_t n,
                const int32_t *pen_ids, const int32_t *pen_cnt, const int32_t *ban_ids,
                const uint32_t *mask, float *raw, const int32_t *raw_slot, pgk_launch *lk);
+
+/* The LoRA adapter slots one pgk_lora_add launch serves, passed to its
+ * kernels by value (a CUDA graph captures the values with the launch). */
+#define PGK_LORA_SLOTS 64
+typedef struct pgk_lora_tab {
+    const void *A[PGK_LORA_SLOTS];  /* slot slot0 + i: [rank][K] act, device; NULL: the slot
+                                       does not adapt this projection */
+    const void *B[PGK_LORA_SLOTS];  /* [N][rank] act, device */
+    float scale[PGK_LORA_SLOTS];
+    int32_t rank[PGK_LORA_SLOTS];   /* 1 .. 512 (PG_LORA_MAX_RANK) where A != NULL */
+    int32_t slot0;                  /* the adapter slot of entry 0 */
+    int32_t n;                      /* entries used, 1 .. PGK_LORA_SLOTS */
+} pgk_lora_tab;
+
+/* executor.h lora_add for the rows whose slot d_slots[t] (device, [T]) is
+ * one of tab's (lora.cu): u [T][rmax] act (rmax: the largest rank of tab's
+ * slots with an A; device scratch, 16-byte aligned) = x [T][K] act .
+ * A[a]^T rounded to act, then y [T][ldy] act += scale[a] * (u . B[a]^T),
+ * columns 0 .. N-1. Two launches (shrink, expand); none when no slot of
+ * tab has an A. Rows of other slots, or -1, are not touched. */
+int pgk_lora_add(void *y, int32_t ldy, const void *x, void *u, int dt, int32_t T, int32_t K,
+                 int32_t N, const int32_t *d_slots, const pgk_lora_tab *tab, pgk_launch *lk);
 
 #ifdef __cplusplus
 }

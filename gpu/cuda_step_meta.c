@@ -73,11 +73,19 @@ int cx_begin_step_impl(cuda_exec *c, const step_batch *b, int upload)
             return pg_error_set(&c->err, PG_EINVAL,
                                 "cuda begin_step: logits_rows[%d] = %d: expected 0 .. %d",
                                 (int)r, (int)b->logits_rows[r], (int)T - 1);
+    /* LoRA slots: -1 (the base model) or a slot; lora_add checks the upper
+     * bound against its n_slots, the kernels skip a row of no slot they have */
+    for (int32_t t = 0; b->lora_slots && t < T; t++)
+        if (b->lora_slots[t] < -1)
+            return pg_error_set(&c->err, PG_EINVAL,
+                                "cuda begin_step: lora_slots[%d] = %d: expected -1 or a slot >= 0",
+                                (int)t, (int)b->lora_slots[t]);
     if (!upload)
         return 0;
 
     size_t n_bt = (size_t)S * (size_t)b->block_table_stride;
-    size_t n = 3u * (size_t)T + (size_t)(S + 1) + (size_t)S + n_bt + (size_t)L + (size_t)n_prefill;
+    size_t n = 3u * (size_t)T + (size_t)(S + 1) + (size_t)S + n_bt + (size_t)L + (size_t)n_prefill +
+               (b->lora_slots ? (size_t)T : 0u);
     void *hv = NULL;
     int rc = cx_pinned_get(c->stream, &c->meta_h, n * 4u, &hv, &c->err);
     if (rc)
@@ -103,6 +111,9 @@ int cx_begin_step_impl(cuda_exec *c, const step_batch *b, int upload)
     PUT(seq_lens, b->seq_lens, S);
     PUT(block_tables, b->block_tables, n_bt);
     PUT(logits_rows, b->logits_rows, L);
+    d->lora_slots = NULL;
+    if (b->lora_slots)
+        PUT(lora_slots, b->lora_slots, T);
     d->prefill_seqs = c->meta_d + o;
     for (int32_t s = 0; s < S; s++)
         if (b->query_start[s + 1] - b->query_start[s] >= 2)
@@ -129,6 +140,8 @@ int cx_begin_step_impl(cuda_exec *c, const step_batch *b, int upload)
 int cx_begin_step(executor *ex, const step_batch *b)
 {
     cuda_exec *c = cx(ex);
+    c->lora_sig = 0xcbf29ce484222325ull; /* a new forward: its lora_add calls from here */
+    c->lora_calls = 0;
     if (cx_graph_bound(c)) /* a warm-up or capture of a graphed step */
         return cx_graph_bind_batch(c, b);
     const double t0 = step_profile_now();

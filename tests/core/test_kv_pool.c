@@ -98,6 +98,48 @@ static void fill_ids(int32_t *ids, int32_t n, int32_t base)
     for (int32_t i = 0; i < n; i++) ids[i] = base + i * 7 % 13;
 }
 
+/* Prefix-cache keys (the LoRA adapter, issue 33): blocks committed by a
+ * table of key 3 are found under key 3 only, never under key 0 or 5, even
+ * with the same tokens; a table of key 0 caches its own copy beside them. */
+static void test_prefix_keys(void **state)
+{
+    (void)state;
+    const int32_t bs = 4;
+    kv_pool *p = make_pool(16, bs, true);
+    int32_t ids[12], hits[3];
+    fill_ids(ids, 12, 100);
+    int32_t a = new_table(p);
+    kv_pool_table_set_key(p, a, 3);
+    assert_int_equal(kv_pool_allocate(p, a, NULL, 0, 12, NULL, NULL), PG_OK);
+    kv_pool_commit(p, a, ids, 12);
+    check(p);
+    assert_int_equal(kv_pool_match_prefix_key(p, 3, ids, 3, hits), 3);
+    assert_int_equal(kv_pool_match_prefix(p, ids, 3, hits), 0);
+    assert_int_equal(kv_pool_match_prefix_key(p, 5, ids, 3, hits), 0);
+    int32_t b = new_table(p); /* key 0 */
+    assert_int_equal(kv_pool_allocate(p, b, NULL, 0, 12, NULL, NULL), PG_OK);
+    kv_pool_commit(p, b, ids, 12);
+    check(p);
+    kv_pool_metrics m;
+    kv_pool_get_metrics(p, &m);
+    assert_int_equal(m.blocks_cached, 6); /* not deduplicated across keys */
+    assert_int_equal(kv_pool_match_prefix(p, ids, 3, hits), 3);
+    const int32_t *bb = kv_pool_table_blocks(p, b, &(int32_t){0});
+    assert_int_equal(hits[0], bb[0]);
+    assert_int_equal(kv_pool_match_prefix_key(p, 3, ids, 3, hits), 3);
+    assert_int_not_equal(hits[0], bb[0]);
+    /* a released handle comes back with key 0 */
+    kv_pool_table_delete(p, a);
+    int32_t c = new_table(p);
+    assert_int_equal(kv_pool_allocate(p, c, NULL, 0, 4, NULL, NULL), PG_OK);
+    kv_pool_commit(p, c, ids, 4);
+    check(p);
+    kv_pool_table_delete(p, b);
+    kv_pool_table_delete(p, c);
+    check(p);
+    kv_pool_destroy(p);
+}
+
 static void test_prefix_cache_hit_revives_evictable_blocks(void **state)
 {
     (void)state;
@@ -578,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_free_after_cached_and_epoch),
         cmocka_unit_test(test_drop_before_window),
         cmocka_unit_test(test_touch_order),
+        cmocka_unit_test(test_prefix_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
