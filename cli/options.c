@@ -1,6 +1,8 @@
 /* options: getopt_long over the two subcommands, help text with defaults. */
 #include "options.h"
 
+#include "executor.h" /* PG_LORA_MAX_RANK */
+
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -22,6 +24,7 @@ enum {
     OPT_QUANT, OPT_PROFILE_OPS, OPT_PROFILE_STEPS, OPT_POOLING,
     OPT_GENERATION_CONFIG, OPT_REASONING_PARSER,
     OPT_PLP_PER_STEP, OPT_PPL_CTX, OPT_PPL_BATCH, OPT_MATMUL_PRECISION,
+    OPT_LORA, OPT_MAX_LORAS, OPT_MAX_LORA_RANK,
 };
 
 static const struct option generate_opts[] = {
@@ -79,6 +82,9 @@ static const struct option generate_opts[] = {
     {"log-interval", required_argument, NULL, OPT_LOG_INTERVAL},
     {"shard", required_argument, NULL, OPT_SHARD},
     {"served-model-name", required_argument, NULL, OPT_SERVED_MODEL_NAME},
+    {"lora", required_argument, NULL, OPT_LORA},
+    {"max-loras", required_argument, NULL, OPT_MAX_LORAS},
+    {"max-lora-rank", required_argument, NULL, OPT_MAX_LORA_RANK},
     {"strict", no_argument, NULL, OPT_STRICT},
     {"truncate-max-tokens", no_argument, NULL, OPT_TRUNCATE_MAX_TOKENS},
     {"pooling", required_argument, NULL, OPT_POOLING},
@@ -300,6 +306,13 @@ static const char *const generate_help[] = {
 "      --served-model-name N  the name openai bodies' \"model\" must match (else vLLM's\n"
 "                             404 record) and responses carry [default: the -m\n"
 "                             folder's name; -m as given is accepted too]\n"
+"      --lora NAME=DIR        a PEFT LoRA adapter (adapter_config.json +\n"
+"                             adapter_model.safetensors in DIR) that lines whose\n"
+"                             \"model\" is NAME run under; repeat for several\n"
+"                             [default: none]\n"
+"      --max-loras N          most distinct adapters in one step (vLLM's max_loras)\n"
+"                             [default: 1]\n"
+"      --max-lora-rank N      adapters of a larger rank are refused [default: 16]\n"
 "      --strict               unknown fields and loosely typed values (3.0 for an int,\n"
 "                             \"0.5\" for a float) are per-line errors [default:\n"
 "                             accepted as vLLM does, counted in the summary]\n"
@@ -494,6 +507,8 @@ void cli_options_init(cli_options *o)
     o->device = "auto";
     o->block_size = 16;
     o->max_num_seqs = 256;
+    o->max_loras = 1;
+    o->max_lora_rank = 16;
     o->max_num_batched_tokens = 2048;
     o->prefix_caching = true;
     o->free_window_blocks = true;
@@ -955,6 +970,23 @@ static int apply(cli_options *o, int c, const char *arg, pg_error *err)
     case OPT_INCLUDE_PROMPT: o->include_prompt = true; break;
     case OPT_UNORDERED: o->unordered = true; break;
     case OPT_SERVED_MODEL_NAME: o->served_model_name = arg; break;
+    case OPT_LORA: {
+        const char *eq = strchr(arg, '=');
+        if (!eq || eq == arg || !eq[1])
+            return pg_error_set(err, PG_EINVAL, "--lora: expected NAME=DIR, got '%s'", arg);
+        if (o->n_loras >= CLI_MAX_LORAS)
+            return pg_error_set(err, PG_EINVAL, "--lora: at most %d adapters", CLI_MAX_LORAS);
+        const int32_t len = (int32_t)(eq - arg);
+        for (int32_t i = 0; i < o->n_loras; i++)
+            if (o->lora_name_len[i] == len && memcmp(o->lora_name[i], arg, (size_t)len) == 0)
+                return pg_error_set(err, PG_EINVAL, "--lora: the name '%.*s' is given twice", (int)len, arg);
+        o->lora_name[o->n_loras] = arg;
+        o->lora_name_len[o->n_loras] = len;
+        o->lora_dir[o->n_loras++] = eq + 1;
+        break;
+    }
+    case OPT_MAX_LORAS: rc = parse_i32(arg, 1, CLI_MAX_LORAS, "--max-loras", &o->max_loras, err); break;
+    case OPT_MAX_LORA_RANK: rc = parse_i32(arg, 1, PG_LORA_MAX_RANK, "--max-lora-rank", &o->max_lora_rank, err); break;
     case OPT_STRICT: o->strict = true; break;
     case OPT_TRUNCATE_MAX_TOKENS: o->truncate_max_tokens = true; break;
     case OPT_RESUME: o->resume = true; break;
@@ -998,7 +1030,7 @@ static bool shapes_output(int c)
     case 'i': case 'o': case 'q': case OPT_SHARD: case OPT_RESUME: case OPT_LOG_INTERVAL:
     case OPT_THREADS: case OPT_BLOCK_SIZE: case OPT_KV_MEM: case OPT_NUM_KV_BLOCKS: case OPT_MAX_NUM_SEQS:
     case OPT_MAX_BATCHED: case OPT_NO_PREFIX: case OPT_CHECK_INV: case OPT_GPU_UTIL: case OPT_CUDA_DEVICE:
-    case OPT_PROFILE_OPS:
+    case OPT_PROFILE_OPS: case OPT_MAX_LORAS:
         return false;
     }
     return true;

@@ -15,6 +15,7 @@
 #include "sampling_params.h"
 
 #define CLI_MAX_STOP 64            /* --stop may be given this many times */
+#define CLI_MAX_LORAS 64           /* --lora may be given this many times */
 #define CLI_DEFAULT_MAX_TOKENS 256 /* documented in --help and README */
 
 typedef enum cli_command {
@@ -170,6 +171,14 @@ typedef struct cli_options {
      * --resume, -q, threads, pool and batch sizes, progress) */
     char shaping[4096];
     const char *served_model_name; /* --served-model-name; NULL = the -m folder's name */
+    /* --lora NAME=DIR (repeatable; issue 33): a line's "model" NAME runs
+     * under the PEFT adapter in DIR (cli/README.md "LoRA adapters") */
+    const char *lora_name[CLI_MAX_LORAS]; /* NAME: the argument, lora_name_len bytes */
+    int32_t lora_name_len[CLI_MAX_LORAS];
+    const char *lora_dir[CLI_MAX_LORAS];  /* DIR: the argument after '=' */
+    int32_t n_loras;
+    int32_t max_loras;             /* --max-loras: adapters in one step; 1 (vLLM's) */
+    int32_t max_lora_rank;         /* --max-lora-rank: larger adapters refused; 16 (vLLM's) */
     bool strict;                   /* --strict: unknown fields / lax types are line errors */
     bool truncate_max_tokens;      /* --truncate-max-tokens: clamp instead of a line error */
 

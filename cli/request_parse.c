@@ -699,7 +699,7 @@ static int parse_chat(pctx *c, int obj, bool openai)
         } else if (json_str_eq(d, key, "top_logprobs")) {
             if (!json_is_null(d, v))
                 rc = get_i32(c, "top_logprobs", v, 0, SAMPLING_PARAMS_MAX_LOGPROBS, &top_logprobs);
-        } else if (openai && (json_str_eq(d, key, "model") || json_str_eq(d, key, "user"))) {
+        } else if ((openai && json_str_eq(d, key, "user")) || json_str_eq(d, key, "model")) {
             if (!json_is_string(d, v) && !json_is_null(d, v))
                 rc = type_error(c, json_str_eq(d, key, "model") ? "model" : "user", v, "a string");
             else if (json_str_eq(d, key, "model") && json_is_string(d, v))
@@ -809,6 +809,12 @@ static int parse_jsonl(pctx *c)
                          : read_prompt(c, "prompt", v, false);
             if (rc != PG_OK)
                 return rc;
+        } else if (json_str_eq(d, key, "model")) {
+            /* vLLM's request "model": the served name or a --lora adapter */
+            if (!json_is_string(d, v) && !json_is_null(d, v))
+                return type_error(c, "model", v, "a string");
+            if (json_is_string(d, v) && read_model(c, v) != PG_OK)
+                return PG_EINVAL;
         } else {
             int rc = sampling_field(c, key, v, false);
             if (rc != PG_OK)

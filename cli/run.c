@@ -26,6 +26,7 @@
 #include "engine.h"
 #include "id_set.h"
 #include "input.h"
+#include "lora_adapter.h"
 #include "model.h"
 #include "output.h"
 #include "pooling.h"
@@ -434,6 +435,20 @@ static bool served_name_ok(const run_state *s, const char *name)
     return strcmp(name, s->model_name) == 0 || strcmp(name, s->o->model_dir) == 0;
 }
 
+/* vLLM's adapter selection (cli/README.md "LoRA adapters"): the served
+ * name is the base model (0), a --lora NAME its adapter (1 + its index),
+ * anything else -1 (the line's 404 record). */
+static int32_t lora_of_model(const run_state *s, const char *name)
+{
+    if (served_name_ok(s, name))
+        return 0;
+    const size_t n = strlen(name);
+    for (int32_t i = 0; i < s->o->n_loras; i++)
+        if ((size_t)s->o->lora_name_len[i] == n && memcmp(s->o->lora_name[i], name, n) == 0)
+            return i + 1;
+    return -1;
+}
+
 static int note_order(run_state *s, int64_t offset)
 {
     if (s->n_order == s->cap_order) {
@@ -491,7 +506,14 @@ static void take_line(run_state *s, const char *line, size_t len, int64_t line_n
     }
     if (rc == PG_OK && r.n_lax > 0)
         s->counts.lax_lines++;
-    if (rc == PG_OK && r.model && !served_name_ok(s, r.model)) {
+    const int32_t lora = rc == PG_OK && r.model ? lora_of_model(s, r.model) : 0;
+    if (lora > 0 && r.embed) {
+        rc = pg_error_set(&e, PG_EINVAL, "model '%.200s' is a LoRA adapter: embeddings run on the base model",
+                          r.model);
+    } else if (lora > 0) {
+        r.sp.lora = lora;
+    }
+    if (rc == PG_OK && lora < 0) {
         /* vLLM's _check_model: an unknown model is a 404 NotFoundError */
         char msg[512];
         snprintf(msg, sizeof msg, "The model `%.200s` does not exist.", r.model);
@@ -640,6 +662,49 @@ static bool file_exists(const char *dir, const char *name)
     return stat(path, &st) == 0;
 }
 
+/* --lora NAME=DIR: each adapter read against the model's config, checked
+ * against --max-lora-rank, uploaded as the model's slot i (model_lora_add).
+ * An executor without the LoRA op is a usage error like the other device
+ * refusals; a bad adapter a model error naming it. */
+static int load_loras(run_state *s)
+{
+    const cli_options *o = s->o;
+    for (int32_t i = 0; i < o->n_loras; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)o->lora_name_len[i], o->lora_name[i]);
+        if (!s->ex->op->lora_add) {
+            pg_error_set(&s->err, PG_EUNSUPPORTED, "--lora %s: the %s executor has no LoRA op: run adapters "
+                         "with --device cpu", name, s->ex->name);
+            fail(s, CLI_EXIT_USAGE, NULL);
+            return PG_EUNSUPPORTED;
+        }
+        const double t0 = cli_now_s();
+        lora_adapter *a = NULL;
+        int rc = lora_adapter_load(&a, o->lora_dir[i], &s->cfg, &s->err);
+        if (rc == PG_OK && a->max_rank > o->max_lora_rank)
+            rc = pg_error_set(&s->err, PG_EINVAL, "adapter rank %d exceeds --max-lora-rank %d",
+                              (int)a->max_rank, (int)o->max_lora_rank);
+        int32_t slot = -1;
+        if (rc == PG_OK)
+            rc = model_lora_add(s->mdl, a, name, &slot, &s->err);
+        if (rc == PG_OK && slot != i)
+            rc = pg_error_set(&s->err, PG_EINVAL, "slot %d, expected %d", (int)slot, (int)i);
+        if (rc != PG_OK) {
+            char what[512];
+            snprintf(what, sizeof what, "--lora %s=%s", name, o->lora_dir[i]);
+            lora_adapter_free(a);
+            fail(s, rc == PG_EUNSUPPORTED ? CLI_EXIT_USAGE : CLI_EXIT_MODEL, what);
+            return rc;
+        }
+        if (!o->quiet)
+            fprintf(stderr, "pagedgen: lora %s: %s, rank %d, %d projections adapted, loaded in %.1f ms "
+                    "(base_model_name_or_path '%s', not checked)\n", name, o->lora_dir[i], (int)a->max_rank,
+                    (int)a->n_adapted, (cli_now_s() - t0) * 1e3, a->base_model_name_or_path);
+        lora_adapter_free(a);
+    }
+    return PG_OK;
+}
+
 static void set_model_name(run_state *s)
 {
     if (s->o->served_model_name) {
@@ -761,6 +826,8 @@ static int load_model(run_state *s)
         fail(s, CLI_EXIT_MODEL, o->model_dir);
         return -1;
     }
+    if (load_loras(s) != PG_OK)
+        return -1;
     if (o->profile_ops)
         model_set_op_profile(s->mdl, &s->prof);
     /* The weights now live on the executor; the mapping is not needed. */
@@ -780,6 +847,8 @@ static int load_model(run_state *s)
     ep.prompt_logprobs_per_step = o->prompt_logprobs_per_step;
     ep.eos_token_ids = s->cfg.eos_token_ids;
     ep.n_eos_token_ids = s->cfg.n_eos_token_ids;
+    ep.n_loras = o->n_loras;
+    ep.max_loras = o->n_loras > 0 ? o->max_loras : 0;
     /* PAGEDGEN_OVERLAP=off: the serial engine loop on an asynchronous
      * device (CUDA), for comparison (gpu/README.md "Overlapping the host
      * with the device"); on (the default) has no effect on the cpu */
