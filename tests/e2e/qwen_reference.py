@@ -87,6 +87,10 @@ class QwenReference:
         rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], axis=-1)
         return x * np.cos(emb) + rot * np.sin(emb)
 
+    def linear(self, module, x):
+        """x @ W^T of the module named (lora_reference.py adds its delta)"""
+        return x @ self.w[module + ".weight"].T
+
     def logits(self, ids):
         """logits [n][V] of every position of ids"""
         head = self.w["model.embed_tokens.weight"] if self.tie else self.w["lm_head.weight"]
@@ -101,9 +105,9 @@ class QwenReference:
         for l in range(self.L):
             p = f"model.layers.{l}."
             h = self.rmsnorm(x, w[p + "input_layernorm.weight"])
-            q = h @ w[p + "self_attn.q_proj.weight"].T
-            k = h @ w[p + "self_attn.k_proj.weight"].T
-            v = h @ w[p + "self_attn.v_proj.weight"].T
+            q = self.linear(p + "self_attn.q_proj", h)
+            k = self.linear(p + "self_attn.k_proj", h)
+            v = self.linear(p + "self_attn.v_proj", h)
             if self.qkv_bias:
                 q = q + w[p + "self_attn.q_proj.bias"]
                 k = k + w[p + "self_attn.k_proj.bias"]
@@ -125,17 +129,16 @@ class QwenReference:
             s = np.where(keep, s, -np.inf)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             a = (s / s.sum(axis=-1, keepdims=True)) @ v
-            x = x + a.transpose(1, 0, 2).reshape(n, self.nh * hd) @ w[p + "self_attn.o_proj.weight"].T
+            x = x + self.linear(p + "self_attn.o_proj", a.transpose(1, 0, 2).reshape(n, self.nh * hd))
             h = self.rmsnorm(x, w[p + "post_attention_layernorm.weight"])
             x = x + self.mlp(l, h)
         return self.rmsnorm(x, w["model.norm.weight"])
 
     def dense_mlp(self, prefix, h, names=("gate_proj", "up_proj", "down_proj")):
         """down(silu(gate(h)) * up(h)) of the tensors prefix + names"""
-        w = self.w
-        gt = h @ w[prefix + names[0] + ".weight"].T
-        up = h @ w[prefix + names[1] + ".weight"].T
-        return (gt / (1.0 + np.exp(-gt)) * up) @ w[prefix + names[2] + ".weight"].T
+        gt = self.linear(prefix + names[0], h)
+        up = self.linear(prefix + names[1], h)
+        return self.linear(prefix + names[2], gt / (1.0 + np.exp(-gt)) * up)
 
     def mlp(self, l, h):
         """layer l's MLP output for the normed rows h [n][hidden]"""
