@@ -14,6 +14,14 @@ shape of lm-evaluation-harness's loglikelihood tasks (stdlib only).
       the highest sum, acc_norm the highest sum per byte of the choice
       (lm-eval's acc_norm), ties to the first choice.
 
+  mc_accuracy.py requests QUESTIONS.jsonl --models BASE,FT_A,... > REQUESTS.jsonl
+  mc_accuracy.py score QUESTIONS.jsonl OUTPUT.jsonl --models BASE,FT_A,...
+      several models in one run (LoRA adapters of one base model: pagedgen
+      --lora FT_A=DIR ...): every request once per model, with the body's
+      "model" naming it (the base model's served name, or an adapter's) and
+      custom_id "<model>:<id>/<choice>"; score prints one line per model,
+      {"model", "questions", "acc", "acc_norm", "per_question"}.
+
 QUESTIONS.jsonl lines: {"id", "context", "choices": [...], "answer": index}.
 A choice should start with a space so that the context's tokens end where it
 begins (the tokenizer then does not merge across the boundary); a choice whose
@@ -28,13 +36,16 @@ def load(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def requests(questions):
-    for q in questions:
-        for k, choice in enumerate(q["choices"]):
-            body = {"prompt": q["context"] + choice, "echo": True, "max_tokens": 0,
-                    "logprobs": 1, "temperature": 0}
-            print(json.dumps({"custom_id": f"{q['id']}/{k}", "method": "POST", "url": "/v1/completions",
-                              "body": body}))
+def requests(questions, models=None):
+    for m in models or [None]:
+        for q in questions:
+            for k, choice in enumerate(q["choices"]):
+                body = {"prompt": q["context"] + choice, "echo": True, "max_tokens": 0,
+                        "logprobs": 1, "temperature": 0}
+                if m is not None:
+                    body = {"model": m, **body}
+                cid = f"{q['id']}/{k}" if m is None else f"{m}:{q['id']}/{k}"
+                print(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body}))
 
 
 def choice_logprob(record, choice):
@@ -50,11 +61,12 @@ def choice_logprob(record, choice):
     return sum(lps[i:])
 
 
-def score(questions, out_path):
+def score(questions, out_path, model=None):
     recs = {r["custom_id"]: r for r in load(out_path)}
+    pre = "" if model is None else f"{model}:"
     per_q, acc, acc_norm = [], 0, 0
     for q in questions:
-        lps = [choice_logprob(recs[f"{q['id']}/{k}"], c) for k, c in enumerate(q["choices"])]
+        lps = [choice_logprob(recs[f"{pre}{q['id']}/{k}"], c) for k, c in enumerate(q["choices"])]
         norm = [lp / len(c.encode("utf-8")) for lp, c in zip(lps, q["choices"])]
         pick = max(range(len(lps)), key=lambda k: (lps[k], -k))
         pick_n = max(range(len(norm)), key=lambda k: (norm[k], -k))
@@ -62,14 +74,20 @@ def score(questions, out_path):
         acc_norm += pick_n == q["answer"]
         per_q.append({"id": q["id"], "logprobs": [round(x, 6) for x in lps], "pick": pick, "answer": q["answer"]})
     n = len(questions)
-    print(json.dumps({"questions": n, "acc": acc / n, "acc_norm": acc_norm / n, "per_question": per_q}))
+    head = {} if model is None else {"model": model}
+    print(json.dumps({**head, "questions": n, "acc": acc / n, "acc_norm": acc_norm / n, "per_question": per_q}))
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "requests":
-        requests(load(sys.argv[2]))
-    elif len(sys.argv) == 4 and sys.argv[1] == "score":
-        score(load(sys.argv[2]), sys.argv[3])
+    args, models = sys.argv[1:], None
+    if len(args) >= 2 and args[-2] == "--models":
+        models = [m for m in args[-1].split(",") if m]
+        args = args[:-2]
+    if len(args) == 2 and args[0] == "requests":
+        requests(load(args[1]), models)
+    elif len(args) == 3 and args[0] == "score":
+        for m in models or [None]:
+            score(load(args[1]), args[2], m)
     else:
         raise SystemExit(__doc__)
 
