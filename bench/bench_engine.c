@@ -130,6 +130,7 @@ static int add_requests(engine *e, const bench_workload *w, const bench_run_para
         if (rp->top_p > 0.0f) sp.top_p = rp->top_p;
         sp.seed = rp->seed + (uint64_t)i;
         sp.ignore_eos = true;
+        sp.lora = rp->n_loras > 0 ? 1 + i % rp->n_loras : 0;
         if (rp->beam_search) {
             sp.use_beam_search = true;
             sp.temperature = 0.0f;
@@ -171,6 +172,8 @@ int bench_run(bench_model *bm, const bench_workload *w, const bench_run_params *
     ep.beam_copy_blocks = rp->beam_copy_blocks;
     ep.prompt_logprobs_per_step = rp->prompt_logprobs_per_step;
     ep.sliding_window = rp->keep_window_blocks ? 0 : bm->cfg.sliding_window;
+    ep.n_loras = rp->n_loras;
+    ep.max_loras = rp->n_loras;
     ep.eos_token_ids = bm->cfg.eos_token_ids;
     ep.n_eos_token_ids = bm->cfg.n_eos_token_ids;
 

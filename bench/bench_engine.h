@@ -84,6 +84,10 @@ typedef struct bench_run_params {
                                         (sampling_params.use_beam_search, greedy) */
     bool beam_copy_blocks;           /* engine_params.beam_copy_blocks: beams copy their
                                         parent's blocks instead of sharing them */
+    int32_t n_loras;                 /* LoRA adapters the model holds (model_lora_add):
+                                        request i runs under adapter 1 + i % n_loras
+                                        (sampling_params.lora), all within max_loras =
+                                        n_loras; 0 (default): the base model */
 } bench_run_params;
 
 typedef struct bench_result {
