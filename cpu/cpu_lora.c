@@ -3,8 +3,8 @@
  *
  * The step's rows are sorted by adapter slot, then by row index (a
  * counting sort: a fixed order, whatever the timing), rows with slot -1 or
- * with no A for this projection dropped. Each adapter's rows go, in slices
- * of CPU_LORA_ROWS, through
+ * with no A for this projection dropped. Each adapter's rows go through
+ * (the shrink in slices of CPU_LORA_ROWS gathered rows)
  *   shrink  u [m][r] = xs [m][K] @ A^T     cpu_gemm (the batch-invariant
  *           GEMM's canonical order, cpu_gemm.h; always f32 exact: A is an
  *           act buffer, not a weight, so --matmul-precision never applies)
@@ -22,8 +22,8 @@
  * Speed: the shrink runs on the calling thread (r columns are too few to
  * split); the expand is one pool dispatch per call for all groups, each
  * chunk a range of columns, with B transposed per chunk so that 16
- * columns accumulate side by side (the compiler vectorizes the fixed
- * 16-wide block; every column's sum is still j increasing from +0).
+ * columns accumulate side by side (a fixed 16-wide block the compiler
+ * may vectorize; every column's sum is still j increasing from +0).
  */
 #include <stdlib.h>
 #include <string.h>
