@@ -3,8 +3,8 @@
  *
  * The step's rows are sorted by adapter slot, then by row index (a
  * counting sort: a fixed order, whatever the timing), rows with slot -1 or
- * with no A for this projection dropped. Each adapter's rows go, in slices
- * of CPU_LORA_ROWS, through
+ * with no A for this projection dropped. Each adapter's rows go through
+ * (the shrink in slices of CPU_LORA_ROWS gathered rows)
  *   shrink  u [m][r] = xs [m][K] @ A^T     cpu_gemm (the batch-invariant
  *           GEMM's canonical order, cpu_gemm.h; always f32 exact: A is an
  *           act buffer, not a weight, so --matmul-precision never applies)
@@ -19,11 +19,13 @@
  * is invariant by construction). tests/ops/test_lora_ops.c compares this
  * with a plain-loop twin bit for bit.
  *
- * Speed: the shrink runs on the calling thread (r columns are too few to
- * split); the expand is one pool dispatch per call for all groups, each
- * chunk a range of columns, with B transposed per chunk so that 16
- * columns accumulate side by side (the compiler vectorizes the fixed
- * 16-wide block; every column's sum is still j increasing from +0).
+ * Speed: the shrink spreads the groups over the pool (each group's GEMM
+ * whole on one chunk: r columns are too few to split); the expand is one
+ * pool dispatch per call for all groups, each chunk a range of columns,
+ * 16 columns accumulating side by side (a fixed 16-wide block the
+ * compiler may vectorize; every column's sum is still j increasing from
+ * +0), with B transposed per chunk for groups of CPU_LORA_TR rows or more
+ * and read in place for fewer (decode at batch 1).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,7 @@
 
 #define CPU_LORA_ROWS 64 /* rows gathered per shrink: scratch [64][K] floats */
 #define CPU_LORA_NB 16   /* columns of one expand block (a fixed trip count the compiler vectorizes) */
+#define CPU_LORA_TR 4    /* a group of this many rows or more reads B transposed (fewer: in place) */
 
 /* The expand of every group for the columns [n0, n1) of one pool chunk. */
 typedef struct lora_expand {
@@ -64,6 +67,35 @@ static void lora_expand_chunk(void *ctx, int32_t w, int32_t nw)
         const int32_t a = e->gslot[g], r = e->rank[a];
         const float *B = e->B[a];
         const float sc = e->scale[a];
+        if (e->gstart[g + 1] - e->gstart[g] < CPU_LORA_TR) {
+            /* a few rows (decode): B in place, 16 columns' sums side by side */
+            for (int32_t i = e->gstart[g]; i < e->gstart[g + 1]; i++) {
+                const float *u = e->u + (int64_t)i * e->ur;
+                float *y = e->y + (int64_t)e->rows[i] * e->ldy + n0;
+                int32_t c = 0;
+                for (; c + CPU_LORA_NB <= nc; c += CPU_LORA_NB) {
+                    const float *bc = B + (int64_t)(n0 + c) * r;
+                    float acc[CPU_LORA_NB];
+                    for (int32_t k = 0; k < CPU_LORA_NB; k++)
+                        acc[k] = 0.0f;
+                    for (int32_t j = 0; j < r; j++) {
+                        const float uj = u[j];
+                        for (int32_t k = 0; k < CPU_LORA_NB; k++)
+                            acc[k] = acc[k] + uj * bc[(int64_t)k * r + j];
+                    }
+                    for (int32_t k = 0; k < CPU_LORA_NB; k++)
+                        y[c + k] = y[c + k] + sc * acc[k];
+                }
+                for (; c < nc; c++) {
+                    const float *bc = B + (int64_t)(n0 + c) * r;
+                    float s = 0.0f;
+                    for (int32_t j = 0; j < r; j++)
+                        s = s + u[j] * bc[j];
+                    y[c] = y[c] + sc * s;
+                }
+            }
+            continue;
+        }
         /* Bt [j][c] = B[n0 + c][j]: the expand then runs over columns */
         for (int32_t c = 0; c < nc; c++)
             for (int32_t j = 0; j < r; j++)
@@ -91,6 +123,37 @@ static void lora_expand_chunk(void *ctx, int32_t w, int32_t nw)
                     s = s + u[j] * bt[(int64_t)j * nc + c];
                 y[c] = y[c] + sc * s;
             }
+        }
+    }
+}
+
+/* The shrink of the groups g = w, w + nw, ... (each group whole on one
+ * chunk: the GEMM's bits do not depend on where it runs). */
+typedef struct lora_shrink {
+    const float *x;
+    int32_t K, ur;
+    const int32_t *rows, *gstart, *gslot;
+    int32_t n_groups;
+    const float *const *A;
+    const int32_t *rank;
+    float *u;
+    cpu_scratch *scratch;    /* per worker: xs [CPU_LORA_ROWS][K] */
+    int32_t variant;
+} lora_shrink;
+
+static void lora_shrink_chunk(void *ctx, int32_t w, int32_t nw)
+{
+    const lora_shrink *e = ctx;
+    float *xs = e->scratch[w].buf;
+    const int32_t K = e->K;
+    for (int32_t g = w; g < e->n_groups; g += nw) {
+        const int32_t a = e->gslot[g], end = e->gstart[g + 1];
+        for (int32_t s0 = e->gstart[g]; s0 < end; s0 += CPU_LORA_ROWS) {
+            const int32_t ms = end - s0 < CPU_LORA_ROWS ? end - s0 : CPU_LORA_ROWS;
+            for (int32_t i = 0; i < ms; i++)
+                memcpy(xs + (size_t)i * (size_t)K, e->x + (int64_t)e->rows[s0 + i] * K, (size_t)K * sizeof(float));
+            cpu_gemm_with((cpu_gemm_variant)e->variant, NULL, e->u + (int64_t)s0 * e->ur, e->ur, xs, e->A[a], ms,
+                          e->rank[a], K);
         }
     }
 }
@@ -163,24 +226,22 @@ int cpu_op_lora_add(cpu_exec *ce, float *y, int32_t ldy, const float *x, int32_t
     gstart[n_groups] = m;
     if (m == 0)
         return PG_OK;
-    /* shrink, on the calling thread (r columns: too few to split) */
-    for (int32_t g = 0; g < n_groups; g++) {
-        const int32_t a = gslot[g];
-        for (int32_t s0 = gstart[g]; s0 < gstart[g + 1]; s0 += CPU_LORA_ROWS) {
-            const int32_t ms = gstart[g + 1] - s0 < CPU_LORA_ROWS ? gstart[g + 1] - s0 : CPU_LORA_ROWS;
-            for (int32_t i = 0; i < ms; i++)
-                memcpy(xs + (size_t)i * (size_t)K, x + (int64_t)rows[s0 + i] * K, (size_t)K * sizeof(float));
-            cpu_gemm_with((cpu_gemm_variant)ce->gemm_variant, NULL, u + (int64_t)s0 * rmax, rmax, xs, A[a], ms,
-                          rank[a], K);
-        }
-    }
+    (void)xs;
+    const size_t per_worker = (size_t)N * (size_t)rmax > (size_t)CPU_LORA_ROWS * (size_t)K
+                                  ? (size_t)N * (size_t)rmax : (size_t)CPU_LORA_ROWS * (size_t)K;
+    if ((rc = cpu_exec_scratch(ce, per_worker)))
+        return rc;
+    /* shrink: the groups spread over the pool, each whole on one chunk (r
+     * columns are too few to split one product) */
+    lora_shrink sh = {.x = x, .K = K, .ur = rmax, .rows = rows, .gstart = gstart, .gslot = gslot,
+                      .n_groups = n_groups, .A = A, .rank = rank, .u = u, .scratch = ce->scratch,
+                      .variant = ce->gemm_variant};
+    cpu_pool_run(ce->pool, n_groups, lora_shrink_chunk, &sh);
     /* expand: the columns split over the pool, every group in one dispatch
      * (a small one on the calling thread) */
     int64_t work = 0;
     for (int32_t g = 0; g < n_groups; g++)
         work += (int64_t)(gstart[g + 1] - gstart[g]) * N * rank[gslot[g]];
-    if ((rc = cpu_exec_scratch(ce, (size_t)N * (size_t)rmax)))
-        return rc;
     lora_expand e = {.y = y, .ldy = ldy, .u = u, .ur = rmax, .rows = rows, .gstart = gstart, .gslot = gslot,
                      .n_groups = n_groups, .B = B, .scale = scale, .rank = rank, .N = N, .scratch = ce->scratch};
     cpu_pool_run(ce->pool, work < 262144 ? 1 : 0, lora_expand_chunk, &e);
