@@ -480,11 +480,17 @@ static void put_batch_head(json_buf *b, const char h[17], const char *id_json, i
 }
 
 /* ..."created": C, "model": M — the body fields both endpoints share. */
-static void put_body_head(json_buf *b, const cli_output_ctx *c, const char *id_prefix, const char h[17],
-                          const char *object)
+static void put_body_head(json_buf *b, const cli_output_ctx *c, int32_t lora, const char *id_prefix,
+                          const char h[17], const char *object)
 {
     json_buf_printf(b, "{\"id\":\"%s%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", id_prefix, h,
                     object, c->metrics ? (long long)time(NULL) : 0LL);
+    /* vLLM's OpenAIServing._get_model_name: an adapter's request answers
+     * with the adapter's name, any other with the served name */
+    if (lora > 0 && lora <= c->n_loras) {
+        json_buf_string(b, c->lora_names[lora - 1], (size_t)c->lora_name_lens[lora - 1]);
+        return;
+    }
     const char *model = c->model_name ? c->model_name : "";
     json_buf_string(b, model, strlen(model));
 }
@@ -530,7 +536,7 @@ static void body_completion(json_buf *b, const cli_output_ctx *c, const cli_pend
                 echo_text = NULL;
         }
     }
-    put_body_head(b, c, "cmpl-", h, "text_completion");
+    put_body_head(b, c, p->lora, "cmpl-", h, "text_completion");
     json_buf_puts(b, ",\"choices\":[");
     for (int32_t k = 0; k < o->n_outputs; k++) {
         const seq_output *s = &o->outputs[k];
@@ -576,7 +582,7 @@ static void body_completion(json_buf *b, const cli_output_ctx *c, const cli_pend
 static void body_chat(json_buf *b, const cli_output_ctx *c, const cli_pending *p, const char h[17],
                       const request_output *o)
 {
-    put_body_head(b, c, "chatcmpl-", h, "chat.completion");
+    put_body_head(b, c, p->lora, "chatcmpl-", h, "chat.completion");
     json_buf_puts(b, ",\"choices\":[");
     for (int32_t k = 0; k < o->n_outputs; k++) {
         const seq_output *s = &o->outputs[k];
@@ -741,7 +747,7 @@ void cli_output_openai_open(json_buf *b, const cli_output_ctx *c, const char *id
     char h[17];
     openai_hash(h, id_json, line);
     put_batch_head(b, h, id_json, 200);
-    put_body_head(b, c, id_prefix, h, object);
+    put_body_head(b, c, 0, id_prefix, h, object); /* embeddings and scores: the base model */
 }
 
 void cli_output_openai_close(json_buf *b)

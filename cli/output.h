@@ -26,6 +26,11 @@ typedef struct cli_output_ctx {
     cli_format fmt;              /* the input's format (TEXT writes jsonl records) */
     const tokenizer *tok;        /* may be NULL: then "text" is null */
     const char *model_name;      /* openai "model" */
+    /* --lora NAMEs (options.h, not NUL-terminated): an adapter line's
+     * openai "model" is its adapter's name, as vLLM's _get_model_name */
+    const char *const *lora_names;
+    const int32_t *lora_name_lens;
+    int32_t n_loras;
     bool include_prompt, metrics;
     const int32_t *eos_ids;      /* the model's eos list (config + generation_config) */
     int32_t n_eos_ids;
@@ -49,6 +54,7 @@ typedef struct cli_pending {
     bool echo, echo_only;        /* openai completions echo (see cli_request) */
     bool thinking_disabled;      /* chat: enable_thinking falsy (see cli_request) */
     bool exclude_reasoning;      /* chat: include_reasoning false */
+    int32_t lora;                /* the line's --lora adapter, 1 + its index; 0: the base model */
     char *id_json;               /* owned */
     char *prompt;                /* owned, only with --include-prompt (NULL for id prompts;
                                     a chat request's rendered prompt) */

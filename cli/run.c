@@ -352,6 +352,7 @@ static void submit(run_state *s, cli_request *r)
     }
     p->thinking_disabled = r->thinking_disabled;
     p->exclude_reasoning = r->exclude_reasoning;
+    p->lora = r->sp.lora;
     p->seq = s->next_seq++;
     p->index = r->index;
     p->line = r->line;
@@ -1194,6 +1195,7 @@ int cli_run_generate(const cli_options *opts)
     }
     s->octx = (cli_output_ctx){
         .fmt = s->fmt, .tok = s->tok, .model_name = s->model_name,
+        .lora_names = o->lora_name, .lora_name_lens = o->lora_name_len, .n_loras = o->n_loras,
         .include_prompt = o->include_prompt, .metrics = o->metrics,
         .eos_ids = s->cfg.eos_token_ids, .n_eos_ids = s->cfg.n_eos_token_ids,
         .primary_eos = s->tok && tok_eos_id(s->tok) >= 0 ? tok_eos_id(s->tok)

@@ -137,6 +137,10 @@ def check_reference(model, adir, raw, lines, what, tol=1e-4):
           f"max |dlogprob| {worst:.2g}")
 
 
+def tok_text(rec):
+    return rec["outputs"][0]["text"]
+
+
 def strip_id(rec):
     rec = dict(rec)
     rec.pop("id")
@@ -200,6 +204,23 @@ def case_stories():
         rr = records(r3)
         check("does not exist" in rr["u"]["error"]["message"] and strip_id(rr["a1-0"]) == strip_id(recs["a1-0"]),
               f"unknown model: {r3.decode()}")
+
+        # OpenAI batch bodies: "model" selects the adapter, and the response
+        # names it (vLLM's OpenAIServing._get_model_name: the adapter's name)
+        body = {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+        text = "".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions",
+                                   "body": dict(body, model=m)}) + "\n"
+                       for cid, m in (("oa", "a1"), ("ob", "stories260K")))
+        p = subprocess.run([EXE, "-m", base, "--block-size", "4", "-q"] + flags, input=text.encode(),
+                           capture_output=True, timeout=300)
+        check(p.returncode == 0, f"openai bodies: exit {p.returncode}: {p.stderr.decode()[-800:]}")
+        ob = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, p.stdout.decode().splitlines())}
+        check(ob["oa"]["model"] == "a1" and ob["ob"]["model"] == "stories260K",
+              f"openai response model: {ob['oa']['model']!r}, {ob['ob']['model']!r}")
+        for cid, rid in (("oa", "a1-0"), ("ob", "base-0")):
+            want = tok_text(recs[rid])
+            check(ob[cid]["choices"][0]["text"] == want, f"openai {cid}: {ob[cid]['choices'][0]['text']!r} vs {want!r}")
+        print("stories260K: an OpenAI body's model selects the adapter, and its response names it")
 
         # the prefix cache is keyed by adapter: 12 tokens = 3 full blocks of 4
         long = [1, 17, 42, 99, 3, 250, 77, 8, 19, 64, 100, 5, 6]
