@@ -29,7 +29,8 @@
  * Rounds: the four configurations are loaded one after the other in each
  * round (MoE bf16, dense bf16, MoE int8, dense int8) and each keeps its best
  * round, so the MoE and dense figures of a storage type are measured back
- * to back. The JSON object "moe" has the storage section's row layout, so
+ * to back. Batch 1 runs in every round (2), the big batch in the first
+ * only: at 2 cores one batch-64 run of the MoE takes minutes. The JSON object "moe" has the storage section's row layout, so
  * bench/peers.py --section moe reads it.
  */
 #include <math.h>
@@ -102,8 +103,9 @@ int bench_section_moe(bench_ctx *c)
             batches[i] = c->batches[i];
     }
     printf("\n== moe (issue 31): Qwen3-30B-A3B's layer shape (4 layers) vs a dense model of the same active "
-           "parameters; prompt %d / output %d, ignore EOS, greedy, %d threads, bf16 kv, best of %d "
-           "interleaved round%s\n", P, G, c->threads, rounds, rounds == 1 ? "" : "s");
+           "parameters; prompt %d / output %d, ignore EOS, greedy, %d threads, bf16 kv, batch 1 best of %d "
+           "interleaved round%s, batch %d one round\n", P, G, c->threads, rounds, rounds == 1 ? "" : "s",
+           (int)batches[n_b - 1]);
     if (c->single_model) {
         printf("  (one model given with --model-dir: skipped; the section needs %s and %s under the model "
                "folder, which scripts/bench writes)\n", MOE_MODEL, DENSE_MODEL);
@@ -158,6 +160,8 @@ int bench_section_moe(bench_ctx *c)
                 break;
             }
             for (int bi = 0; bi < n_b && rc == 0; bi++) {
+                if (r > 0 && batches[bi] > 1)
+                    continue; /* the big batch: first round only */
                 bench_workload_spec s = {.name = "fixed", .dist = BENCH_DIST_FIXED, .n_requests = batches[bi],
                                          .prompt_len = P, .output_len = G, .seed = 1};
                 bench_workload w;
@@ -198,7 +202,8 @@ int bench_section_moe(bench_ctx *c)
     bench_json_int(j, "prompt_len", P);
     bench_json_int(j, "output_len", G);
     bench_json_int(j, "threads", c->threads);
-    bench_json_int(j, "rounds", rounds);
+    bench_json_int(j, "rounds", 1);              /* the big batch's (peers.py gives llama.cpp as many) */
+    bench_json_int(j, "rounds_batch1", rounds);
     bench_json_num(j, "read_gbs", bw);
     bench_json_int(j, "experts", n_exp);
     bench_json_int(j, "experts_per_tok", k_exp);

@@ -63,10 +63,14 @@ TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_BYTE = 1, 2, 3, 6
 
 
 class LazyTensors(dict):
-    """name -> float32 array, each read from the memory-mapped file when asked."""
+    """name -> float32 array, each read from the memory-mapped file when asked;
+    bf16_bits(name): a BF16 tensor's stored bits, else None."""
 
     def __getitem__(self, name):
         return dict.__getitem__(self, name)()
+
+    def bf16_bits(self, name):
+        return dict.__getitem__(self, name).bf16_bits()
 
 
 def read_safetensors(path):
@@ -91,6 +95,11 @@ def read_safetensors(path):
                 a = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
             return np.asarray(a, dtype=np.float32).reshape(info["shape"])
 
+        def bits(info=info):
+            lo, hi = info["data_offsets"]
+            return data[lo:hi].view("<u2") if info["dtype"] == "BF16" else None
+
+        load.bf16_bits = bits
         dict.__setitem__(out, name, load)
     return out
 
@@ -344,6 +353,12 @@ def convert(model_dir, out_path, wtype, tokenizer_path):
         if hf_name not in w:
             sys.exit(f"hf_to_gguf: {model_dir}/model.safetensors: tensor {hf_name} missing")
 
+    def matrix_bytes(hf_name):
+        """One matrix as wtype: a BF16 tensor's bits as they are stored when
+        written as bf16 (the same bits rounding its float32 value gives)."""
+        bits = w.bf16_bits(hf_name) if wtype == "bf16" else None
+        return bits.tobytes() if bits is not None else tensor_bytes(w[hf_name], wtype, hf_name)[1]
+
     def put(gguf_name, hf_name, rope_heads=None):
         need(hf_name)
         a = w[hf_name]
@@ -353,13 +368,13 @@ def convert(model_dir, out_path, wtype, tokenizer_path):
         g.add_tensor(gguf_name, a.shape, gtype, data)
 
     def put_experts(gguf_name, names, shape):
-        """The experts' matrices stacked [E][...] into one tensor, made when written."""
+        """The experts' matrices stacked [E][...] into one tensor, made when
+        written, one expert after the other (rows are whole blocks in each)."""
         for n in names:
             need(n)
         full = (len(names),) + tuple(shape)
         gtype = tensor_type(full, wtype)
-        g.add_tensor(gguf_name, full, gtype,
-                     lambda: tensor_bytes(np.stack([w[n] for n in names]), wtype, gguf_name)[1])
+        g.add_tensor(gguf_name, full, gtype, lambda: b"".join(matrix_bytes(n) for n in names))
 
     put("token_embd.weight", "model.embed_tokens.weight")
     for i in range(n_layers):

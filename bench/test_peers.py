@@ -507,6 +507,26 @@ class GGUFQwen3MoeTest(unittest.TestCase):
         np.testing.assert_array_equal(read(b + "attn_k_norm.weight", (c["head_dim"],)),
                                       self.w[p + "self_attn.k_norm.weight"])
 
+    def test_bf16_checkpoint_bits_kept(self):
+        """A bf16 checkpoint written as bf16: each expert's stored bits, unchanged."""
+        import subprocess
+        here = os.path.dirname(os.path.abspath(__file__))
+        d = os.path.join(self.tmp.name, "bf16")
+        subprocess.run([sys.executable, os.path.join(here, "..", "scripts", "make-synthetic-qwen"), "--preset",
+                        "tiny-qwen3-moe", "--dtype", "bf16", d], check=True)
+        out = os.path.join(self.tmp.name, "b.gguf")
+        hf_to_gguf.convert(d, out, "bf16", None)
+        _, meta, infos, buf, data_off = read_gguf(out)
+        c = self.cfg
+        H, E, Ie = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
+        dims, gtype, off = infos["blk.1.ffn_up_exps.weight"]
+        self.assertEqual((dims, gtype), ([H, Ie, E], 30))
+        got = np.frombuffer(buf[data_off + off:data_off + off + 2 * E * Ie * H], "<u2").reshape(E, Ie, H)
+        src = hf_to_gguf.read_safetensors(os.path.join(d, "model.safetensors"))
+        for e in (0, 6):
+            np.testing.assert_array_equal(got[e], src.bf16_bits(f"model.layers.1.mlp.experts.{e}.up_proj.weight")
+                                          .reshape(Ie, H))
+
     def test_q8_0_stacks(self):
         c = self.cfg
         H, E, Ie = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
