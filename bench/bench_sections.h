@@ -88,5 +88,6 @@ int bench_section_host(bench_ctx *c);     /* the engine's host share of a decode
 int bench_section_sampling(bench_ctx *c); /* greedy vs sampled rows at V = 151,936 */
 int bench_section_beam(bench_ctx *c);     /* beam search: KV blocks shared vs copied */
 int bench_section_lora(bench_ctx *c);     /* LoRA adapters mixed vs the base model */
+int bench_section_moe(bench_ctx *c);      /* Qwen3-30B-A3B's layers vs a dense twin, bf16 / int8 */
 
 #endif /* PG_BENCH_SECTIONS_H */

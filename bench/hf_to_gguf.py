@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""hf_to_gguf: writes a Hugging Face Llama checkpoint (config.json +
-model.safetensors, F32 or BF16) as a GGUF v3 file for llama.cpp, so that
-`scripts/bench --peers` compares llama.cpp and pagedgen on the same weights.
+"""hf_to_gguf: writes a Hugging Face Llama or Qwen3-MoE checkpoint
+(config.json + model.safetensors, F32 or BF16) as a GGUF v3 file for
+llama.cpp, so that `scripts/bench --peers` compares llama.cpp and pagedgen on
+the same weights.
 
 Our own code (numpy only); the format is GGUF v3 as documented in ggml's
 docs/gguf.md. What llama.cpp expects beyond the container:
@@ -16,6 +17,20 @@ docs/gguf.md. What llama.cpp expects beyond the container:
     minimal one (<unk>, <s>, </s>, the 256 byte tokens, then placeholders,
     with a warning), enough to load and run llama-batched-bench, which feeds
     token ids, not text.
+
+Qwen3-MoE (model_type qwen3_moe, issue 31), in llama.cpp's layout: general.architecture
+"qwen3moe", its keys under "qwen3moe." plus expert_count (num_experts),
+expert_used_count (num_experts_per_tok) and expert_feed_forward_length
+(moe_intermediate_size); per layer blk.N.attn_q_norm / attn_k_norm
+([head_dim]), blk.N.ffn_gate_inp ([E][H] router), and the experts stacked
+into one tensor each: blk.N.ffn_gate_exps / ffn_up_exps [E][Ie][H] and
+ffn_down_exps [E][H][Ie] (GGUF dims innermost first: {H, Ie, E}). q and k
+rows stay in HF's rotate-half order: llama.cpp ropes qwen3moe as NEOX.
+(llama.cpp's src/llama-arch.cpp and llama-model.cpp at b10257 / 22dc605c4,
+src/models/qwen3moe.cpp at 069be0ae: the names, shapes and rope type; its
+graph renormalizes the top-k weights, as Qwen3-30B-A3B's norm_topk_prob.)
+Tensors are converted one at a time while the file is written, so a
+checkpoint larger than memory converts.
 
 Weight types: f32, bf16 (the float's top 16 bits, round to nearest even) or
 q8_0 (blocks of 32 along a row: f16 scale max|x|/127 + 32 int8, llama.cpp's
@@ -47,25 +62,45 @@ QK8_0 = 32
 TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_BYTE = 1, 2, 3, 6
 
 
+class LazyTensors(dict):
+    """name -> float32 array, each read from the memory-mapped file when asked;
+    bf16_bits(name): a BF16 tensor's stored bits, else None."""
+
+    def __getitem__(self, name):
+        return dict.__getitem__(self, name)()
+
+    def bf16_bits(self, name):
+        return dict.__getitem__(self, name).bf16_bits()
+
+
 def read_safetensors(path):
-    """name -> float32 array (F32 and BF16 tensors)."""
+    """name -> float32 array (F32 and BF16 tensors), converted on access."""
     with open(path, "rb") as f:
         (hlen,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(hlen))
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + hlen)
-    out = {}
+    out = LazyTensors()
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        lo, hi = info["data_offsets"]
-        raw = data[lo:hi]
-        if info["dtype"] == "F32":
-            a = raw.view("<f4")
-        elif info["dtype"] == "BF16":
-            a = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
+        if info["dtype"] not in ("F32", "BF16"):
             sys.exit(f"hf_to_gguf: {path}: tensor {name}: dtype {info['dtype']} not supported (F32, BF16)")
-        out[name] = np.asarray(a, dtype=np.float32).reshape(info["shape"])
+
+        def load(info=info):
+            lo, hi = info["data_offsets"]
+            raw = data[lo:hi]
+            if info["dtype"] == "F32":
+                a = raw.view("<f4")
+            else:
+                a = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+            return np.asarray(a, dtype=np.float32).reshape(info["shape"])
+
+        def bits(info=info):
+            lo, hi = info["data_offsets"]
+            return data[lo:hi].view("<u2") if info["dtype"] == "BF16" else None
+
+        load.bf16_bits = bits
+        dict.__setitem__(out, name, load)
     return out
 
 
@@ -79,8 +114,8 @@ def hf_to_meta_rope(w, n_heads):
 
 
 def to_bf16_bits(a):
-    u = np.ascontiguousarray(a, dtype="<f4").view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # round to nearest even
+    u = np.ascontiguousarray(a, dtype="<f4").view(np.uint32)
+    u = (u + (0x7FFF + ((u >> 16) & 1))) >> 16  # round to nearest even (finite x: no uint32 overflow)
     return u.astype("<u2")
 
 
@@ -97,6 +132,18 @@ def quantize_q8_0(a):
     blocks["d"] = d.astype(np.float16)
     blocks["qs"] = q
     return blocks.tobytes()
+
+
+def tensor_type(shape, wtype):
+    """The ggml type a tensor of this shape is written as."""
+    if len(shape) == 1 or wtype == "f32" or (wtype == "q8_0" and shape[-1] % QK8_0):
+        return GGML_TYPE["f32"]
+    return GGML_TYPE[wtype]
+
+
+def type_nbytes(shape, gtype):
+    n = int(np.prod(shape))
+    return {GGML_TYPE["f32"]: 4 * n, GGML_TYPE["bf16"]: 2 * n, GGML_TYPE["q8_0"]: n // QK8_0 * 34}[gtype]
 
 
 def tensor_bytes(a, wtype, name):
@@ -224,6 +271,8 @@ class GGUFWriter:
         self.kv.append(enc)
 
     def add_tensor(self, name, shape, ggml_type, data):
+        """data: the bytes, or a function that makes them when the file is
+        written (their length must then be type_nbytes(shape, ggml_type))."""
         self.tensors.append((name, tuple(shape), ggml_type, data))
 
     def write(self, path):
@@ -237,41 +286,59 @@ class GGUFWriter:
                 f.write(self._str(name) + struct.pack("<I", len(shape)))
                 f.write(struct.pack(f"<{len(shape)}Q", *reversed(shape)))
                 f.write(struct.pack("<IQ", gtype, offset))
-                offset += (len(data) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+                n = len(data) if isinstance(data, bytes) else type_nbytes(shape, gtype)
+                offset += (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
             f.write(b"\0" * (-f.tell() % ALIGNMENT))
-            for _, _, _, data in self.tensors:
+            for name, shape, gtype, data in self.tensors:
+                if not isinstance(data, bytes):
+                    data = data()
+                    if len(data) != type_nbytes(shape, gtype):
+                        raise ValueError(f"{name}: {len(data)} bytes, want {type_nbytes(shape, gtype)}")
                 f.write(data)
                 f.write(b"\0" * (-len(data) % ALIGNMENT))
+
+
+ARCH = {"llama": "llama", "qwen3_moe": "qwen3moe"}  # model_type -> general.architecture
 
 
 def convert(model_dir, out_path, wtype, tokenizer_path):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
-    if cfg.get("model_type", "llama") != "llama":
-        sys.exit(f"hf_to_gguf: {model_dir}/config.json: model_type {cfg.get('model_type')!r}, only llama")
+    mtype = cfg.get("model_type", "llama")
+    if mtype not in ARCH:
+        sys.exit(f"hf_to_gguf: {model_dir}/config.json: model_type {mtype!r}, only {', '.join(ARCH)}")
+    arch = ARCH[mtype]
     w = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     n_layers, n_heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads", n_heads)
     dim, vocab_size = cfg["hidden_size"], cfg["vocab_size"]
     head_dim = cfg.get("head_dim", dim // n_heads)
+    moe = arch == "qwen3moe"
+    if moe and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
+        sys.exit(f"hf_to_gguf: {model_dir}/config.json: dense layers in a Qwen3-MoE (mlp_only_layers, "
+                 "decoder_sparse_step) are not written")
 
     g = GGUFWriter()
-    g.add("general.architecture", T_STRING, "llama")
+    g.add("general.architecture", T_STRING, arch)
     g.add("general.name", T_STRING, os.path.basename(os.path.normpath(model_dir)))
     g.add("general.alignment", T_UINT32, ALIGNMENT)
     g.add("general.file_type", T_UINT32, FILE_TYPE[wtype])
-    g.add("llama.context_length", T_UINT32, cfg["max_position_embeddings"])
-    g.add("llama.embedding_length", T_UINT32, dim)
-    g.add("llama.block_count", T_UINT32, n_layers)
-    g.add("llama.feed_forward_length", T_UINT32, cfg["intermediate_size"])
-    g.add("llama.attention.head_count", T_UINT32, n_heads)
-    g.add("llama.attention.head_count_kv", T_UINT32, n_kv)
-    g.add("llama.attention.key_length", T_UINT32, head_dim)
-    g.add("llama.attention.value_length", T_UINT32, head_dim)
-    g.add("llama.rope.dimension_count", T_UINT32, head_dim)
-    g.add("llama.rope.freq_base", T_FLOAT32, float(cfg.get("rope_theta", 10000.0)))
-    g.add("llama.attention.layer_norm_rms_epsilon", T_FLOAT32, float(cfg.get("rms_norm_eps", 1e-5)))
-    g.add("llama.vocab_size", T_UINT32, vocab_size)
+    g.add(f"{arch}.context_length", T_UINT32, cfg["max_position_embeddings"])
+    g.add(f"{arch}.embedding_length", T_UINT32, dim)
+    g.add(f"{arch}.block_count", T_UINT32, n_layers)
+    g.add(f"{arch}.feed_forward_length", T_UINT32, cfg["intermediate_size"])
+    g.add(f"{arch}.attention.head_count", T_UINT32, n_heads)
+    g.add(f"{arch}.attention.head_count_kv", T_UINT32, n_kv)
+    g.add(f"{arch}.attention.key_length", T_UINT32, head_dim)
+    g.add(f"{arch}.attention.value_length", T_UINT32, head_dim)
+    g.add(f"{arch}.rope.dimension_count", T_UINT32, head_dim)
+    g.add(f"{arch}.rope.freq_base", T_FLOAT32, float(cfg.get("rope_theta", 10000.0)))
+    g.add(f"{arch}.attention.layer_norm_rms_epsilon", T_FLOAT32, float(cfg.get("rms_norm_eps", 1e-5)))
+    g.add(f"{arch}.vocab_size", T_UINT32, vocab_size)
+    if moe:
+        g.add(f"{arch}.expert_count", T_UINT32, cfg["num_experts"])
+        g.add(f"{arch}.expert_used_count", T_UINT32, cfg["num_experts_per_tok"])
+        g.add(f"{arch}.expert_feed_forward_length", T_UINT32, cfg["moe_intermediate_size"])
     tokens, scores, types = load_vocab(tokenizer_path, vocab_size)
     g.add("tokenizer.ggml.model", T_STRING, "llama")
     g.add_array("tokenizer.ggml.tokens", T_STRING, tokens)
@@ -282,27 +349,57 @@ def convert(model_dir, out_path, wtype, tokenizer_path):
     g.add("tokenizer.ggml.unknown_token_id", T_UINT32, 0)
     g.add("tokenizer.ggml.add_bos_token", T_BOOL, True)
 
-    def put(gguf_name, hf_name, rope_heads=None):
+    def need(hf_name):
         if hf_name not in w:
             sys.exit(f"hf_to_gguf: {model_dir}/model.safetensors: tensor {hf_name} missing")
+
+    def matrix_bytes(hf_name):
+        """One matrix as wtype: a BF16 tensor's bits as they are stored when
+        written as bf16 (the same bits rounding its float32 value gives)."""
+        bits = w.bf16_bits(hf_name) if wtype == "bf16" else None
+        return bits.tobytes() if bits is not None else tensor_bytes(w[hf_name], wtype, hf_name)[1]
+
+    def put(gguf_name, hf_name, rope_heads=None):
+        need(hf_name)
         a = w[hf_name]
         if rope_heads is not None:
             a = hf_to_meta_rope(a, rope_heads)
         gtype, data = tensor_bytes(a, wtype, hf_name)
         g.add_tensor(gguf_name, a.shape, gtype, data)
 
+    def put_experts(gguf_name, names, shape):
+        """The experts' matrices stacked [E][...] into one tensor, made when
+        written, one expert after the other (rows are whole blocks in each)."""
+        for n in names:
+            need(n)
+        full = (len(names),) + tuple(shape)
+        gtype = tensor_type(full, wtype)
+        g.add_tensor(gguf_name, full, gtype, lambda: b"".join(matrix_bytes(n) for n in names))
+
     put("token_embd.weight", "model.embed_tokens.weight")
     for i in range(n_layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         put(b + "attn_norm.weight", p + "input_layernorm.weight")
-        put(b + "attn_q.weight", p + "self_attn.q_proj.weight", n_heads)
-        put(b + "attn_k.weight", p + "self_attn.k_proj.weight", n_kv)
+        # llama rotates interleaved pairs (HF's rotate-half undone); qwen3moe is NEOX: as stored
+        put(b + "attn_q.weight", p + "self_attn.q_proj.weight", None if moe else n_heads)
+        put(b + "attn_k.weight", p + "self_attn.k_proj.weight", None if moe else n_kv)
         put(b + "attn_v.weight", p + "self_attn.v_proj.weight")
         put(b + "attn_output.weight", p + "self_attn.o_proj.weight")
+        if moe:
+            put(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight")
+            put(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight")
         put(b + "ffn_norm.weight", p + "post_attention_layernorm.weight")
-        put(b + "ffn_gate.weight", p + "mlp.gate_proj.weight")
-        put(b + "ffn_up.weight", p + "mlp.up_proj.weight")
-        put(b + "ffn_down.weight", p + "mlp.down_proj.weight")
+        if moe:
+            E, Ie = cfg["num_experts"], cfg["moe_intermediate_size"]
+            put(b + "ffn_gate_inp.weight", p + "mlp.gate.weight")
+            ex = [f"{p}mlp.experts.{e}." for e in range(E)]
+            put_experts(b + "ffn_gate_exps.weight", [x + "gate_proj.weight" for x in ex], (Ie, dim))
+            put_experts(b + "ffn_up_exps.weight", [x + "up_proj.weight" for x in ex], (Ie, dim))
+            put_experts(b + "ffn_down_exps.weight", [x + "down_proj.weight" for x in ex], (dim, Ie))
+        else:
+            put(b + "ffn_gate.weight", p + "mlp.gate_proj.weight")
+            put(b + "ffn_up.weight", p + "mlp.up_proj.weight")
+            put(b + "ffn_down.weight", p + "mlp.down_proj.weight")
     put("output_norm.weight", "model.norm.weight")
     if not cfg.get("tie_word_embeddings", False) and "lm_head.weight" in w:
         put("output.weight", "lm_head.weight")

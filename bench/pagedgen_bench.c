@@ -28,6 +28,9 @@
  *   lora        Issue 33: four rank-16 LoRA adapters on all seven projections mixed
  *               evenly at batch 64, one at batch 1, vs the base model; the
  *               adapter upload time (bench_sec_lora.c).
+ *   moe         Issue 31: Qwen3-30B-A3B's layer shape (4 layers) beside a dense
+ *               model of the same active parameters, bf16 and int8, batch 1
+ *               and 64, and the routed-experts-only check (bench_sec_moe.c).
  *
  * The engine is driven directly (prompts as token ids, EOS ignored, greedy
  * unless said otherwise, fixed seeds, a warm-up run per model). Figures go
@@ -80,7 +83,7 @@ static int mkdir_p(const char *path)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage|scoring|host|sampling|beam|lora]\n"
+    fprintf(f, "usage: pagedgen_bench [--quick] [--only machine|throughput|paged|scaling|prefix|storage|scoring|host|sampling|beam|lora|moe]\n"
                "                      [--model-dir DIR] [--threads N] [--out DIR] [--shared DIR]\n"
                "                      [--git-commit SHA] [--batches 1,8,...] [--skip-ceilings]\n"
                "  --model-dir  folder with the synthetic models 15m, 110m, gqa-110m (default\n"
@@ -187,7 +190,7 @@ int main(int argc, char **argv)
         return 2;
     }
     static const char *const sections[] = {"machine", "throughput", "paged", "scaling", "prefix", "storage",
-                                           "scoring", "host", "sampling", "beam", "lora"};
+                                           "scoring", "host", "sampling", "beam", "lora", "moe"};
     enum { N_SECTIONS = sizeof(sections) / sizeof(sections[0]) };
     if (c.only) {
         bool known = false;
@@ -195,7 +198,7 @@ int main(int argc, char **argv)
             known = known || strcmp(c.only, sections[i]) == 0;
         if (!known) {
             fprintf(stderr, "pagedgen_bench: --only: expected machine, throughput, paged, "
-                            "scaling, prefix, storage, scoring, host, sampling, beam or lora, got '%s'\n", c.only);
+                            "scaling, prefix, storage, scoring, host, sampling, beam, lora or moe, got '%s'\n", c.only);
             return 2;
         }
     }
@@ -243,14 +246,15 @@ int main(int argc, char **argv)
     int rc = 0;
     if (!c.skip_ceilings &&
         (bench_section_on(&c, "machine") || bench_section_on(&c, "throughput") ||
-         bench_section_on(&c, "storage")))
+         bench_section_on(&c, "storage") || bench_section_on(&c, "moe")))
         bench_section_machine(&c); /* the throughput figures are compared against these */
     static int (*const section_fn[])(bench_ctx *) = {NULL, bench_section_throughput,
                                                      bench_section_paged, bench_section_scaling,
                                                      bench_section_prefix, bench_section_storage,
                                                      bench_section_scoring, bench_section_host,
                                                      bench_section_sampling, bench_section_beam,
-                                                     bench_section_lora};
+                                                     bench_section_lora,
+                                                     bench_section_moe};
     double section_s[N_SECTIONS] = {0};
     for (size_t i = 1; i < N_SECTIONS && rc == 0; i++) {
         if (!bench_section_on(&c, sections[i]))

@@ -14,6 +14,11 @@ f16: both 16 bits) and, beside them, f32 KV. Columns: batch-1 decode tok/s,
 batch-B decode tok/s (llama.cpp's S_TG t/s) and batch-B generated tok/s
 including prefill (B * TG / T s, what pagedgen_bench calls gen t/s).
 
+--section moe (issue 31): the same on the moe section's Qwen3-MoE (its
+"moe" rows of results.json, the MoE model's, not the dense twin's), bf16 vs
+BF16 and int8 vs Q8_0 only; the GGUFs are that model's (hf_to_gguf.py
+writes Qwen3-MoE in llama.cpp's qwen3moe layout).
+
 llama.cpp runs as many rounds as pagedgen's storage section did (its
 results.json "rounds", or --rounds), the types interleaved within a round,
 and each figure keeps its best round: the rule pagedgen's own figures
@@ -22,7 +27,7 @@ follow, so neither side gets more tries than the other.
 stdlib only. Nothing is downloaded: the binary and the GGUF files are paths
 the user gives (bench/hf_to_gguf.py writes the GGUFs from our checkpoint).
 
-Usage: peers.py --llama-batched-bench PATH --results results.json
+Usage: peers.py --llama-batched-bench PATH --results results.json [--section storage|moe]
                 [--gguf f32=F] [--gguf bf16=F] [--gguf q8_0=F] [--rounds N] [--out peers.json]
 
 Perplexity (issue 21): with --llama-perplexity PATH --pagedgen PATH
@@ -102,15 +107,20 @@ def run_batched_bench(binary, gguf, prompt, gen, batches, threads):
     return cmd, parse_batched_bench(p.stdout + "\n" + p.stderr)
 
 
-def pagedgen_rows(results):
-    """storage rows of results.json: (weights, kv, matmul) -> {batch: figures}
-    (matmul: the --matmul-precision; "exact" for rows written before issue 20)."""
-    st = results.get("storage")
+def pagedgen_rows(results, section="storage"):
+    """rows of results.json's section: (weights, kv, matmul) -> {batch: figures}
+    (matmul: the --matmul-precision; "exact" for rows written before issue 20).
+    The moe section's rows of its dense twin ("model": "dense") are left out."""
+    st = results.get(section)
     if not st:
-        raise ValueError("results.json has no storage section (run pagedgen_bench with it)")
+        raise ValueError(f"results.json has no {section} section (run pagedgen_bench with it)")
     out = {}
     for r in st["rows"]:
+        if r.get("model", "moe") != "moe":
+            continue
         out[(r["weights"], r["kv"], r.get("matmul", "exact"))] = {b["batch"]: b for b in r["batches"]}
+    if not out:
+        raise ValueError(f"results.json's {section} section has no rows")
     return st, out
 
 
@@ -264,6 +274,8 @@ def main():
     ap.add_argument("--gguf", action="append", default=[], metavar="TYPE=FILE",
                     help="a GGUF of the same model: f32=, bf16= or q8_0= (repeat)")
     ap.add_argument("--results", help="pagedgen_bench's results.json of this run")
+    ap.add_argument("--section", choices=("storage", "moe"), default="storage",
+                    help="which section's rows and shapes (default storage)")
     ap.add_argument("--rounds", type=int, help="llama.cpp runs per type, best kept "
                     "[default: the storage section's rounds; perplexity mode: 3]")
     ap.add_argument("--out", help="write the figures and ratios here as JSON")
@@ -304,7 +316,7 @@ def main():
     with open(a.results) as f:
         results = json.load(f)
     try:
-        st, pg = pagedgen_rows(results)
+        st, pg = pagedgen_rows(results, a.section)
     except (ValueError, KeyError) as e:
         sys.exit(f"peers: {a.results}: {e}")
     P, G, threads = st["prompt_len"], st["output_len"], st["threads"]
@@ -314,10 +326,12 @@ def main():
     batches = sorted(next(iter(pg.values())).keys())
     bmax = batches[-1]
 
-    print(f"\n== peers (issue 13): llama.cpp llama-batched-bench on the storage section's shapes: "
+    pairs = PAIRS if a.section == "storage" else tuple(p for p in PAIRS if p[0] != "f32")
+    what = "issue 13" if a.section == "storage" else "issue 31, Qwen3-MoE"
+    print(f"\n== peers ({what}): llama.cpp llama-batched-bench on the {a.section} section's shapes: "
           f"prompt {P} / output {G}, batch {' and '.join(map(str, batches))}, {threads} threads, "
           f"best of {rounds} interleaved round{'s' if rounds != 1 else ''}")
-    report = {"prompt_len": P, "output_len": G, "threads": threads, "batches": batches, "rounds": rounds,
+    report = {"section": a.section, "prompt_len": P, "output_len": G, "threads": threads, "batches": batches, "rounds": rounds,
               "llama_batched_bench": os.path.abspath(a.llama_batched_bench), "rows": []}
     hdr = ("  %-30s | %11s %12s %12s %13s | %8s %8s %8s %8s" %
            ("pagedgen vs llama.cpp", "b1 decode/s", f"b{bmax} decode/s", f"b{bmax} gen t/s", f"b{bmax} prefill/s",
@@ -328,7 +342,7 @@ def main():
     # machine whose kernel refuses AMX state, SIGILL)
     best, cmds, failed = {}, {}, {}
     for _ in range(rounds):
-        for pg_type, gg_type in PAIRS:
+        for pg_type, gg_type in pairs:
             if gg_type not in ggufs or gg_type in failed:
                 continue
             try:
@@ -352,7 +366,7 @@ def main():
                 for k, v in peer[b].items():
                     kept[b][k] = max(kept[b][k], v)
     lines = []
-    for pg_type, gg_type in PAIRS:
+    for pg_type, gg_type in pairs:
         if gg_type not in ggufs:
             lines.append(f"  ({pg_type} vs {gg_type}: no --gguf {gg_type}=FILE given: skipped)")
             continue

@@ -445,6 +445,102 @@ class GGUFTest(unittest.TestCase):
         self.assertEqual(int(np.abs(blocks["qs"]).max()), 127)
 
 
+@unittest.skipIf(np is None, "numpy missing")
+class GGUFQwen3MoeTest(unittest.TestCase):
+    """A tiny Qwen3-MoE (scripts/make-synthetic-qwen --preset tiny-qwen3-moe)
+    in llama.cpp's qwen3moe layout: the expert keys, the experts stacked
+    [E][...] (GGUF dims {H, Ie, E}), q/k rows as stored (NEOX rope), the q/k
+    norms and the router."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        here = os.path.dirname(os.path.abspath(__file__))
+        gen = os.path.join(here, "..", "scripts", "make-synthetic-qwen")
+        import subprocess
+        subprocess.run([sys.executable, gen, "--preset", "tiny-qwen3-moe", "--untied", cls.tmp.name], check=True)
+        with open(os.path.join(cls.tmp.name, "config.json")) as f:
+            cls.cfg = json.load(f)
+        cls.w = hf_to_gguf.read_safetensors(os.path.join(cls.tmp.name, "model.safetensors"))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def convert(self, wtype):
+        out = os.path.join(self.tmp.name, f"m-{wtype}.gguf")
+        hf_to_gguf.convert(self.tmp.name, out, wtype, None)
+        return read_gguf(out)
+
+    def test_layout_f32(self):
+        c = self.cfg
+        H, E, Ie, L = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["num_hidden_layers"]
+        _, meta, infos, buf, data_off = self.convert("f32")
+        self.assertEqual(meta["general.architecture"], "qwen3moe")
+        self.assertEqual(meta["qwen3moe.expert_count"], E)
+        self.assertEqual(meta["qwen3moe.expert_used_count"], c["num_experts_per_tok"])
+        self.assertEqual(meta["qwen3moe.expert_feed_forward_length"], Ie)
+        self.assertEqual(meta["qwen3moe.block_count"], L)
+        self.assertEqual(meta["qwen3moe.attention.key_length"], c["head_dim"])
+        # embd, output_norm, output + per layer 5 attention, 2 norms, ffn_norm, router, 3 expert stacks
+        self.assertEqual(len(infos), 3 + 12 * L)
+        self.assertNotIn("blk.0.ffn_gate.weight", infos)
+
+        def read(name, shape):
+            dims, gtype, off = infos[name]
+            self.assertEqual((dims, gtype), (list(reversed(shape)), 0))
+            n = int(np.prod(shape))
+            return np.frombuffer(buf[data_off + off:data_off + off + 4 * n], "<f4").reshape(shape)
+
+        p = f"model.layers.{L - 1}."
+        b = f"blk.{L - 1}."
+        gate = read(b + "ffn_gate_exps.weight", (E, Ie, H))
+        down = read(b + "ffn_down_exps.weight", (E, H, Ie))
+        for e in (0, E - 1):
+            np.testing.assert_array_equal(gate[e], self.w[f"{p}mlp.experts.{e}.gate_proj.weight"])
+            np.testing.assert_array_equal(down[e], self.w[f"{p}mlp.experts.{e}.down_proj.weight"])
+        up = read(b + "ffn_up_exps.weight", (E, Ie, H))
+        np.testing.assert_array_equal(up[3], self.w[f"{p}mlp.experts.3.up_proj.weight"])
+        np.testing.assert_array_equal(read(b + "ffn_gate_inp.weight", (E, H)), self.w[p + "mlp.gate.weight"])
+        q = self.w[p + "self_attn.q_proj.weight"]
+        np.testing.assert_array_equal(read(b + "attn_q.weight", q.shape), q)  # NEOX: not permuted
+        np.testing.assert_array_equal(read(b + "attn_k_norm.weight", (c["head_dim"],)),
+                                      self.w[p + "self_attn.k_norm.weight"])
+
+    def test_bf16_checkpoint_bits_kept(self):
+        """A bf16 checkpoint written as bf16: each expert's stored bits, unchanged."""
+        import subprocess
+        here = os.path.dirname(os.path.abspath(__file__))
+        d = os.path.join(self.tmp.name, "bf16")
+        subprocess.run([sys.executable, os.path.join(here, "..", "scripts", "make-synthetic-qwen"), "--preset",
+                        "tiny-qwen3-moe", "--dtype", "bf16", d], check=True)
+        out = os.path.join(self.tmp.name, "b.gguf")
+        hf_to_gguf.convert(d, out, "bf16", None)
+        _, meta, infos, buf, data_off = read_gguf(out)
+        c = self.cfg
+        H, E, Ie = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
+        dims, gtype, off = infos["blk.1.ffn_up_exps.weight"]
+        self.assertEqual((dims, gtype), ([H, Ie, E], 30))
+        got = np.frombuffer(buf[data_off + off:data_off + off + 2 * E * Ie * H], "<u2").reshape(E, Ie, H)
+        src = hf_to_gguf.read_safetensors(os.path.join(d, "model.safetensors"))
+        for e in (0, 6):
+            np.testing.assert_array_equal(got[e], src.bf16_bits(f"model.layers.1.mlp.experts.{e}.up_proj.weight")
+                                          .reshape(Ie, H))
+
+    def test_q8_0_stacks(self):
+        c = self.cfg
+        H, E, Ie = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
+        _, meta, infos, buf, data_off = self.convert("q8_0")
+        dims, gtype, off = infos["blk.0.ffn_down_exps.weight"]
+        self.assertEqual((dims, gtype), ([Ie, H, E], 8))
+        raw = buf[data_off + off:data_off + off + E * H * Ie // 32 * 34]
+        blocks = np.frombuffer(raw, dtype=[("d", "<f2"), ("qs", "i1", (32,))])
+        deq = (blocks["d"].astype(np.float32)[:, None] * blocks["qs"]).reshape(E, H, Ie)
+        ref = self.w["model.layers.0.mlp.experts.5.down_proj.weight"]
+        amax = np.abs(ref).max()
+        self.assertLessEqual(float(np.abs(deq[5] - ref).max()), amax / 127 * 0.51 + amax * 2 ** -10)
+
+
 def spm_tokenize(text, tokens, scores):
     """llama.cpp's llama tokenizer (llm_tokenizer_spm, src/llama-vocab.cpp)
     over a GGUF vocabulary: " " -> "▁" with one prepended, then among
