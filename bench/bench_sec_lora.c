@@ -30,13 +30,6 @@
 #define LORA_RANK 16
 #define LORA_N 4
 
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* A rank-16 adapter on every projection: A ~ U(-1,1)/sqrt(in), B ~ U(-0.05, 0.05). */
 static lora_adapter *make_adapter(const llama_config *cfg, uint64_t seed)
 {
@@ -143,14 +136,7 @@ int bench_section_lora(bench_ctx *c)
                 bench_run_params rp = bench_run_params_default(&bm);
                 rp.max_num_seqs = lc->batch;
                 rp.n_loras = i ? lc->n_loras : 0;
-                bench_result x;
-                const double c0 = cpu_s();
-                rc = bench_run_or_report(&bm, &w, &rp, &x);
-                const double c1 = cpu_s() - c0;
-                if (rc == 0 && (r[i].wall_s == 0.0 || x.wall_s < r[i].wall_s))
-                    r[i] = x;
-                if (rc == 0 && (cpu[i] == 0.0 || c1 < cpu[i]))
-                    cpu[i] = c1;
+                rc = bench_run_keep_best(&bm, &w, &rp, &r[i], &cpu[i]);
             }
         if (rc == 0) {
             const double wall = r[1].gen_tok_s / r[0].gen_tok_s, cpur = cpu[0] / cpu[1];

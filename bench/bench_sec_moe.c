@@ -63,13 +63,6 @@ static const moe_cfg moe_cfgs[] = {
 };
 #define N_CFG ((int)(sizeof moe_cfgs / sizeof moe_cfgs[0]))
 
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Bytes of one batch-1 decode step's weights: every matrix once, the
  * embedding table for one row (untied), and of each MoE layer's experts
  * only `experts_read` of E. */
@@ -94,14 +87,9 @@ static double step_weight_bytes(const bench_model *bm, int32_t experts_read)
 int bench_section_moe(bench_ctx *c)
 {
     const int32_t P = c->quick ? 16 : 128, G = c->quick ? 16 : 128;
-    int32_t batches[MAX_B] = {1, c->quick ? 8 : 64};
-    int n_b = 2;
+    int32_t batches[MAX_B] = {0};
+    const int n_b = bench_two_batches(c, batches);
     const int rounds = c->quick ? 1 : 2;
-    if (c->n_batches > 0) { /* --batches: the first two sizes given */
-        n_b = c->n_batches < 2 ? c->n_batches : 2;
-        for (int i = 0; i < n_b; i++)
-            batches[i] = c->batches[i];
-    }
     printf("\n== moe (issue 31): Qwen3-30B-A3B's layer shape (4 layers) vs a dense model of the same active "
            "parameters; prompt %d / output %d, ignore EOS, greedy, %d threads, bf16 kv, batch 1 best of %d "
            "interleaved round%s, batch %d one round\n", P, G, c->threads, rounds, rounds == 1 ? "" : "s",
@@ -172,12 +160,12 @@ int bench_section_moe(bench_ctx *c)
                 bench_run_params rp = bench_run_params_default(&bm);
                 rp.max_num_seqs = batches[bi];
                 bench_result res;
-                const double c0 = cpu_s();
+                const double c0 = bench_process_cpu_s();
                 if ((rc = bench_run(&bm, &w, &rp, &res, &err)) != 0)
                     fprintf(stderr, "pagedgen_bench: moe %s/%s batch %d: %s\n", moe_cfgs[k].kind,
                             cpu_wt_name(moe_cfgs[k].wt), (int)batches[bi], err.msg);
                 else {
-                    const double cs = cpu_s() - c0;
+                    const double cs = bench_process_cpu_s() - c0;
                     decode[k][bi] = fmax(decode[k][bi], res.decode_tok_s);
                     gen[k][bi] = fmax(gen[k][bi], res.gen_tok_s);
                     prefill[k][bi] = fmax(prefill[k][bi], res.prompt_tok_s);

@@ -28,13 +28,6 @@
 enum { RUN_GREEDY, RUN_TEMP, RUN_TOP_P, N_RUNS };
 static const char *const run_name[N_RUNS] = {"greedy", "t0.8", "t0.8_top_p0.95"};
 
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int bench_section_sampling(bench_ctx *c)
 {
     const int rounds = c->quick ? 1 : 3;
@@ -75,14 +68,7 @@ int bench_section_sampling(bench_ctx *c)
             bench_run_params rp = bench_run_params_default(&bm);
             rp.temperature = i == RUN_GREEDY ? 0.0f : 0.8f;
             rp.top_p = i == RUN_TOP_P ? 0.95f : 0.0f;
-            bench_result x;
-            const double c0 = cpu_s();
-            rc = bench_run_or_report(&bm, &w, &rp, &x);
-            const double c1 = cpu_s() - c0;
-            if (rc == 0 && (r[i].wall_s == 0.0 || x.wall_s < r[i].wall_s))
-                r[i] = x;
-            if (rc == 0 && (cpu[i] == 0.0 || c1 < cpu[i]))
-                cpu[i] = c1;
+            rc = bench_run_keep_best(&bm, &w, &rp, &r[i], &cpu[i]);
         }
     if (rc == 0) {
         bench_json_obj(c->j, "sampling");

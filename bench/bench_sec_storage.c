@@ -54,14 +54,9 @@ static double step_bytes(const bench_model *bm, double ctx)
 int bench_section_storage(bench_ctx *c)
 {
     const int32_t P = c->quick ? 16 : 128, G = c->quick ? 16 : 128;
-    int32_t batches[MAX_B] = {1, c->quick ? 8 : 64};
-    int n_b = 2;
+    int32_t batches[MAX_B] = {0};
+    const int n_b = bench_two_batches(c, batches);
     const int rounds = c->quick ? 1 : 2;
-    if (c->n_batches > 0) { /* --batches: the first two sizes given */
-        n_b = c->n_batches < 2 ? c->n_batches : 2;
-        for (int i = 0; i < n_b; i++)
-            batches[i] = c->batches[i];
-    }
     char dir[BENCH_MAX_PATH + 16];
     if (c->single_model)
         snprintf(dir, sizeof dir, "%s", c->model_dir);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench_engine.h"
 #include "bench_machine.h"
@@ -102,6 +103,39 @@ int bench_run_or_report(bench_model *bm, const bench_workload *w, const bench_ru
     if (rc != 0)
         fprintf(stderr, "pagedgen_bench: %s on %s: %s\n", w->name, bm->name, err.msg);
     return rc;
+}
+
+double bench_process_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int bench_run_keep_best(bench_model *bm, const bench_workload *w, const bench_run_params *rp,
+                        bench_result *best, double *best_cpu_s)
+{
+    bench_result x;
+    const double c0 = bench_process_cpu_s();
+    int rc = bench_run_or_report(bm, w, rp, &x);
+    const double c1 = bench_process_cpu_s() - c0;
+    if (rc == 0 && (best->wall_s == 0.0 || x.wall_s < best->wall_s))
+        *best = x;
+    if (rc == 0 && (*best_cpu_s == 0.0 || c1 < *best_cpu_s))
+        *best_cpu_s = c1;
+    return rc;
+}
+
+int bench_two_batches(const bench_ctx *c, int32_t batches[2])
+{
+    batches[0] = 1;
+    batches[1] = c->quick ? 8 : 64;
+    if (c->n_batches <= 0)
+        return 2;
+    const int n = c->n_batches < 2 ? c->n_batches : 2;
+    for (int i = 0; i < n; i++)
+        batches[i] = c->batches[i];
+    return n;
 }
 
 /* Makes spec s's workload, runs it with rp into *out and frees it — unless

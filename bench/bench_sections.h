@@ -61,6 +61,17 @@ int bench_make_workload(const bench_model *bm, const bench_workload_spec *s, ben
 /* Runs w with rp; on failure says which workload on which model failed. */
 int bench_run_or_report(bench_model *bm, const bench_workload *w, const bench_run_params *rp,
                         bench_result *r);
+/* Runs w with rp once (bench_run_or_report) and keeps the best of rounds:
+ * *best the faster run's result (wall_s 0 = none yet), *best_cpu_s the
+ * smaller process CPU time of the run (0 = none yet). */
+int bench_run_keep_best(bench_model *bm, const bench_workload *w, const bench_run_params *rp,
+                        bench_result *best, double *best_cpu_s);
+/* CPU seconds of the whole process (every thread): the ratios measured on
+ * a loaded machine. */
+double bench_process_cpu_s(void);
+/* The storage-shaped sections' two batch sizes: 1 and 64 (8 with --quick),
+ * or the first two --batches given. Returns how many (1 or 2). */
+int bench_two_batches(const bench_ctx *c, int32_t batches[2]);
 /* Makes spec s's workload, runs it into *out and frees it — unless keep is
  * given and the run succeeded: then *keep holds it and the caller frees it. */
 int bench_run_workload(bench_model *bm, const bench_workload_spec *s, const bench_run_params *rp,
