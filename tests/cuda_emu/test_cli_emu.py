@@ -545,6 +545,19 @@ def case_beam():
         check([o["index"] for o in outs] == list(range(len(outs))), f"{rd['id']}: indices {outs}")
 
 
+def numpy_python():
+    """Debian's /usr/bin/python3 with numpy, for the scripts/make-synthetic-*
+    generators: CI requires it, elsewhere its absence skips the case."""
+    py = "/usr/bin/python3"
+    probe = subprocess.run([py, "-c", "import numpy"], capture_output=True) if os.path.exists(py) else None
+    if probe is None or probe.returncode != 0:
+        if os.environ.get("CI") == "true":
+            check(False, "/usr/bin/python3 has no numpy (Debian's python3-numpy)")
+        print("skip: /usr/bin/python3 has no numpy")
+        sys.exit(77)
+    return py
+
+
 def moe_lines():
     """4 greedy token-id requests of 1 to 9 prompt tokens, 5 generated
     tokens each (ignore_eos), with the chosen token's logprob."""
@@ -579,13 +592,7 @@ def case_moe_device():
     byte-identical to the default run (CUDA graphs on, 64 sequences)."""
     gen = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "scripts", "make-synthetic-qwen")
-    py = "/usr/bin/python3"
-    probe = subprocess.run([py, "-c", "import numpy"], capture_output=True) if os.path.exists(py) else None
-    if probe is None or probe.returncode != 0:
-        if os.environ.get("CI") == "true":
-            check(False, "/usr/bin/python3 has no numpy (Debian's python3-numpy)")
-        print("skip: /usr/bin/python3 has no numpy")
-        sys.exit(77)
+    py = numpy_python()
     lines = moe_lines()
     with tempfile.TemporaryDirectory() as tmp:
         for preset, extra_gen in [("tiny-qwen3-moe", []), ("tiny-qwen2-moe", []), ("tiny-mixtral", ["--window", "8"])]:
@@ -631,13 +638,7 @@ def case_lora():
     test_cuda_lora's test_graphs)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     gen = os.path.join(root, "scripts", "make-synthetic-lora")
-    py = "/usr/bin/python3"
-    probe = subprocess.run([py, "-c", "import numpy"], capture_output=True) if os.path.exists(py) else None
-    if probe is None or probe.returncode != 0:
-        if os.environ.get("CI") == "true":
-            check(False, "/usr/bin/python3 has no numpy (Debian's python3-numpy)")
-        print("skip: /usr/bin/python3 has no numpy")
-        sys.exit(77)
+    py = numpy_python()
     prompts = [prompt_ids(9, 1), prompt_ids(13, 3)]
     models = [None, "a", "b"]
     with tempfile.TemporaryDirectory() as tmp:
